@@ -1,0 +1,49 @@
+"""Machine profiles as typed data. The values live in ``conf/machine/*.yaml``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpus_per_node: int = 1  # ranks per node (GPUs, GCDs, or CPU processes)
+    gpu_model: str = "cpu"
+    mem_per_gpu_gb: float = 0.0  # 0 = unknown/unbounded (CPU)
+    peak_tflops_per_gpu: float = 0.0  # dense bf16
+    intra_node_gbps: float = 0.0  # GB/s per GPU, between GPUs of one node (planner)
+    inter_node_gbps: float = 0.0  # GB/s per GPU across nodes (injection / GPUs per node)
+    latency_us: float = 5.0  # per collective step (planner)
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    partition: str = ""
+    qos: str = ""
+    constraint: str = ""
+    account: str = ""
+    time_min: int = 60
+    cpus_per_task: int = 1
+    gpus_per_node: int = 0
+    gpus_per_task: int = 0
+    gpu_bind: str = ""
+    network: str = ""
+    exclusive: bool = False
+    signal_delay_s: int = 120
+    srun_args: list[str] = field(default_factory=list)
+    extra_sbatch: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MachineProfile:
+    name: str
+    scheduler: str  # local | slurm
+    backend: str  # gloo | nccl (RCCL answers to nccl in torch)
+    hardware: Hardware
+    slurm: SlurmSettings
+    device_index: str = "local_rank"  # local_rank | zero
+    modules: list[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)  # shell lines run before srun (assets)
+    env: dict[str, str] = field(default_factory=dict)
+    container: dict[str, str] = field(default_factory=dict)
+    required: list[str] = field(default_factory=list)  # keys only the user knows, e.g. slurm.account

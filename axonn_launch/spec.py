@@ -1,0 +1,100 @@
+"""Plain typed settings shared by the launcher and the job (no torch, no Hydra).
+
+Hydra composes YAML into these dataclasses once, in ``axonn_launch.config``;
+nothing below that boundary sees a DictConfig. A ``JobSpec`` is what travels to the
+compute nodes (written as ``spec.json`` in the job directory).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from axonn_launch.grid import Grid
+from axonn_launch.models import ModelSpec
+
+
+@dataclass(frozen=True)
+class OverlapConfig:
+    """AxoNN's three communication overlaps (paper section 3.1); each switchable."""
+
+    all_reduce: bool = True  # OAR: async input-grad all-reduce behind the weight-grad GEMM
+    reduce_scatter: bool = True  # ORS: deferred weight-grad reduce-scatter over z
+    all_gather: bool = True  # OAG: one-layer-ahead weight all-gather prefetch over z
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 200
+    global_batch: int = 16  # sequences per optimizer step, whole job
+    micro_batch: int = 4  # sequences per micro-step per data replica (split over z)
+    seq_len: int = 64
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 20
+    schedule: str = "cosine"  # cosine | constant
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 1234
+    dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
+    checkpoint_every: int = 0  # steps; 0 = only at the end and on a requeue signal
+    keep_checkpoints: int = 2
+    data: str = "shakespeare"  # shakespeare | synthetic | path to a uint16/uint32 .bin token file
+    activation_checkpointing: bool = False
+    overlap: OverlapConfig = field(default_factory=OverlapConfig)
+    log_every: int = 1
+    sample_tokens: int = 0  # >0: print a generated sample of this many tokens at the end
+    progress: bool = True
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-steps per optimizer step; the launcher validates divisibility."""
+        return self.global_batch // self.micro_batch
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How the job side finds its rank, device and backend."""
+
+    backend: str = "auto"  # auto (nccl if GPUs else gloo) | gloo | nccl
+    device: str = "auto"  # auto | cpu | cuda
+    device_index: str = "local_rank"  # local_rank | zero (one visible GPU per task, e.g. Frontier)
+    peak_tflops_per_gpu: float = 0.0  # for MFU; 0 = unknown (CPU)
+    master_port: int = 29500
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    job_dir: str
+    model: ModelSpec
+    grid: Grid
+    train: TrainConfig
+    runtime: RuntimeConfig
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        raw = json.loads(text)
+        train = dict(raw["train"])
+        train["overlap"] = OverlapConfig(**train["overlap"])
+        return cls(
+            name=raw["name"],
+            job_dir=raw["job_dir"],
+            model=ModelSpec(**raw["model"]),
+            grid=Grid(**raw["grid"]),
+            train=TrainConfig(**train),
+            runtime=RuntimeConfig(**raw["runtime"]),
+        )
+
+    def save(self, path: Path) -> None:
+        path.write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: Path) -> JobSpec:
+        return cls.from_json(Path(path).read_text())
