@@ -49,10 +49,9 @@ class TrainConfig:
     sample_tokens: int = 0  # >0: print a generated sample of this many tokens at the end
     progress: bool = True
 
-    @property
-    def accumulation_steps(self) -> int:
+    def accumulation_steps(self, grid: Grid) -> int:
         """Micro-steps per optimizer step; the launcher validates divisibility."""
-        return self.global_batch // self.micro_batch
+        return self.global_batch // (self.micro_batch * grid.data)
 
 
 @dataclass(frozen=True)
