@@ -1,0 +1,7 @@
+"""axonn_launch: 4D hybrid-parallel GPT training (AxoNN's algorithm) on Slurm machines."""
+
+from axonn_launch.grid import Grid
+from axonn_launch.models import ModelSpec
+
+__all__ = ["Grid", "ModelSpec"]
+__version__ = "0.1.0"

@@ -1,0 +1,125 @@
+"""`python -m axonn_launch [-m] key=value ...`: the Hydra application.
+
+Before Hydra runs, a pre-flight composes every point of the command line (and for a
+single run validates it) so that bad input ends with one line and exit code 2, with
+nothing written or submitted. Set HYDRA_FULL_ERROR=1 for tracebacks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from axonn_launch.config import ConfigError, compose, to_launch_config
+from axonn_launch.launch import EXIT_BAD_INPUT, Outcome, launch
+from axonn_launch.validate import resolve
+
+HYDRA_FLAGS_WITHOUT_PREFLIGHT = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
+                                 "--shell-completion", "-sc", "--version", "--resolve"}
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def hydra_entry(cfg: DictConfig) -> Outcome:
+    hydra_cfg = HydraConfig.get()
+    job_dir = Path(hydra_cfg.runtime.output_dir)
+    sweeping = hydra_cfg.mode == RunMode.MULTIRUN
+    try:
+        return launch(
+            to_launch_config(cfg),
+            job_dir=job_dir,
+            config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
+            command_line=list(sys.argv),
+        )
+    except ConfigError as exc:
+        if not sweeping:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(EXIT_BAD_INPUT) from None
+        print(f"point {hydra_cfg.job.num}: invalid: {exc}", file=sys.stderr)
+        shutil.rmtree(job_dir, ignore_errors=True)  # nothing kept for an invalid point
+        return Outcome("invalid", "", message=str(exc))
+
+
+class SweepSummary(Callback):
+    """Collects each sweep point's outcome and prints one table at the end."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, Outcome]] = []
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        outcome = job_return.return_value if job_return.status.name == "COMPLETED" else None
+        if outcome is None:
+            outcome = Outcome("failed", "", message=str(job_return._return_value))
+        self.rows.append((" ".join(job_return.overrides), outcome))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        print(format_table(self.rows))
+        if any(o.exit_code for _, o in self.rows):
+            raise SystemExit(1)
+
+
+def format_table(rows: list[tuple[str, Outcome]]) -> str:
+    header = ("#", "point", "status", "job id", "nodes", "job dir / reason")
+    body = [
+        (str(i), point or "(defaults)", o.status, o.job_id or "-", str(o.nodes or "-"),
+         o.job_dir or o.message)
+        for i, (point, o) in enumerate(rows)
+    ]
+    widths = [max(len(r[c]) for r in [header, *body]) for c in range(len(header) - 1)]
+    lines = []
+    for row in [header, *body]:
+        cells = [cell.ljust(w) for cell, w in zip(row, widths)] + [row[-1]]
+        lines.append("  ".join(cells))
+    return "\n".join(["sweep summary:", *lines])
+
+
+def preflight(argv: list[str]) -> None:
+    """Compose each point of the command line; validate it too when not sweeping."""
+    if any(a.split("=")[0] in HYDRA_FLAGS_WITHOUT_PREFLIGHT for a in argv):
+        return
+    sweeping = any(a in ("-m", "--multirun") for a in argv)
+    overrides = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
+    for point in expand_sweep(overrides) if sweeping else [overrides]:
+        cfg = to_launch_config(compose(point))
+        if not sweeping:
+            resolve(cfg)
+
+
+def expand_sweep(overrides: list[str]) -> list[list[str]]:
+    """The points of a basic-sweeper sweep: the product of every swept value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as exc:
+        raise ConfigError(f"bad override: {str(exc).splitlines()[0]}") from exc
+    choices = []
+    for override in parsed:
+        key = override.get_key_element()
+        if override.is_sweep_override():
+            choices.append([f"{key}={v}" for v in override.sweep_string_iterator()])
+        else:
+            choices.append([override.input_line])
+    return [list(point) for point in itertools.product(*choices)]
+
+
+def main() -> None:
+    try:
+        preflight(sys.argv[1:])
+    except ConfigError as exc:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT) from None
+    outcome = hydra_entry()
+    if isinstance(outcome, Outcome) and outcome.exit_code:
+        raise SystemExit(outcome.exit_code)

@@ -1,0 +1,205 @@
+"""Hydra composes; this module turns the composed tree into typed dataclasses, once.
+
+Everything below ``to_launch_config`` takes plain dataclasses. Errors are
+``ConfigError`` with a one-line message naming the field, the value and what would
+be valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from axonn_launch.grid import Grid
+from axonn_launch.machine import MachineProfile
+from axonn_launch.models import ModelSpec
+from axonn_launch.spec import TrainConfig
+
+CONFIG_MODULE = "axonn_launch.conf"
+
+
+class ConfigError(ValueError):
+    """A bad input, reported as one line; nothing has been submitted or written."""
+
+
+@dataclass(frozen=True)
+class GridRequest:
+    """The grid as asked for: unset axes are None; ``auto`` asks the planner."""
+
+    data: int | None = None
+    x: int | None = None
+    y: int | None = None
+    z: int | None = None
+    auto: bool = False
+
+    def given(self) -> bool:
+        return any(getattr(self, a) is not None for a in ("data", "x", "y", "z"))
+
+
+@dataclass(frozen=True)
+class Site:
+    accounts: dict[str, str] = field(default_factory=dict)
+    scratch: str = ""
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    name: str
+    machine: MachineProfile
+    model: ModelSpec
+    grid: GridRequest
+    train: TrainConfig
+    nodes: int | None = None
+    dry_run: bool = False
+    wait: bool | None = None
+    max_requeue: int = 3
+    site: Site = field(default_factory=Site)
+
+
+def compose(overrides: list[str]):
+    """Compose the config tree with Hydra's compose API (tests, pre-flight, tools)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+            return hydra_compose(config_name="config", overrides=list(overrides))
+    except Exception as exc:  # Hydra/OmegaConf errors become one line
+        raise ConfigError(_bad_override(overrides) or explain_compose_error(exc)) from exc
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def load(overrides: list[str]) -> LaunchConfig:
+    """Compose and convert: the one call tools need."""
+    return to_launch_config(compose(overrides))
+
+
+def to_launch_config(cfg: Any) -> LaunchConfig:
+    from omegaconf import OmegaConf
+
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=True)
+    except Exception as exc:
+        raise ConfigError(_first_line(exc)) from exc
+    raw.pop("hydra", None)
+    return build(LaunchConfig, raw, "")
+
+
+def build(cls: type, raw: Any, path: str) -> Any:
+    """Build dataclass ``cls`` from plain data, checking keys and types."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path or 'config'}={raw!r}: expected a mapping of keys")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in raw:
+        if key not in names:
+            where = f"{path}.{key}" if path else str(key)
+            raise ConfigError(f"{where}: unknown key; valid keys here: {', '.join(names)}")
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name in raw:
+            where = f"{path}.{f.name}" if path else f.name
+            values[f.name] = convert(hints[f.name], raw[f.name], where)
+    try:
+        return cls(**values)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def convert(kind: Any, value: Any, path: str) -> Any:
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return convert(inner, value, path)
+    if dataclasses.is_dataclass(kind):
+        return build(kind, value, path)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}={value!r}: expected a list")
+        return [convert(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}={value!r}: expected a mapping")
+        return {str(k): convert(args[1], v, f"{path}.{k}") for k, v in value.items()}
+    return convert_scalar(kind, value, path)
+
+
+def convert_scalar(kind: type, value: Any, path: str) -> Any:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path}={value!r}: expected true or false")
+    if kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path}={value!r}: expected an integer")
+    if kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{path}={value!r}: expected a number")
+    if kind is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{path}={value!r}: expected a string")
+    raise ConfigError(f"{path}: unsupported type {kind!r}")
+
+
+def explain_compose_error(exc: BaseException) -> str:
+    """Turn Hydra's multi-line composition errors into one line."""
+    text = _chain_text(exc)
+    override = re.search(r"Could not override '([^']+)'", text)
+    if override and "not in struct" in text:
+        return (
+            f"{override.group(1)}: unknown key (check the spelling, or add a new key to a"
+            " mapping with +KEY=VALUE; `--cfg job` lists all keys)"
+        )
+    if override:
+        return f"{override.group(1)}: {_last_meaningful_line(text)}"
+    missing = re.search(r"Could not find '([^/']+)/([^']+)'", text)
+    if missing:
+        group, option = missing.groups()
+        options = re.findall(r"^\t(\S+)$", text, flags=re.M)
+        valid = ", ".join(options) if options else "see conf/" + group
+        return f"{group}={option!r}: no such {group}; valid: {valid}"
+    return _first_line(exc)
+
+
+def _bad_override(overrides: list[str]) -> str | None:
+    """The first override that does not parse, explained; None if all parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            parser.parse_override(text)
+        except Exception as exc:
+            return f"{text!r}: not a valid KEY=VALUE override ({_first_line(exc)})"
+    return None
+
+
+def _chain_text(exc: BaseException | None) -> str:
+    parts = []
+    while exc is not None:
+        parts.append(str(exc))
+        exc = exc.__cause__
+    return "\n".join(parts)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _last_meaningful_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith(("full_key", "object_type", "To append"))]
+    return lines[-1] if lines else text

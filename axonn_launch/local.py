@@ -1,0 +1,80 @@
+"""machine=local: start one process per rank on this computer, torchrun-style."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rank_env(*, rank: int, world_size: int, port: int, extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra)
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    return env
+
+
+def start_ranks(*, job_dir: Path, world_size: int, env: dict[str, str]) -> list[subprocess.Popen]:
+    """Rank 0 keeps this terminal; the others log to <job_dir>/logs/rank_<N>.log."""
+    logs = job_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    command = [sys.executable, "-m", "axonn_launch.train", str(job_dir)]
+    procs = []
+    for rank in range(world_size):
+        out = None if rank == 0 else open(logs / f"rank_{rank}.log", "w")  # noqa: SIM115
+        procs.append(
+            subprocess.Popen(
+                command,
+                env=rank_env(rank=rank, world_size=world_size, port=port, extra=env),
+                stdout=out,
+                stderr=subprocess.STDOUT if out else None,
+            )
+        )
+    return procs
+
+
+def wait_ranks(procs: list[subprocess.Popen]) -> int:
+    """Wait for all ranks; when one fails, stop the rest (as srun --kill-on-bad-exit)."""
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [c for c in codes if c not in (None, 0)]
+            if failed:
+                stop(procs)
+                return failed[0] if failed[0] > 0 else 128 - failed[0]
+            if all(c == 0 for c in codes):
+                return 0
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        stop(procs)
+        return 130
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.time() + 10
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()

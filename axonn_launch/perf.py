@@ -1,0 +1,495 @@
+"""Predicted time of one optimizer step for a (hardware, model, batch, grid) point.
+
+The model follows AxoNN's 3D tensor-parallel GPT layer (reference axonn.md §2.3-§2.7) and
+extends the bandwidth-only model of Megatron-AxoNN's ``comm_model.py`` (§4.1) with
+
+* a compute term: the per-GPU FLOPs of every GEMM, at a throughput that calibration sets;
+* a latency term per ring step (alpha);
+* the exact per-GEMM volumes of §2.7, i.e. with the §4.3 correction for the MLP
+  down-projection (its forward all-reduce runs over y with T*h/x elements, its backward
+  all-reduce over x with T*4h/y elements);
+* bandwidths that follow where an axis's ranks sit (x innermost, then y, z, data);
+* the three overlaps of §3.1 (OAR, ORS, OAG) subtracting what they hide.
+
+Notation used in the comments: T = tokens per GPU per micro-step = (micro_batch / z) * s,
+h = d_model, V = vocabulary, l = layers, e = bytes per element.
+
+Ring costs (axonn.md §2.7): for p ranks and a message of M bytes (the full, gathered size)
+    all-reduce:                     2(p-1) * alpha + 2(p-1)/p * M / B
+    all-gather, reduce-scatter:      (p-1) * alpha +  (p-1)/p * M / B
+with B the bus bandwidth of the group (``bus_bandwidth``).
+
+Pure Python: the planner runs on login nodes and must not import torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from axonn_launch.grid import Grid
+from axonn_launch.machine import Hardware
+from axonn_launch.models import ModelSpec
+from axonn_launch.spec import TrainConfig
+
+ALL_REDUCE = "all_reduce"
+ALL_GATHER = "all_gather"
+REDUCE_SCATTER = "reduce_scatter"
+COLLECTIVES = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER)
+
+# Breakdown keys: the four grid axes plus the x*y plane (vocab-parallel embedding and loss).
+COMM_AXES = ("x", "y", "z", "data", "xy")
+
+ACT_BYTES = 2  # bf16 activations and activation all-reduces
+WEIGHT_COMM_BYTES = 2  # bf16 weight all-gathers and weight-grad reduce-scatters (AxoNN GB branch)
+GRAD_BYTES = 4  # fp32 gradients in the data-parallel all-reduce
+
+DEFAULT_GEMM_EFFICIENCY = 0.75  # fraction of dense peak a large bf16 GEMM reaches
+DEFAULT_KERNEL_OVERHEAD_US = 2.0  # fixed cost per GEMM call (launch, tail effects)
+NOMINAL_CPU_TFLOPS = 0.05  # used only when the hardware has no peak and nothing was measured
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+@dataclass(frozen=True)
+class BandwidthSample:
+    """One measured collective: bus bandwidth and per-step latency of a group layout."""
+
+    collective: str  # all_reduce | all_gather | reduce_scatter
+    size: int  # ranks in the group
+    per_node: int  # ranks of one group that share a node (== size: inside one node)
+    bus_gbps: float
+    alpha_us: float
+
+    @property
+    def intra_node(self) -> bool:
+        return self.per_node >= self.size
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Measured numbers that replace the nominal ones of ``Hardware``.
+
+    ``gemm`` holds (FLOPs per GEMM call, achieved TFLOP/s) pairs; between them the
+    throughput is interpolated in log(FLOPs). Without them the GEMM time is
+    FLOPs / (peak * gemm_efficiency) + kernel_overhead_us.
+    """
+
+    gemm_efficiency: float = DEFAULT_GEMM_EFFICIENCY
+    kernel_overhead_us: float = DEFAULT_KERNEL_OVERHEAD_US
+    gemm: tuple[tuple[float, float], ...] = ()
+    collectives: tuple[BandwidthSample, ...] = ()
+    source: str = ""  # where the numbers come from (a file path), for reports
+
+    def gemm_tflops(self, flops: float) -> float | None:
+        """Achieved TFLOP/s for a GEMM of ``flops``, interpolated from measurements."""
+        if not self.gemm:
+            return None
+        points = sorted(self.gemm)
+        if flops <= points[0][0]:
+            return points[0][1]
+        if flops >= points[-1][0]:
+            return points[-1][1]
+        for (f0, r0), (f1, r1) in zip(points, points[1:]):
+            if f0 <= flops <= f1:
+                w = (math.log(flops) - math.log(f0)) / (math.log(f1) - math.log(f0))
+                return r0 + w * (r1 - r0)
+        return points[-1][1]
+
+    def bandwidth_sample(self, collective: str, size: int, per_node: int) -> BandwidthSample | None:
+        """The measured sample closest to this group layout.
+
+        Exact (collective, size, per_node) first; otherwise the same collective with the
+        same per-node count and placement (inside / across nodes), nearest in log(size).
+        """
+        same = [c for c in self.collectives if c.collective == collective]
+        for c in same:
+            if c.size == size and c.per_node == per_node:
+                return c
+        intra = per_node >= size
+        alike = [c for c in same if c.intra_node == intra and (intra or c.per_node == per_node)]
+        if not alike:
+            return None
+        return min(alike, key=lambda c: abs(math.log2(c.size) - math.log2(size)))
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """Read the JSON file written by ``axonn_launch.calibrate``."""
+    raw = json.loads(Path(path).read_text())
+    samples = tuple(
+        BandwidthSample(
+            collective=c["collective"],
+            size=int(c["size"]),
+            per_node=int(c["per_node"]),
+            bus_gbps=float(c["bus_gbps"]),
+            alpha_us=float(c["alpha_us"]),
+        )
+        for c in raw.get("collectives", [])
+    )
+    gemm = tuple((float(f), float(r)) for f, r in raw.get("gemm", []))
+    return Calibration(
+        gemm_efficiency=float(raw.get("gemm_efficiency", DEFAULT_GEMM_EFFICIENCY)),
+        kernel_overhead_us=float(raw.get("kernel_overhead_us", DEFAULT_KERNEL_OVERHEAD_US)),
+        gemm=gemm,
+        collectives=samples,
+        source=str(path),
+    )
+
+
+# --------------------------------------------------------------------------- placement
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the ranks of one group along an axis sit."""
+
+    size: int  # ranks in the group
+    per_node: int  # ranks of the group on one node
+
+    @property
+    def intra_node(self) -> bool:
+        return self.per_node >= self.size
+
+
+def placement(grid: Grid, axis: str, gpus_per_node: int) -> Placement:
+    """Group layout of ``axis``: ranks are numbered x fastest, then y, z, data (grid.py).
+
+    A group stays inside one node iff stride * size <= gpus_per_node. Otherwise it spans
+    nodes with gpus_per_node // stride members per node (at least one).
+    """
+    if axis == "xy":
+        size, stride = grid.x * grid.y, 1
+    else:
+        size, stride = grid.size(axis), grid.stride(axis)
+    gpn = max(1, gpus_per_node)
+    if stride * size <= gpn:
+        return Placement(size=size, per_node=size)
+    return Placement(size=size, per_node=max(1, min(size, gpn // stride)))
+
+
+def bus_bandwidth(
+    hw: Hardware, place: Placement, collective: str, cal: Calibration | None = None
+) -> tuple[float, float]:
+    """(bus bandwidth in GB/s, alpha in seconds per ring step) for one group layout.
+
+    Measured samples win. Otherwise: inside a node, the NVLink/Infinity-Fabric bandwidth
+    per GPU. Across nodes, all groups of an axis run their collective at the same time,
+    so a node's injection bandwidth (gpus_per_node * inter_node_gbps) is shared by the
+    gpus_per_node / per_node groups that touch it: each ring gets per_node *
+    inter_node_gbps, and never more than the intra-node links carry.
+    """
+    sample = cal.bandwidth_sample(collective, place.size, place.per_node) if cal else None
+    if sample is not None:
+        return sample.bus_gbps, sample.alpha_us * 1e-6
+    intra = hw.intra_node_gbps if hw.intra_node_gbps > 0 else math.inf
+    if place.intra_node:
+        gbps = intra
+    else:
+        gbps = min(intra, place.per_node * hw.inter_node_gbps)
+    if not math.isfinite(gbps) or gbps <= 0:
+        raise ValueError(
+            f"no bandwidth for a group of {place.size} ({place.per_node} per node): set "
+            "hardware.intra_node_gbps / inter_node_gbps or pass a calibration"
+        )
+    return gbps, hw.latency_us * 1e-6
+
+
+def ring_time(collective: str, p: int, nbytes: float, gbps: float, alpha_s: float) -> float:
+    """Ring cost of one collective over ``p`` ranks; ``nbytes`` is the full (gathered) size."""
+    if p <= 1:
+        return 0.0
+    if collective == ALL_REDUCE:
+        steps, factor = 2 * (p - 1), 2 * (p - 1) / p
+    elif collective in (ALL_GATHER, REDUCE_SCATTER):
+        steps, factor = p - 1, (p - 1) / p
+    else:
+        raise ValueError(f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")
+    return steps * alpha_s + factor * nbytes / (gbps * 1e9)
+
+
+# --------------------------------------------------------------------------- compute
+
+
+def gemm_seconds(flops: float, hw: Hardware, cal: Calibration) -> float:
+    """Time of one GEMM call of ``flops`` on one GPU."""
+    if flops <= 0:
+        return 0.0
+    measured = cal.gemm_tflops(flops)
+    if measured is not None:
+        return flops / (measured * 1e12)
+    peak = hw.peak_tflops_per_gpu if hw.peak_tflops_per_gpu > 0 else NOMINAL_CPU_TFLOPS
+    return flops / (peak * cal.gemm_efficiency * 1e12) + cal.kernel_overhead_us * 1e-6
+
+
+@dataclass(frozen=True)
+class LinearShape:
+    """One Linear of a GPT block and the axes its all-reduces use (axonn.md §2.4).
+
+    ``inner`` splits the input features and carries the forward all-reduce of the
+    output; ``outer`` splits the output features and carries the backward all-reduce of
+    dX. transpose=True swaps x and y.
+    """
+
+    name: str
+    fan_in: int
+    fan_out: int
+    inner: str  # axis splitting fan_in
+    outer: str  # axis splitting fan_out
+
+
+def block_linears(model: ModelSpec) -> tuple[LinearShape, ...]:
+    h, f = model.d_model, model.d_ff
+    return (
+        LinearShape("qkv", h, 3 * h, inner="x", outer="y"),
+        LinearShape("proj", h, h, inner="y", outer="x"),  # transpose=True
+        LinearShape("fc1", h, f, inner="x", outer="y"),
+        LinearShape("fc2", f, h, inner="y", outer="x"),  # transpose=True (§4.3 corrected)
+    )
+
+
+def _axis_size(grid: Grid, axis: str) -> int:
+    return grid.size(axis)
+
+
+# --------------------------------------------------------------------------- the step
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per optimizer step on one GPU, with the communication split per axis."""
+
+    compute: float
+    comm: dict[str, float]  # exposed (after overlap), by axis in COMM_AXES
+    comm_raw: dict[str, float]  # before overlap
+    accumulation: int  # micro-steps per optimizer step
+    model_flops_per_gpu: float  # ModelSpec.flops_per_token * tokens / world_size
+    peak_tflops: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.compute + sum(self.comm.values())
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        return self.model_flops_per_gpu / self.total / 1e12
+
+    @property
+    def fraction_of_peak(self) -> float:
+        return self.tflops_per_gpu / self.peak_tflops if self.peak_tflops > 0 else 0.0
+
+
+@dataclass
+class _Ledger:
+    """Accumulates raw and exposed seconds per axis."""
+
+    raw: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COMM_AXES, 0.0))
+    exposed: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COMM_AXES, 0.0))
+
+    def add(self, axis: str, raw: float, exposed: float | None = None) -> None:
+        self.raw[axis] += raw
+        self.exposed[axis] += raw if exposed is None else exposed
+
+    def scaled(self, k: float) -> _Ledger:
+        return _Ledger(
+            raw={a: v * k for a, v in self.raw.items()},
+            exposed={a: v * k for a, v in self.exposed.items()},
+        )
+
+    def merge(self, other: _Ledger) -> None:
+        for a in COMM_AXES:
+            self.raw[a] += other.raw[a]
+            self.exposed[a] += other.exposed[a]
+
+
+def pipelined_exposed(chunk_comm: float, chunk_compute: float, n: int) -> float:
+    """Exposed time of n communication chunks each overlapped with the next compute chunk.
+
+    Chunk i's collective starts when its producer (or, for a prefetch, the layer before)
+    starts and the stream serialises the chunks. With equal chunks the work ends at
+    max(n*b + c, b + n*c) - n*b past the compute, i.e. c + (n-1) * max(0, c - b): one
+    chunk is always exposed, the rest only by what exceeds the compute it hides behind.
+    """
+    if n <= 0 or chunk_comm <= 0:
+        return 0.0
+    return chunk_comm + (n - 1) * max(0.0, chunk_comm - chunk_compute)
+
+
+class _Costs:
+    """Collective and GEMM times for one grid; small helper to keep formulas short."""
+
+    def __init__(self, hw: Hardware, grid: Grid, cal: Calibration) -> None:
+        self.hw, self.grid, self.cal = hw, grid, cal
+        self._bw: dict[tuple[str, str], tuple[float, float, int]] = {}
+
+    def coll(self, collective: str, axis: str, nbytes: float) -> float:
+        key = (collective, axis)
+        if key not in self._bw:
+            place = placement(self.grid, axis, self.hw.gpus_per_node)
+            if place.size <= 1:
+                self._bw[key] = (1.0, 0.0, 1)
+            else:
+                gbps, alpha = bus_bandwidth(self.hw, place, collective, self.cal)
+                self._bw[key] = (gbps, alpha, place.size)
+        gbps, alpha, p = self._bw[key]
+        return ring_time(collective, p, nbytes, gbps, alpha)
+
+    def gemm(self, flops: float) -> float:
+        return gemm_seconds(flops, self.hw, self.cal)
+
+
+def step_time(
+    *,
+    hardware: Hardware,
+    model: ModelSpec,
+    train: TrainConfig,
+    grid: Grid,
+    calibration: Calibration | None = None,
+) -> StepTime:
+    """Predicted seconds per optimizer step (see the module docstring for the model)."""
+    cal = calibration or Calibration()
+    costs = _Costs(hardware, grid, cal)
+    micro = _micro_step(costs, model, train, grid)
+    accum = max(1, train.accumulation_steps(grid))
+    ledger = micro.ledger.scaled(accum)
+    ledger.merge(_gradient_sync(costs, model, grid))
+    world = grid.world_size
+    model_flops = (
+        model.flops_per_token(train.seq_len, recompute=train.activation_checkpointing)
+        * train.global_batch
+        * train.seq_len
+        / world
+    )
+    return StepTime(
+        compute=micro.compute * accum,
+        comm=dict(ledger.exposed),
+        comm_raw=dict(ledger.raw),
+        accumulation=accum,
+        model_flops_per_gpu=model_flops,
+        peak_tflops=hardware.peak_tflops_per_gpu,
+    )
+
+
+@dataclass
+class _MicroStep:
+    compute: float
+    ledger: _Ledger
+
+
+def _micro_step(costs: _Costs, model: ModelSpec, train: TrainConfig, grid: Grid) -> _MicroStep:
+    """One forward + backward of one micro-batch on one GPU."""
+    s, h, l = train.seq_len, model.d_model, model.n_layer
+    tokens = train.micro_batch / grid.z * s  # T
+    ov = train.overlap
+    linears = block_linears(model)
+    xy = grid.x * grid.y
+
+    # --- per layer, forward: local GEMMs (2*T*in*out/(x*y) FLOPs each, axonn.md §2.3) and
+    # the attention core, heads split over y and replicated over x: QK^T and AV are
+    # 2 * 2*T*s*h/y FLOPs (the s/(6h) term of Narayanan's formula, no causal saving).
+    fwd_gemm = [costs.gemm(2 * tokens * lin.fan_in * lin.fan_out / xy) for lin in linears]
+    attn_fwd = costs.gemm(4 * tokens * s * h / grid.y)
+    fwd_compute = sum(fwd_gemm) + attn_fwd
+    # Forward all-reduces are blocking (§3.1): the output of each Linear, T*fan_out/outer
+    # elements, over its inner axis. Sum over the block: 7Th/y over x and 2Th/x over y.
+    fwd_ar = {"x": 0.0, "y": 0.0}
+    for lin in linears:
+        elems = tokens * lin.fan_out / _axis_size(grid, lin.outer)
+        fwd_ar[lin.inner] += costs.coll(ALL_REDUCE, lin.inner, elems * ACT_BYTES)
+    # Weight all-gather over z: the (fan_out/outer)x(fan_in/inner) block, bf16.
+    ag = sum(
+        costs.coll(ALL_GATHER, "z", lin.fan_in * lin.fan_out / xy * WEIGHT_COMM_BYTES)
+        for lin in linears
+    )
+    fwd_layer_busy = fwd_compute + sum(fwd_ar.values())
+
+    # --- per layer, backward: dX and dW GEMMs (each as many FLOPs as the forward one),
+    # attention backward (2x forward). dX all-reduce over the outer axis, T*fan_in/inner
+    # elements: 2Th/x over y and 5Th/y over x per block. OAR hides each behind its dW GEMM.
+    bwd_compute = 2 * sum(fwd_gemm) + 2 * attn_fwd
+    bwd_ar_raw = {"x": 0.0, "y": 0.0}
+    bwd_ar_exposed = {"x": 0.0, "y": 0.0}
+    for lin, g in zip(linears, fwd_gemm):
+        elems = tokens * lin.fan_in / _axis_size(grid, lin.inner)
+        t = costs.coll(ALL_REDUCE, lin.outer, elems * ACT_BYTES)
+        bwd_ar_raw[lin.outer] += t
+        bwd_ar_exposed[lin.outer] += max(0.0, t - g) if ov.all_reduce else t
+    # Weight-grad reduce-scatter over z, same bytes as the all-gather.
+    rs = sum(
+        costs.coll(REDUCE_SCATTER, "z", lin.fan_in * lin.fan_out / xy * WEIGHT_COMM_BYTES)
+        for lin in linears
+    )
+    bwd_layer_busy = bwd_compute + sum(bwd_ar_exposed.values())
+
+    ledger = _Ledger()
+    passes = 2 if train.activation_checkpointing else 1  # forward (+ recompute forward)
+    for axis in ("x", "y"):
+        ledger.add(axis, l * (passes * fwd_ar[axis] + bwd_ar_raw[axis]),
+                   l * (passes * fwd_ar[axis] + bwd_ar_exposed[axis]))  # fmt: skip
+
+    # OAG: each Linear prefetches the next one's weights (one module ahead, §3.1), so the
+    # chunks are Linears. The forward pipelines over all 4l Linears; a recompute pass
+    # restarts the prefetch in every one-layer checkpoint block (4 Linears each).
+    n_lin = len(linears)
+    if ov.all_gather:
+        ag_fwd = pipelined_exposed(ag / n_lin, fwd_layer_busy / n_lin, n_lin * l)
+        ag_re = l * pipelined_exposed(ag / n_lin, fwd_layer_busy / n_lin, n_lin)
+    else:
+        ag_fwd, ag_re = l * ag, l * ag
+    ledger.add("z", l * ag, ag_fwd)
+    if train.activation_checkpointing:
+        ledger.add("z", l * ag, ag_re)
+    # ORS: the reduce-scatters run asynchronously and are waited for at the end of the
+    # backward, hiding behind the backward of the Linears that follow.
+    rs_exposed = (
+        pipelined_exposed(rs / n_lin, bwd_layer_busy / n_lin, n_lin * l) if ov.reduce_scatter
+        else l * rs
+    )  # fmt: skip
+    ledger.add("z", l * rs, rs_exposed)
+
+    # --- embedding and LM head over the x*y plane (vocab-parallel, axonn.md §2.5): the
+    # embedding output all-reduce (T*h) in the forward and the LM head's dX all-reduce
+    # (T*h) in the backward. LM head GEMMs: 2*T*h*V/(x*y) each for fwd, dX, dW.
+    plane_ar = costs.coll(ALL_REDUCE, "xy", tokens * h * ACT_BYTES)
+    ledger.add("xy", 2 * plane_ar)
+    head = 3 * costs.gemm(2 * tokens * h * model.vocab_size / xy)
+
+    compute = l * (passes * fwd_compute + bwd_compute) + head
+    return _MicroStep(compute=compute, ledger=ledger)
+
+
+def _gradient_sync(costs: _Costs, model: ModelSpec, grid: Grid) -> _Ledger:
+    """Data-parallel all-reduce of the fp32 gradient shards, once per step, not overlapped
+    (Megatron-AxoNN refuses --overlap-grad-reduce, axonn.md §2.6): one call per layer
+    (12h^2/(x*y*z) elements) plus one for the embeddings and the rest."""
+    ledger = _Ledger()
+    if grid.data <= 1:
+        return ledger
+    tp = grid.tensor_parallel
+    per_layer = 12 * model.d_model**2 / tp * GRAD_BYTES
+    rest = (model.n_params() - model.n_layer * 12 * model.d_model**2) / tp * GRAD_BYTES
+    t = model.n_layer * costs.coll(ALL_REDUCE, "data", per_layer)
+    t += costs.coll(ALL_REDUCE, "data", rest)
+    ledger.add("data", t)
+    return ledger
+
+
+def comm_volumes_per_layer(model: ModelSpec, train: TrainConfig, grid: Grid) -> dict[str, float]:
+    """Elements moved per transformer layer per micro-step, by (collective, axis).
+
+    The table of axonn.md §2.7 (with the §4.3 correction), written out for checking:
+    keys ``fwd_ar_x``, ``fwd_ar_y``, ``bwd_ar_x``, ``bwd_ar_y``, ``ag_z``, ``rs_z``; the
+    forward entries include the recompute pass when activation checkpointing is on.
+    """
+    tokens = train.micro_batch / grid.z * train.seq_len
+    passes = 2 if train.activation_checkpointing else 1
+    out = dict.fromkeys(("fwd_ar_x", "fwd_ar_y", "bwd_ar_x", "bwd_ar_y", "ag_z", "rs_z"), 0.0)
+    for lin in block_linears(model):
+        out[f"fwd_ar_{lin.inner}"] += passes * tokens * lin.fan_out / grid.size(lin.outer)
+        out[f"bwd_ar_{lin.outer}"] += tokens * lin.fan_in / grid.size(lin.inner)
+        block = lin.fan_in * lin.fan_out / (grid.x * grid.y)
+        out["ag_z"] += passes * block
+        out["rs_z"] += block
+    return out

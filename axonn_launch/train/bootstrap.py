@@ -1,0 +1,261 @@
+"""Find this process's rank, rendezvous address, device and backend.
+
+Sources, first match wins:
+
+1. torchrun-style variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+   ``MASTER_PORT``), also what the local launcher sets for each rank process;
+2. Slurm task variables (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``), with the
+   master address taken as the first host of the job's node list, expanded here in pure
+   Python (no ``scontrol``);
+3. MPI (``mpirun``/``mpiexec``, detected from Open MPI, PMI or PMIx variables): rank and
+   size from ``mpi4py``'s ``COMM_WORLD``, local rank from a shared-memory split, and the
+   master address broadcast from rank 0's hostname;
+4. otherwise a single process.
+
+``MASTER_ADDR``/``MASTER_PORT`` in the environment override the derived address and port
+for the Slurm and MPI sources too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from axonn_launch.spec import RuntimeConfig
+
+SLURM_PORT_RANGE = 2000  # Slurm jobs use master_port + job_id % this, so concurrent jobs differ
+MPI_DETECT_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    device: str  # "cpu" or "cuda:<index>"
+    backend: str  # "gloo" or "nccl"
+    source: str  # torchrun | slurm | mpi | single
+
+
+@dataclass(frozen=True)
+class _Ranks:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    source: str
+
+
+def bootstrap(runtime: RuntimeConfig, environ: Mapping[str, str] | None = None) -> DistEnv:
+    """Rank, rendezvous and device of this process, from its environment."""
+    env = os.environ if environ is None else environ
+    ranks = _ranks_from_environment(env, runtime)
+    device = choose_device(runtime, ranks.local_rank)
+    return DistEnv(
+        rank=ranks.rank,
+        local_rank=ranks.local_rank,
+        world_size=ranks.world_size,
+        local_world_size=ranks.local_world_size,
+        master_addr=ranks.master_addr,
+        master_port=ranks.master_port,
+        device=device,
+        backend=choose_backend(runtime, device),
+        source=ranks.source,
+    )
+
+
+def _ranks_from_environment(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return _from_torchrun(env, runtime)
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        return _from_slurm(env, runtime)
+    if any(name in env for name in MPI_DETECT_VARS):
+        return _from_mpi(env, runtime)
+    return _Ranks(0, 0, 1, 1, "127.0.0.1", runtime.master_port, "single")
+
+
+def _from_torchrun(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
+    world = int(env["WORLD_SIZE"])
+    return _Ranks(
+        rank=int(env["RANK"]),
+        local_rank=int(env.get("LOCAL_RANK", "0")),
+        world_size=world,
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world))),
+        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=int(env.get("MASTER_PORT", str(runtime.master_port))),
+        source="torchrun",
+    )
+
+
+def _from_slurm(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
+    hosts = expand_hostlist(nodelist) if nodelist else ["127.0.0.1"]
+    job_id = int(env.get("SLURM_JOB_ID", "0"))
+    world = int(env["SLURM_NTASKS"])
+    return _Ranks(
+        rank=int(env["SLURM_PROCID"]),
+        local_rank=int(env.get("SLURM_LOCALID", "0")),
+        world_size=world,
+        local_world_size=_slurm_local_world_size(env, world),
+        master_addr=env.get("MASTER_ADDR", hosts[0]),
+        master_port=int(env.get("MASTER_PORT", runtime.master_port + job_id % SLURM_PORT_RANGE)),
+        source="slurm",
+    )
+
+
+def _slurm_local_world_size(env: Mapping[str, str], world: int) -> int:
+    """Tasks on this node: ``SLURM_TASKS_PER_NODE`` looks like ``4(x2),3``."""
+    per_node = env.get("SLURM_TASKS_PER_NODE", "")
+    node_id = int(env.get("SLURM_NODEID", "0"))
+    counts: list[int] = []
+    for item in filter(None, per_node.split(",")):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item)
+        if match is None:
+            return world
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts[node_id] if node_id < len(counts) else world
+
+
+def _from_mpi(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return _from_openmpi_variables(env, runtime)
+    comm = MPI.COMM_WORLD
+    node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    master_addr = comm.bcast(socket.gethostname() if comm.Get_rank() == 0 else None, root=0)
+    ranks = _Ranks(
+        rank=comm.Get_rank(),
+        local_rank=node_comm.Get_rank(),
+        world_size=comm.Get_size(),
+        local_world_size=node_comm.Get_size(),
+        master_addr=env.get("MASTER_ADDR", master_addr),
+        master_port=int(env.get("MASTER_PORT", runtime.master_port)),
+        source="mpi",
+    )
+    node_comm.Free()
+    return ranks
+
+
+def _from_openmpi_variables(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
+    """Without mpi4py, Open MPI's own variables give ranks but not the master's host."""
+    if "OMPI_COMM_WORLD_RANK" not in env:
+        raise RuntimeError("launched under MPI but mpi4py is not installed: pip install mpi4py")
+    world = int(env["OMPI_COMM_WORLD_SIZE"])
+    return _Ranks(
+        rank=int(env["OMPI_COMM_WORLD_RANK"]),
+        local_rank=int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")),
+        world_size=world,
+        local_world_size=int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", str(world))),
+        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=int(env.get("MASTER_PORT", runtime.master_port)),
+        source="mpi",
+    )
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Expand a Slurm host list: ``a1,b[3,5-6]`` -> ``a1 b3 b5 b6``; keeps zero padding."""
+    hosts: list[str] = []
+    for pattern in _split_top_level(hostlist):
+        hosts.extend(_expand_pattern(pattern))
+    return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas that are not inside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+        if depth < 0:
+            raise ValueError(f"unbalanced brackets in host list {text!r}")
+    if depth != 0:
+        raise ValueError(f"unbalanced brackets in host list {text!r}")
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand_pattern(pattern: str) -> list[str]:
+    """Expand every bracket group of one host pattern (several groups multiply out)."""
+    open_at = pattern.find("[")
+    if open_at < 0:
+        return [pattern]
+    close_at = pattern.index("]", open_at)
+    prefix, ranges, rest = pattern[:open_at], pattern[open_at + 1 : close_at], pattern[close_at + 1 :]
+    tails = _expand_pattern(rest)
+    return [prefix + value + tail for value in _expand_ranges(ranges) for tail in tails]
+
+
+def _expand_ranges(ranges: str) -> list[str]:
+    values: list[str] = []
+    for item in ranges.split(","):
+        low, _, high = item.strip().partition("-")
+        if not high:
+            values.append(low)
+            continue
+        width = len(low)
+        if int(high) < int(low):
+            raise ValueError(f"descending range {item!r} in host list")
+        values.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
+    return values
+
+
+def choose_device(runtime: RuntimeConfig, local_rank: int) -> str:
+    wanted = runtime.device
+    if wanted == "auto":
+        wanted = "cuda" if torch.cuda.is_available() else "cpu"
+    if wanted == "cpu":
+        return "cpu"
+    if wanted != "cuda":
+        raise ValueError(f"runtime.device={runtime.device!r}: use auto, cpu or cuda")
+    if runtime.device_index == "local_rank":
+        return f"cuda:{local_rank}"
+    if runtime.device_index == "zero":
+        return "cuda:0"
+    raise ValueError(f"runtime.device_index={runtime.device_index!r}: use local_rank or zero")
+
+
+def choose_backend(runtime: RuntimeConfig, device: str) -> str:
+    if runtime.backend != "auto":
+        return runtime.backend
+    return "nccl" if device != "cpu" and torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(env: DistEnv, *, timeout_s: float = 600.0) -> None:
+    """Join the process group; a one-process world uses an in-memory store (no port)."""
+    if env.device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(env.device))
+    timeout = timedelta(seconds=timeout_s)
+    if env.world_size == 1:
+        dist.init_process_group(
+            env.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+        )
+        return
+    dist.init_process_group(
+        env.backend,
+        init_method=f"tcp://{_url_host(env.master_addr)}:{env.master_port}",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timeout,
+    )
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -1,0 +1,174 @@
+"""The optimizer loop: AdamW, warmup + cosine schedule, accumulation, clipping, logging.
+
+One optimizer step runs ``accumulation`` micro-steps (each backpropagates loss divided by
+the number of micro-steps), then ``finish_gradients`` (deferred reduce-scatters, z and
+data all-reduces, scaling), global-norm clipping and ``optimizer.step()``. At each step
+boundary one small all-reduce over the world averages the loss for logging and agrees
+on whether any rank asked to stop (``should_stop``, e.g. set by a requeue signal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from axonn_launch.spec import TrainConfig
+from axonn_launch.train.data import Loader
+from axonn_launch.train.metrics import MetricsLogger, StepStats
+from axonn_launch.train.model import clip_grad_norm_, finish_gradients
+
+
+def is_matrix(name: str, param: nn.Parameter) -> bool:
+    """Weight decay applies to matrices (Linear weights, embeddings), not biases or norms.
+
+    Sharded Linear weights are stored flattened, so the full tensor's rank is read
+    from the ``full_shape`` attribute when the parameter has one.
+    """
+    shape = getattr(param, "full_shape", None)
+    return len(shape) >= 2 if shape is not None else param.ndim >= 2
+
+
+def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.AdamW:
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (decay if is_matrix(name, param) else no_decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": train.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=train.lr, betas=(train.beta1, train.beta2), eps=1e-8)
+
+
+def learning_rate(step: int, train: TrainConfig) -> float:
+    """Learning rate for the 0-based optimizer step ``step``."""
+    if step < train.warmup_steps:
+        return train.lr * (step + 1) / train.warmup_steps
+    if train.schedule == "constant":
+        return train.lr
+    if train.schedule != "cosine":
+        raise ValueError(f"train.schedule={train.schedule!r}: use cosine or constant")
+    decay_steps = max(1, train.steps - train.warmup_steps)
+    progress = min(1.0, (step - train.warmup_steps) / decay_steps)
+    return train.min_lr + 0.5 * (train.lr - train.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def compute_dtype(train: TrainConfig, device: torch.device) -> torch.dtype:
+    if train.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if train.dtype in ("fp32", "bf16"):
+        return torch.float32 if train.dtype == "fp32" else torch.bfloat16
+    raise ValueError(f"train.dtype={train.dtype!r}: use auto, fp32 or bf16")
+
+
+def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    """bf16 autocast (fp32 master weights and optimizer); fp32 runs without autocast."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@dataclass
+class TrainContext:
+    """Everything the loop needs besides the model; built by ``axonn_launch.train.run``."""
+
+    train: TrainConfig
+    groups: object  # axonn_launch.train.groups.Groups
+    loader: Loader
+    optimizer: torch.optim.Optimizer
+    logger: MetricsLogger
+    device: torch.device
+    tokens_per_step: int
+    start_step: int = 0  # optimizer steps already done (resume)
+    should_stop: Callable[[], bool] = lambda: False
+    save: Callable[[int], None] = lambda step: None  # checkpoint after ``step`` steps
+
+
+def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
+    """Run optimizer steps from ``ctx.start_step`` to ``train.steps``; returns a summary."""
+    train, dtype = ctx.train, compute_dtype(ctx.train, ctx.device)
+    accumulation = ctx.loader.accumulation
+    step, stopped, timed = ctx.start_step, False, []
+    loss = float("nan")
+    model.train()
+    while step < train.steps:
+        started = time.perf_counter()
+        lr = learning_rate(step, train)
+        local_loss = run_micro_steps(model, ctx.loader, accumulation, ctx.device, dtype)
+        finish_gradients(model, ctx.groups)
+        grad_norm = clip_grad_norm_(model, train.grad_clip, ctx.groups)
+        for group in ctx.optimizer.param_groups:
+            group["lr"] = lr
+        ctx.optimizer.step()
+        ctx.optimizer.zero_grad(set_to_none=True)
+        loss, stop = average_loss_and_stop(local_loss, ctx.should_stop(), ctx.device)
+        step += 1
+        elapsed = time.perf_counter() - started
+        timed.append(elapsed)
+        if step % train.log_every == 0 or step == train.steps or stop:
+            ctx.logger.record(
+                StepStats(step, loss, lr, float(grad_norm), elapsed, ctx.tokens_per_step)
+            )
+        if stop or step == train.steps or periodic_checkpoint(step, train):
+            ctx.save(step)
+        if stop:
+            stopped = True
+            break
+    return summarize(ctx, step, loss, timed, stopped)
+
+
+def periodic_checkpoint(step: int, train: TrainConfig) -> bool:
+    return train.checkpoint_every > 0 and step % train.checkpoint_every == 0
+
+
+def run_micro_steps(
+    model: nn.Module, loader: Loader, accumulation: int, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    """Forward and backward of every micro-batch of one step; returns the mean local loss."""
+    total = torch.zeros((), device=device)
+    for inputs, targets in loader.next_step():
+        with autocast(device, dtype):
+            loss = model(inputs, targets)
+        (loss / accumulation).backward()
+        total += loss.detach().float()
+    return total / accumulation
+
+
+def average_loss_and_stop(
+    local_loss: torch.Tensor, stop: bool, device: torch.device
+) -> tuple[float, bool]:
+    """World mean of the loss, and whether any rank wants to stop (one all-reduce)."""
+    packed = torch.stack([local_loss.float(), torch.tensor(float(stop), device=device)])
+    world = 1
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        world = dist.get_world_size()
+        dist.all_reduce(packed)
+    loss_sum, stops = packed.tolist()
+    return loss_sum / world, stops > 0
+
+
+def summarize(ctx: TrainContext, step: int, loss: float, timed: list[float], stopped: bool) -> dict:
+    """Throughput over this run's steps, leaving out the first (warm-up) when there are more."""
+    measured = timed[1:] if len(timed) > 1 else timed
+    seconds = sum(measured) or float("nan")
+    tokens = ctx.tokens_per_step * len(measured)
+    tflops = ctx.logger.tflops_per_gpu(tokens, seconds) if measured else float("nan")
+    peak = ctx.logger.peak
+    return {
+        "steps": step,
+        "steps_run": len(timed),
+        "resumed_from": ctx.start_step,
+        "final_loss": loss,
+        "tokens_per_s": tokens / seconds if measured else float("nan"),
+        "tflops_per_gpu": tflops,
+        "mfu": tflops / peak if peak > 0 else None,
+        "elapsed_s": sum(timed),
+        "stopped": stopped,
+    }

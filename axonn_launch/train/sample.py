@@ -1,0 +1,65 @@
+"""Text generation with the parallel model; every rank takes part, rank 0 prints.
+
+All ranks run the same forward on the same context (the model returns full-vocab
+logits of the last position on every rank). Rank 0 picks each token and broadcasts it,
+so all ranks extend the context identically even if their logits differ in the last bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from axonn_launch.train.loop import autocast
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    prompt: list[int],
+    n_tokens: int,
+    *,
+    max_seq_len: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    temperature: float = 0.8,
+    seed: int = 0,
+) -> list[int]:
+    """``prompt`` followed by ``n_tokens`` new tokens; ``temperature=0`` is greedy."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    tokens = list(prompt)
+    was_training = model.training
+    model.eval()
+    for _ in range(n_tokens):
+        context = torch.tensor([tokens[-max_seq_len:]], dtype=torch.long, device=device)
+        with autocast(device, dtype):
+            logits = model(context)
+        choice = torch.tensor([pick_token(logits[0].float().cpu(), temperature, generator)])
+        tokens.append(int(_broadcast_from_rank0(choice.to(device)).item()))
+    model.train(was_training)
+    return tokens
+
+
+def pick_token(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _broadcast_from_rank0(value: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast(value, src=0)
+    return value
+
+
+def decode(tokens: list[int], data: str) -> str:
+    """Bytes for the built-in byte-level corpus; token ids otherwise."""
+    if data == "shakespeare":
+        return bytes(tokens).decode("utf-8", errors="replace")
+    return " ".join(str(t) for t in tokens)
+
+
+def default_prompt(data: str) -> list[int]:
+    return list(b"\n") if data == "shakespeare" else [0]

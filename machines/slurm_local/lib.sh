@@ -1,0 +1,84 @@
+# Shared names and helpers for the local Slurm cluster scripts (sourced, not run).
+# shellcheck shell=bash
+
+SLURM_CONF_DIR=/etc/slurm
+STATE_DIR=/var/lib/axonn-slurm
+RUN_DIR=/run/axonn-slurm
+LOG_DIR=/var/log/slurm
+CLUSTER_NAME=axonn
+PARTITION=debug
+ACCOUNT=axonn
+NODES=(n1 n2)
+CPUS_PER_NODE=8
+REAL_MEMORY_MB=8192
+GPUS_PER_NODE=8
+CTLD_PORT=6817
+DBD_PORT=6819
+DB_NAME=slurm_acct_db
+DB_USER=slurm
+MANAGED_MARK="# managed by axonn_launch machines/slurm_local/start.sh"
+
+log() { printf '[slurm_local %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+fail() {
+    printf '[slurm_local] ERROR: %s\n' "$1" >&2
+    if [[ -n "${2:-}" && -f "$2" ]]; then
+        printf '[slurm_local] last lines of %s:\n' "$2" >&2
+        tail -n 30 "$2" >&2
+    fi
+    exit 1
+}
+
+require_root() {
+    [[ $(id -u) -eq 0 ]] || fail "run as root (it installs packages and starts system daemons)"
+}
+
+node_port() {
+    # n1 -> 6831, n2 -> 6832: distinct slurmd ports, clear of slurmdbd's 6819.
+    echo $((6830 + ${1#n}))
+}
+
+pid_from_file() {
+    [[ -s "$1" ]] && tr -dc '0-9' <"$1"
+}
+
+# True if the pid file names a live process whose command name starts with $2.
+pidfile_alive() {
+    local pid comm
+    pid=$(pid_from_file "$1") || return 1
+    [[ -n "$pid" && -d /proc/$pid ]] || return 1
+    comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
+    [[ "$comm" == "$2"* ]]
+}
+
+# Poll a command until it succeeds or the timeout (s) passes.
+wait_until() {
+    local timeout=$1
+    shift
+    local deadline=$((SECONDS + timeout))
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.5
+    done
+}
+
+# SIGTERM the process in a pid file, SIGKILL it after $3 s; no-op if not running.
+stop_pidfile() {
+    local pidfile=$1 comm=$2 timeout=${3:-15} pid
+    if ! pidfile_alive "$pidfile" "$comm"; then
+        rm -f "$pidfile"
+        return 0
+    fi
+    pid=$(pid_from_file "$pidfile")
+    log "stopping $comm (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    if ! wait_until "$timeout" bash -c "! kill -0 $pid"; then
+        log "$comm (pid $pid) ignored SIGTERM for ${timeout} s; sending SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+        wait_until 5 bash -c "! kill -0 $pid" || true
+    fi
+    rm -f "$pidfile"
+}
+
+slurmd_pidfile() { echo "$RUN_DIR/slurmd-$1.pid"; }
+slurmd_log() { echo "$LOG_DIR/slurmd-$1.log"; }
