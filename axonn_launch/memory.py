@@ -1,35 +1,36 @@
 """Bytes per GPU for one (model, grid, batch) configuration.
 
 A first-order model used on the login node to reject configurations that cannot fit
-before they reach the queue. It assumes mixed precision as the training core runs it
-on GPUs (train.dtype auto or bf16): fp32 master weights, fp32 gradients and two fp32
-Adam moments per parameter shard, bf16 activations and weight/gradient communication
-buffers. With train.dtype=fp32 activations and buffers take 4 bytes per element.
+before they reach the queue. It follows what the training core (``axonn_launch.train``)
+keeps on a GPU: fp32 parameters with bf16 autocast (train.dtype auto or bf16), or plain
+fp32 (train.dtype fp32).
 
-Terms (per GPU; T = tokens per GPU per micro-step = micro_batch / z * seq_len,
-h = d_model, f = d_ff, V = vocab, l = layers, P = n_params, e = activation bytes):
+Notation: T = tokens per GPU per micro-step = micro_batch / z * seq_len, h = d_model,
+f = d_ff, V = vocab, S = max_seq_len, l = layers.
 
-* parameters, gradients, optimizer: P / (x*y*z) * (4 + 4 + 8). Every weight is sharded
-  over x*y (2D) and then flattened and split over z (axonn.md §2.3 step 3).
-* weight buffers: all-gathered bf16 blocks of (4h^2 + 2hf)/(x*y) elements per layer
-  (QKV 3h^2, projection h^2, MLP 2hf). Without activation checkpointing autograd keeps every layer's gathered block
-  for its dX GEMM (l blocks); with checkpointing only the layer being recomputed and the
-  prefetched one (2 blocks).
-* reduce-scatter buffers: the full dW block of a layer before it is reduce-scattered over
-  z. With ORS the collectives are waited for at the end of the backward, so all l blocks
-  stay alive; without it one block at a time. None when z == 1.
-* activations: saved-for-backward tensors of Korthikanti et al. 2022 (eq. 2, "no
-  parallelism": 34*s*b*h bytes plus the s^2 attention terms), split as our layout splits
-  them: hidden-sized tensors (LayerNorm inputs, QKV and MLP inputs: 4 tensors, plus the
-  two 1-byte dropout masks) are sharded over x; QKV outputs, attention output and the
-  two 4h MLP tensors (12 tensors of h) over y. Attention runs as a fused (flash) kernel,
-  which keeps only the output and the log-sum-exp (4 bytes per head per token) instead
-  of the a*s^2 score matrices.
-  With full activation checkpointing (one layer per block) the stack keeps each layer's
-  input (T*h/x) and, during the backward, one layer's full set.
-* logits: fp32 logits and their gradient for the vocab-parallel loss, T*V/(x*y)*4*2.
+* parameters, gradients, optimizer: the local shard (``local_param_elements``) times
+  4 (fp32 weights) + 4 (fp32 grads) + 8 (two fp32 Adam moments). Linear weights and the
+  token table are split over x*y and then flattened and split over z (axonn.md §2.3
+  step 3); biases, LayerNorms and positions are split over x or y only.
+* weight buffers: gathered fp32 blocks of the Linear in use and of the one prefetched
+  (OAG), plus the bf16 copy the GEMM reads: (2*4 + 2) bytes times the largest block,
+  4h^2/(x*y) elements (MLP). Nothing else is kept: the backward re-gathers.
+* embedding buffers: the token table gathered over z, V/(x*y)*h elements, fp32 plus its
+  bf16 copy for the LM head; alive for the whole micro-step.
+* reduce-scatter buffers: the full fp32 dW block of a Linear before it is reduce-
+  scattered over z, 12h^2/(x*y) per layer. With ORS the collectives are waited for at the
+  end of the backward, so every layer's block (and its 1/z result) stays alive; without
+  ORS one at a time. Nothing when z == 1.
+* activations: what each layer saves for its backward, counted tensor by tensor
+  (``layer_activation_bytes``). With full activation checkpointing (one layer per
+  block) the stack keeps each layer's fp32 input (T*h/x*4) and, during the backward,
+  one layer's full set.
+* logits: bf16 logits, their fp32 copy, exponentials and softmax, and the fp32 gradient:
+  T*V/(x*y)*(2 + 4 + 4 + 4 + 4) bytes.
 * runtime reserve: CUDA/ROCm context, communicator buffers and allocator slack, a fixed
   RUNTIME_RESERVE_GIB.
+
+The totals are compared with ``Hardware.mem_per_gpu_gb`` read as GiB (``fits``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from axonn_launch.spec import TrainConfig
 GIB = 1024**3
 RUNTIME_RESERVE_GIB = 1.5  # context + NCCL/RCCL buffers + fragmentation, per GPU
 BYTES_PER_PARAM_STATE = {"parameters": 4, "gradients": 4, "optimizer": 8}
+LOGIT_BYTES = 2 + 4 + 4 + 4 + 4
 
 
 @dataclass(frozen=True)
@@ -61,55 +63,85 @@ class MemoryEstimate:
         return f"{self.total / GIB:.1f} GiB per GPU (largest term: {name} {value / GIB:.1f} GiB)"
 
     def fits(self, mem_per_gpu_gb: float) -> bool:
-        """True when the estimate fits ``mem_per_gpu_gb`` (GiB; 0 means unbounded)."""
+        """True when the estimate fits ``mem_per_gpu_gb`` (read as GiB; 0 = unbounded)."""
         return mem_per_gpu_gb <= 0 or self.total <= mem_per_gpu_gb * GIB
 
 
 def estimate_memory(*, model: ModelSpec, grid: Grid, train: TrainConfig) -> MemoryEstimate:
-    e = 4 if train.dtype == "fp32" else 2
-    shard = model.n_params() / grid.tensor_parallel
+    half = 4 if train.dtype == "fp32" else 2  # bytes of an autocast (bf16) tensor
+    local = local_param_elements(model, grid)
     tokens = train.micro_batch / grid.z * train.seq_len
-    terms = {name: shard * nbytes for name, nbytes in BYTES_PER_PARAM_STATE.items()}
-    terms["weight buffers"] = _weight_buffers(model, grid, train, e)
-    terms["reduce-scatter buffers"] = _reduce_scatter_buffers(model, grid, train, e)
-    terms["activations"] = _activations(model, grid, train, tokens, e)
-    terms["logits"] = tokens * model.vocab_size / (grid.x * grid.y) * 4 * 2
+    terms = {name: local * nbytes for name, nbytes in BYTES_PER_PARAM_STATE.items()}
+    terms["weight buffers"] = (2 * 4 + half) * model.d_model * model.d_ff / (grid.x * grid.y)
+    terms["embedding buffers"] = _local_vocab(model, grid) * model.d_model * (4 + half)
+    terms["reduce-scatter buffers"] = _reduce_scatter_buffers(model, grid, train)
+    terms["activations"] = _activations(model, grid, train, tokens, half)
+    terms["logits"] = tokens * _local_vocab(model, grid) * LOGIT_BYTES
     terms["runtime reserve"] = RUNTIME_RESERVE_GIB * GIB
     return MemoryEstimate(terms=terms)
 
 
-def layer_block_elements(model: ModelSpec, grid: Grid) -> float:
-    """Elements of one layer's four weight blocks after the 2D (x*y) split: (4h^2 + 2hf)/(x*y)."""
+def linear_weight_elements(model: ModelSpec) -> int:
+    """Elements of one layer's four Linear weights: QKV 3h^2, projection h^2, MLP 2hf."""
     h, f = model.d_model, model.d_ff
-    return (4 * h * h + 2 * h * f) / (grid.x * grid.y)
+    return 4 * h * h + 2 * h * f
 
 
-def _weight_buffers(model: ModelSpec, grid: Grid, train: TrainConfig, e: int) -> float:
-    layers = 2 if train.activation_checkpointing else model.n_layer
-    return min(layers, model.n_layer) * layer_block_elements(model, grid) * e
+def local_param_elements(model: ModelSpec, grid: Grid) -> float:
+    """Parameter elements one rank holds (the training core's sharding, see above)."""
+    h, f, x, y = model.d_model, model.d_ff, grid.x, grid.y
+    weights = linear_weight_elements(model) / (x * y * grid.z)
+    return (
+        model.n_layer * weights
+        + _local_vocab(model, grid) * h / grid.z  # token table, vocab rows over x*y, then z
+        + replicated_over_z_elements(model, grid)
+    )
 
 
-def _reduce_scatter_buffers(model: ModelSpec, grid: Grid, train: TrainConfig, e: int) -> float:
+def replicated_over_z_elements(model: ModelSpec, grid: Grid) -> float:
+    """Biases, LayerNorms and positions: split over x or y, the same on every z rank.
+
+    Per layer: QKV bias 3h/y, projection bias h/x, MLP biases f/y + h/x, two LayerNorms
+    4h/x; plus the position table S*h/x and the final LayerNorm 2h/x.
+    """
+    h, f, x, y = model.d_model, model.d_ff, grid.x, grid.y
+    per_layer = 3 * h / y + h / x + f / y + h / x + 4 * h / x
+    return model.n_layer * per_layer + model.max_seq_len * h / x + 2 * h / x
+
+
+def _local_vocab(model: ModelSpec, grid: Grid) -> int:
+    plane = grid.x * grid.y
+    return -(-model.vocab_size // plane)  # padded to a multiple of x*y, then split
+
+
+def _reduce_scatter_buffers(model: ModelSpec, grid: Grid, train: TrainConfig) -> float:
     if grid.z == 1:
         return 0.0
-    layers = model.n_layer if train.overlap.reduce_scatter else 1
-    return layers * layer_block_elements(model, grid) * e
+    block = linear_weight_elements(model) / (grid.x * grid.y) * 4
+    if train.overlap.reduce_scatter:
+        return model.n_layer * block * (1 + 1 / grid.z)
+    return block / 2  # the MLP weights, the largest pair, are half of a layer
 
 
-def _activations(
-    model: ModelSpec, grid: Grid, train: TrainConfig, tokens: float, e: int
-) -> float:
-    one_layer = layer_activation_bytes(model, grid, tokens, e)
+def _activations(model: ModelSpec, grid: Grid, train: TrainConfig, tokens: float, half: int) -> float:
+    one_layer = layer_activation_bytes(model, grid, tokens, half)
     if train.activation_checkpointing:
-        return model.n_layer * tokens * model.d_model / grid.x * e + one_layer
+        return model.n_layer * tokens * model.d_model / grid.x * 4 + one_layer
     return model.n_layer * one_layer
 
 
-def layer_activation_bytes(model: ModelSpec, grid: Grid, tokens: float, e: int = 2) -> float:
-    """Bytes one layer saves for its backward (Korthikanti et al. 2022, eq. 2, with a
-    fused attention kernel), sharded as described in the module docstring."""
-    h = model.d_model
-    hidden = tokens * h / grid.x * (4 * e + 2)  # 4 hidden-sized tensors + 2 one-byte masks
-    wide = tokens * h / grid.y * 12 * e  # q, k, v, attention output, 4h GeLU in, 4h GeLU out
-    lse = tokens * model.n_head / grid.y * 4  # fp32 log-sum-exp per head per token
+def layer_activation_bytes(model: ModelSpec, grid: Grid, tokens: float, half: int = 2) -> float:
+    """Bytes one transformer layer saves for its backward in the training core.
+
+    Sharded over x (hidden-sized, fp32 because the residual stream is fp32): the two
+    LayerNorm inputs and the two LayerNorm outputs saved by QKV and MLP-up: 4 tensors.
+    Sharded over y: q, k, v and the attention output (autocast dtype), the attention
+    output re-laid for the projection (autocast dtype), the GeLU input and output (fp32,
+    4h each); the fused attention kernel adds a log-sum-exp per head (fp32) instead of
+    the s^2 score matrices (Korthikanti et al. 2022 count those without a fused kernel).
+    """
+    h, f = model.d_model, model.d_ff
+    hidden = tokens * h / grid.x * 4 * 4
+    wide = tokens * (5 * h * half + 2 * f * 4) / grid.y
+    lse = tokens * model.n_head / grid.y * 4
     return hidden + wide + lse

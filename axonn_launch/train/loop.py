@@ -25,21 +25,22 @@ from axonn_launch.train.metrics import MetricsLogger, StepStats
 from axonn_launch.train.model import clip_grad_norm_, finish_gradients
 
 
-def is_matrix(name: str, param: nn.Parameter) -> bool:
+def is_matrix(param: nn.Parameter) -> bool:
     """Weight decay applies to matrices (Linear weights, embeddings), not biases or norms.
 
-    Sharded Linear weights are stored flattened, so the full tensor's rank is read
-    from the ``full_shape`` attribute when the parameter has one.
+    Sharded weights are stored flattened, so the full tensor's shape is read from the
+    parameter's ``layout`` (set by the parallel layers) when it has one.
     """
-    shape = getattr(param, "full_shape", None)
-    return len(shape) >= 2 if shape is not None else param.ndim >= 2
+    layout = getattr(param, "layout", None)
+    shape = layout.full_shape if layout is not None else param.shape
+    return len(shape) >= 2
 
 
 def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.AdamW:
     decay, no_decay = [], []
-    for name, param in model.named_parameters():
+    for param in model.parameters():
         if param.requires_grad:
-            (decay if is_matrix(name, param) else no_decay).append(param)
+            (decay if is_matrix(param) else no_decay).append(param)
     groups = [
         {"params": decay, "weight_decay": train.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},

@@ -65,6 +65,7 @@ make_dirs() {
     local node
     for node in "${NODES[@]}"; do mkdir -p "$STATE_DIR/slurmd-$node"; done
     chmod 700 "$STATE_DIR"
+    make_fake_gpus
 }
 
 # The database password is made once and kept, so reruns keep working.
@@ -131,10 +132,17 @@ PartitionName=$PARTITION Nodes=n[1-${#NODES[@]}] Default=YES MaxTime=INFINITE St
 EOF
 }
 
+# Slurm only counts GPUs backed by device files; plain files stand in for them here.
+make_fake_gpus() {
+    local dir="$STATE_DIR/fake-gpu" i
+    mkdir -p "$dir"
+    for ((i = 0; i < GPUS_PER_NODE; i++)); do touch "$dir/gpu$i"; done
+}
+
 gres_conf_text() {
     echo "$MANAGED_MARK"
     echo "AutoDetect=off"
-    echo "NodeName=n[1-${#NODES[@]}] Name=gpu Count=$GPUS_PER_NODE"
+    echo "NodeName=n[1-${#NODES[@]}] Name=gpu File=$STATE_DIR/fake-gpu/gpu[0-$((GPUS_PER_NODE - 1))]"
 }
 
 slurmdbd_conf_text() {

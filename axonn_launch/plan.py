@@ -1,0 +1,449 @@
+"""Choose the 4D grid: enumerate every grid of a world size, drop the invalid and the
+ones that do not fit in memory, rank the rest by the predicted step time (perf.py).
+
+CLI (login node, no torch):
+    python -m axonn_launch.plan machine=frontier model=gpt_320b nodes=1024 top=5 \
+        [train.global_batch=2048] [train.micro_batch=8] [calibration=cal.json] [output=json]
+
+Micro-batch: unless it is pinned (``fixed_micro_batch``, or ``train.micro_batch=`` on the
+command line), each grid gets the largest micro-batch that is a multiple of z, divides the
+per-replica batch (global_batch / data) and fits in memory. The largest one gives the
+fewest micro-steps, hence the fewest weight all-gathers and reduce-scatters over z (which
+repeat per micro-step), the fewest latency-bound collectives and the biggest GEMMs; the
+activation all-reduces and the FLOPs per step do not depend on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from axonn_launch.grid import Grid
+from axonn_launch.machine import Hardware, MachineProfile, SlurmSettings
+from axonn_launch.memory import GIB, estimate_memory
+from axonn_launch.models import ModelSpec
+from axonn_launch.perf import COMM_AXES, Calibration, load_calibration, step_time
+from axonn_launch.spec import OverlapConfig, TrainConfig
+
+CONF_DIR = Path(__file__).parent / "conf"
+
+
+class PlanError(ValueError):
+    """No grid can run this configuration; the message says why."""
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    rank: int
+    grid: Grid
+    micro_batch: int
+    accumulation: int
+    step_time_s: float
+    compute_s: float
+    tflops_per_gpu: float
+    fraction_of_peak: float
+    memory_gib: float
+    comm_s: dict[str, float]  # exposed communication per axis (x, y, z, data, xy)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["grid"] = self.grid.as_dict()
+        return out
+
+
+# --------------------------------------------------------------------------- enumeration
+
+
+def divisors(n: int) -> list[int]:
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
+def enumerate_grids(world_size: int) -> list[Grid]:
+    """Every (data, x, y, z) with data*x*y*z == world_size, in a fixed order."""
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size}: must be a positive integer")
+    grids = []
+    for x in divisors(world_size):
+        for y in divisors(world_size // x):
+            for z in divisors(world_size // (x * y)):
+                grids.append(Grid(data=world_size // (x * y * z), x=x, y=y, z=z))
+    return grids
+
+
+def shape_problem(model: ModelSpec, grid: Grid) -> str | None:
+    """Why the model's shapes cannot be split over this grid, or None.
+
+    Heads are split over y; every weight is split over x (one feature dim) and y (the
+    other): h, 3h and f must divide by x*y.
+    """
+    xy = grid.x * grid.y
+    if model.n_head % grid.y:
+        return f"n_head={model.n_head} not divisible by y={grid.y}"
+    if model.d_model % xy:
+        return f"d_model={model.d_model} not divisible by x*y={xy}"
+    if model.d_ff % xy:
+        return f"d_ff={model.d_ff} not divisible by x*y={xy}"
+    return None
+
+
+def batch_problem(train: TrainConfig, grid: Grid, micro_batch: int) -> str | None:
+    if micro_batch < 1 or micro_batch % grid.z:
+        return f"micro_batch={micro_batch} not divisible by z={grid.z}"
+    if train.global_batch % (micro_batch * grid.data):
+        return (
+            f"global_batch={train.global_batch} not divisible by "
+            f"micro_batch*data={micro_batch * grid.data}"
+        )
+    return None
+
+
+def micro_batch_candidates(train: TrainConfig, grid: Grid) -> list[int]:
+    """Valid micro-batches for this grid, largest first."""
+    if train.global_batch % grid.data:
+        return []
+    per_replica = train.global_batch // grid.data
+    return [m for m in reversed(divisors(per_replica)) if m % grid.z == 0]
+
+
+# --------------------------------------------------------------------------- ranking
+
+
+@dataclass(frozen=True)
+class Ranking:
+    rows: list[PlanRow]  # every runnable grid, fastest first
+    considered: int
+    rejected: dict[str, int]  # reason kind -> count
+    example: dict[str, str]  # reason kind -> one full message
+
+
+def rank_grids(
+    *,
+    hardware: Hardware,
+    model: ModelSpec,
+    train: TrainConfig,
+    world_size: int,
+    calibration: Calibration | None = None,
+    fixed_micro_batch: bool = False,
+) -> Ranking:
+    """Evaluate every grid of ``world_size``; see the module docstring for the micro-batch."""
+    cal = calibration or Calibration()
+    rows: list[PlanRow] = []
+    rejected: dict[str, int] = {}
+    example: dict[str, str] = {}
+
+    def reject(kind: str, why: str) -> None:
+        rejected[kind] = rejected.get(kind, 0) + 1
+        example.setdefault(kind, why)
+
+    grids = enumerate_grids(world_size)
+    for grid in grids:
+        why = shape_problem(model, grid)
+        if why:
+            reject("shape", why)
+            continue
+        if fixed_micro_batch:
+            why = batch_problem(train, grid, train.micro_batch)
+            candidates = [] if why else [train.micro_batch]
+        else:
+            candidates = micro_batch_candidates(train, grid)
+            why = f"global_batch={train.global_batch} not divisible by data*z={grid.data * grid.z}"
+        if not candidates:
+            reject("batch", why)
+            continue
+        chosen = _largest_fitting(model, grid, train, candidates, hardware.mem_per_gpu_gb)
+        if chosen is None:
+            tr = dataclasses.replace(train, micro_batch=candidates[-1])
+            mem = estimate_memory(model=model, grid=grid, train=tr)
+            reject("memory", f"{grid.describe()} needs {mem.describe()}")
+            continue
+        micro, mem_bytes = chosen
+        tr = dataclasses.replace(train, micro_batch=micro)
+        st = step_time(hardware=hardware, model=model, train=tr, grid=grid, calibration=cal)
+        rows.append(
+            PlanRow(
+                rank=0,
+                grid=grid,
+                micro_batch=micro,
+                accumulation=st.accumulation,
+                step_time_s=st.total,
+                compute_s=st.compute,
+                tflops_per_gpu=st.tflops_per_gpu,
+                fraction_of_peak=st.fraction_of_peak,
+                memory_gib=mem_bytes / GIB,
+                comm_s=st.comm,
+            )
+        )
+    rows.sort(key=lambda r: (r.step_time_s, r.grid.x, r.grid.y, r.grid.z))
+    rows = [dataclasses.replace(r, rank=i + 1) for i, r in enumerate(rows)]
+    return Ranking(rows=rows, considered=len(grids), rejected=rejected, example=example)
+
+
+def _largest_fitting(
+    model: ModelSpec, grid: Grid, train: TrainConfig, candidates: list[int], mem_gb: float
+) -> tuple[int, float] | None:
+    """First candidate (they come largest first) whose memory estimate fits."""
+    for micro in candidates:
+        mem = estimate_memory(model=model, grid=grid, train=dataclasses.replace(train, micro_batch=micro))
+        if mem.fits(mem_gb):
+            return micro, mem.total
+    return None
+
+
+def plan(
+    *,
+    machine: MachineProfile,
+    model: ModelSpec,
+    train: TrainConfig,
+    nodes: int,
+    top: int = 5,
+    calibration: Calibration | None = None,
+    fixed_micro_batch: bool = False,
+) -> list[PlanRow]:
+    """The ``top`` fastest runnable grids on ``nodes`` nodes of ``machine``."""
+    ranking = _ranking(machine, model, train, nodes, calibration, fixed_micro_batch)
+    return ranking.rows[: max(0, top)]
+
+
+def best_grid(
+    *,
+    machine: MachineProfile,
+    model: ModelSpec,
+    train: TrainConfig,
+    nodes: int,
+    calibration: Calibration | None = None,
+    fixed_micro_batch: bool = False,
+) -> PlanRow:
+    """The fastest runnable grid (for grid=auto); use its ``micro_batch`` too.
+
+    Raises PlanError naming why every grid was rejected.
+    """
+    ranking = _ranking(machine, model, train, nodes, calibration, fixed_micro_batch)
+    if not ranking.rows:
+        raise PlanError(explain_empty(ranking, machine, model, nodes))
+    return ranking.rows[0]
+
+
+def _ranking(machine, model, train, nodes, calibration, fixed_micro_batch) -> Ranking:
+    if nodes < 1:
+        raise PlanError(f"nodes={nodes}: must be a positive integer")
+    world = nodes * machine.hardware.gpus_per_node
+    return rank_grids(
+        hardware=machine.hardware,
+        model=model,
+        train=train,
+        world_size=world,
+        calibration=calibration,
+        fixed_micro_batch=fixed_micro_batch,
+    )
+
+
+def explain_empty(ranking: Ranking, machine: MachineProfile, model: ModelSpec, nodes: int) -> str:
+    parts = [f"{n} x {kind} (e.g. {ranking.example[kind]})" for kind, n in ranking.rejected.items()]
+    return (
+        f"no grid of {nodes} node(s) of {machine.name} can run {model.name}: all "
+        f"{ranking.considered} grids rejected: " + "; ".join(parts)
+    )
+
+
+# --------------------------------------------------------------------------- config loading
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    if not path.is_file():
+        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise PlanError(f"{path.parent.name}={path.stem}: no such preset; valid: {', '.join(known)}")
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=False)  # type: ignore[return-value]
+
+
+def _only_fields(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in raw.items() if k in names}
+
+
+def load_machine(name: str, conf_dir: Path = CONF_DIR) -> MachineProfile:
+    """Read conf/machine/<name>.yaml as plain YAML (interpolations are left unresolved)."""
+    raw = _read_yaml(conf_dir / "machine" / f"{name}.yaml")
+    fields = _only_fields(MachineProfile, raw)
+    fields["hardware"] = Hardware(**_only_fields(Hardware, raw.get("hardware") or {}))
+    fields["slurm"] = SlurmSettings(**_only_fields(SlurmSettings, raw.get("slurm") or {}))
+    return MachineProfile(**fields)
+
+
+def load_model(name: str, conf_dir: Path = CONF_DIR) -> tuple[ModelSpec, dict[str, Any]]:
+    """Read conf/model/<name>.yaml: the ModelSpec and the preset's ``train`` refinements."""
+    raw = _read_yaml(conf_dir / "model" / f"{name}.yaml")
+    spec = raw.get("model", raw)
+    return ModelSpec(**_only_fields(ModelSpec, spec)), dict(raw.get("train") or {})
+
+
+def build_train(layers: list[dict[str, Any]]) -> TrainConfig:
+    """TrainConfig from dicts applied in order (later wins); ``overlap`` may be nested."""
+    merged: dict[str, Any] = {}
+    overlap: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key == "overlap" and isinstance(value, dict):
+                overlap.update(value)
+            else:
+                merged[key] = value
+    fields = _only_fields(TrainConfig, merged)
+    fields["overlap"] = OverlapConfig(**_only_fields(OverlapConfig, overlap))
+    return TrainConfig(**fields)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+@dataclass(frozen=True)
+class PlanArgs:
+    machine: MachineProfile
+    model: ModelSpec
+    train: TrainConfig
+    nodes: int
+    top: int
+    output: str  # table | json
+    calibration: Calibration | None
+    fixed_micro_batch: bool
+
+
+def _scalar(text: str) -> Any:
+    """A command-line value as YAML reads it: 8 -> int, 1e-3 -> float, false -> bool."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text) if text else text
+    except yaml.YAMLError:
+        return text
+
+
+def parse_args(argv: list[str], conf_dir: Path = CONF_DIR) -> PlanArgs:
+    """key=value arguments: machine, model, nodes, top, output, calibration, train.*"""
+    opts: dict[str, str] = {}
+    train_over: dict[str, Any] = {}
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            raise PlanError(f"{arg!r}: expected key=value")
+        if key.startswith("train.overlap."):
+            train_over.setdefault("overlap", {})[key.split(".", 2)[2]] = _scalar(value)
+        elif key.startswith("train."):
+            train_over[key[len("train.") :]] = _scalar(value)
+        elif key in ("machine", "model", "nodes", "top", "output", "calibration"):
+            opts[key] = value
+        else:
+            raise PlanError(
+                f"unknown key {key!r}; valid: machine, model, nodes, top, output, calibration, train.*"
+            )
+    bad = [k for k in train_over if k not in {f.name for f in dataclasses.fields(TrainConfig)}]
+    if bad:
+        raise PlanError(f"unknown train key(s) {', '.join(bad)}")
+    machine = load_machine(opts.get("machine", "local"), conf_dir)
+    model, preset_train = load_model(opts.get("model", "gpt_tiny"), conf_dir)
+    base = _read_yaml(conf_dir / "config.yaml").get("train", {}) if (conf_dir / "config.yaml").is_file() else {}
+    train = build_train([base, preset_train, train_over])
+    output = opts.get("output", "table")
+    if output not in ("table", "json"):
+        raise PlanError(f"output={output!r}; valid: table, json")
+    cal = load_calibration(opts["calibration"]) if opts.get("calibration") else None
+    return PlanArgs(
+        machine=machine,
+        model=model,
+        train=train,
+        nodes=_positive_int("nodes", opts.get("nodes", "1")),
+        top=_positive_int("top", opts.get("top", "5")),
+        output=output,
+        calibration=cal,
+        fixed_micro_batch="micro_batch" in train_over,
+    )
+
+
+def _positive_int(key: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise PlanError(f"{key}={text!r}: must be a positive integer")
+    return value
+
+
+def format_table(rows: list[PlanRow], peak: float) -> str:
+    axes = [a for a in COMM_AXES]
+    head = ["rank", "grid (data,x,y,z)", "mb", "step s", "TFLOP/s/GPU", "% peak", "mem GiB"]
+    head += [f"{a} s" for a in axes]
+    lines = [head]
+    for r in rows:
+        g = r.grid
+        pct = f"{100 * r.fraction_of_peak:.1f}" if peak > 0 else "-"
+        line = [str(r.rank), f"({g.data},{g.x},{g.y},{g.z})", str(r.micro_batch)]
+        line += [f"{r.step_time_s:.3f}", f"{r.tflops_per_gpu:.1f}", pct, f"{r.memory_gib:.1f}"]
+        line += [f"{r.comm_s[a]:.3f}" for a in axes]
+        lines.append(line)
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in lines)
+
+
+def run(args: PlanArgs) -> tuple[str, bool]:
+    """(text to print, whether any grid was found)."""
+    ranking = _ranking(
+        args.machine, args.model, args.train, args.nodes, args.calibration, args.fixed_micro_batch
+    )
+    rows = ranking.rows[: args.top]
+    hw, tr = args.machine.hardware, args.train
+    world = args.nodes * hw.gpus_per_node
+    if args.output == "json":
+        payload = {
+            "machine": args.machine.name,
+            "model": args.model.name,
+            "nodes": args.nodes,
+            "world_size": world,
+            "train": {
+                "global_batch": tr.global_batch,
+                "seq_len": tr.seq_len,
+                "activation_checkpointing": tr.activation_checkpointing,
+                "overlap": dataclasses.asdict(tr.overlap),
+            },
+            "calibration": args.calibration.source if args.calibration else None,
+            "considered": ranking.considered,
+            "rejected": ranking.rejected,
+            "plans": [r.as_dict() for r in rows],
+        }
+        return json.dumps(payload, indent=2), bool(rows)
+    header = (
+        f"{args.model.name} on {args.nodes} node(s) of {args.machine.name} = {world} GPUs; "
+        f"global_batch={tr.global_batch} seq_len={tr.seq_len} "
+        f"activation_checkpointing={tr.activation_checkpointing}\n"
+        f"{ranking.considered} grids, {len(ranking.rows)} runnable"
+        + "".join(f", {n} rejected ({k})" for k, n in ranking.rejected.items())
+    )
+    if not rows:
+        return header + "\n" + explain_empty(ranking, args.machine, args.model, args.nodes), False
+    return header + "\n" + format_table(rows, hw.peak_tflops_per_gpu), True
+
+
+def main(argv: list[str]) -> int:
+    try:
+        text, found = run(parse_args(argv))
+    except (PlanError, ValueError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0 if found else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

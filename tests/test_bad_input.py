@@ -1,0 +1,61 @@
+"""Bad input: exit code 2, one line naming the field and value, nothing submitted or written."""
+
+import pytest
+
+from tests.conftest import run_launcher
+
+F5 = ["machine=frontier", "model=gpt_5b"]
+# (arguments, text the one-line error must contain)
+CASES = [
+    (["machine=foo"], "machine='foo'"),
+    (["model=gpt_7b"], "model='gpt_7b'"),
+    (["train.stpes=3"], "train.stpes"),
+    (["+foo=1"], "foo"),
+    (["train.steps=abc"], "train.steps='abc'"),
+    (["train.steps=0"], "train.steps=0"),
+    (["train.lr=-1"], "train.lr=-1"),
+    (["train.lr=[1"], "train.lr=[1"),
+    (["train.dtype=fp8"], "train.dtype='fp8'"),
+    (["train.schedule=linear"], "train.schedule='linear'"),
+    (["train.data=/nonexistent/tokens.bin"], "train.data='/nonexistent/tokens.bin'"),
+    (["train.seq_len=128"], "train.seq_len=128"),
+    (["train.micro_batch=3"], "train.micro_batch=3"),
+    (["train.global_batch=12"], "train.global_batch=12"),
+    (["train.overlap.all_gather=maybe"], "train.overlap.all_gather='maybe'"),
+    (["dry_run=maybe"], "dry_run='maybe'"),
+    (["grid.x=0"], "grid.x=0"),
+    (["grid.x=two"], "grid.x='two'"),
+    (["grid.y=3"], "grid.y=3"),
+    (["grid.x=3"], "grid.x*grid.y=3"),
+    (["grid.z=3", "train.micro_batch=6", "train.global_batch=12"], "grid.z=3"),
+    (["grid.data=40", "train.micro_batch=2", "train.global_batch=80"], "max_local_processes"),
+    (["nodes=2"], "nodes=2"),
+    (["grid=auto", "grid.x=2"], "grid=auto"),
+    (["model.n_head=5"], "model.d_model=64"),
+    (["name=a/b"], "name='a/b'"),
+    ([*F5, "grid.x=4", "dry_run=true"], "world size 4"),
+    ([*F5, "grid.x=8", "nodes=2", "dry_run=true"], "nodes=2"),
+    (["machine=frontier", "model=gpt_320b", "grid.x=8", "dry_run=true"], "GiB per GPU"),
+    (["machine=perlmutter", "model=gpt_5b", "grid.x=4"], "machine.slurm.account"),
+    (["machine=slurm_local", "grid.x=3", "grid.y=1"], "grid.x*grid.y=3"),
+]
+
+
+@pytest.mark.parametrize("args,expected", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_input_is_one_line_exit_2_and_nothing_happens(args, expected, tmp_path, fake_sbatch):
+    bindir, marker = fake_sbatch
+    work = tmp_path / "cwd"
+    work.mkdir()
+    result = run_launcher(args, cwd=work, path_prefix=bindir)
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.returncode == 2, result.stderr + result.stdout
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and expected in lines[0], lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not marker.exists(), "sbatch was called"
+    assert list(work.iterdir()) == [], "something was written"
+
+
+def test_full_error_shows_the_traceback_when_asked(tmp_path):
+    result = run_launcher(["grid.y=3"], cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
+    assert result.returncode != 0 and "Traceback" in result.stderr

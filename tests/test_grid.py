@@ -1,0 +1,74 @@
+"""Pure-Python grid: rank layout against AxoNN's arithmetic, groups, validation."""
+
+import itertools
+
+import pytest
+
+from axonn_launch.grid import Grid
+
+GRIDS = [Grid(), Grid(x=2, z=2), Grid(data=2, x=2, y=2, z=2), Grid(data=3, x=4, y=1, z=2),
+         Grid(data=1, x=1, y=8, z=1), Grid(data=2, x=2, y=3, z=5)]
+
+
+def axonn_coords(grid: Grid, rank: int) -> tuple[int, int, int, int]:
+    """AxoNN's communication.py with G_inter=1: c fastest, then r, then d, then data."""
+    g_c, g_r, g_d = grid.x, grid.y, grid.z
+    intra = g_r * g_c * g_d
+    intra_rank = rank % intra
+    c = intra_rank % g_c
+    r = (intra_rank // g_c) % g_r
+    d = intra_rank // (g_c * g_r)
+    data = rank // intra
+    return c, r, d, data
+
+
+@pytest.mark.parametrize("grid", GRIDS, ids=str)
+def test_coords_match_axonn_layout(grid):
+    for rank in range(grid.world_size):
+        c = grid.coords(rank)
+        assert (c.x, c.y, c.z, c.data) == axonn_coords(grid, rank)
+        assert grid.rank(c) == rank
+
+
+@pytest.mark.parametrize("grid", GRIDS, ids=str)
+@pytest.mark.parametrize("axis", ["x", "y", "z", "data"])
+def test_groups_partition_world_along_one_axis(grid, axis):
+    groups = grid.groups(axis)
+    assert sorted(itertools.chain(*groups)) == list(range(grid.world_size))
+    assert all(len(g) == grid.size(axis) for g in groups)
+    others = [a for a in ("x", "y", "z", "data") if a != axis]
+    for group in groups:
+        coords = [grid.coords(r) for r in group]
+        assert sorted(getattr(c, axis) for c in coords) == list(range(grid.size(axis)))
+        for other in others:
+            assert len({getattr(c, other) for c in coords}) == 1
+        steps = {b - a for a, b in zip(group, group[1:])}
+        assert steps <= {grid.stride(axis)}
+
+
+def test_x_group_is_contiguous_so_it_stays_in_a_node():
+    grid = Grid(data=2, x=4, y=2, z=1)
+    assert grid.groups("x")[0] == [0, 1, 2, 3]
+    assert grid.groups("y")[0] == [0, 4]
+    assert grid.groups("data")[0] == [0, 8]
+
+
+def test_plane_groups_hold_x_times_y_ranks_with_equal_z_and_data():
+    grid = Grid(data=2, x=2, y=2, z=2)
+    planes = grid.plane_groups()
+    assert len(planes) == 4 and all(len(p) == 4 for p in planes)
+    assert planes[0] == [0, 1, 2, 3] and planes[1] == [4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("bad", [{"x": 0}, {"y": -1}, {"z": 1.5}, {"data": True}, {"x": "2"}])
+def test_invalid_axis_is_rejected_with_its_name(bad):
+    axis = next(iter(bad))
+    with pytest.raises(ValueError, match=f"grid.{axis}="):
+        Grid(**bad)
+
+
+def test_world_size_and_rank_bounds():
+    grid = Grid(data=2, x=3, y=1, z=2)
+    assert grid.world_size == 12 and grid.tensor_parallel == 6
+    with pytest.raises(ValueError):
+        grid.coords(12)

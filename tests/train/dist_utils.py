@@ -1,0 +1,103 @@
+"""Run a function on N local processes joined by a gloo process group.
+
+``run_world(fn, n, *args)`` spawns N processes; each calls ``fn(rank, world_size, *args)``
+after ``init_process_group("gloo")`` and sends back its return value (which must be
+picklable). The first failing rank's traceback is raised in the caller and the other
+ranks are stopped; a world that runs past ``timeout`` seconds is stopped as well.
+``fn`` must be importable (a module-level function) because the children are spawned.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+class WorldFailure(AssertionError):
+    """A rank raised, died, or the world timed out."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_world(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300.0
+) -> list[Any]:
+    """Run ``fn`` on ``world_size`` gloo ranks; return the per-rank results in rank order."""
+    ctx = mp.get_context("spawn")
+    results_queue = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(
+            target=_child, args=(fn, rank, world_size, port, results_queue, args), daemon=True
+        )
+        for rank in range(world_size)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        results = _collect(procs, results_queue, world_size, time.monotonic() + timeout, timeout)
+    finally:
+        _stop(procs)
+    return [results[rank] for rank in range(world_size)]
+
+
+def _collect(procs, results_queue, world_size: int, deadline: float, timeout: float) -> dict:
+    results: dict[int, Any] = {}
+    while len(results) < world_size:
+        if time.monotonic() > deadline:
+            raise WorldFailure(f"world of {world_size} ranks timed out after {timeout:.0f}s")
+        try:
+            rank, ok, payload = results_queue.get(timeout=0.5)
+        except queue.Empty:
+            _fail_if_died_silently(procs, results)
+            continue
+        if not ok:
+            raise WorldFailure(f"rank {rank} of {world_size} failed:\n{payload}")
+        results[rank] = payload
+    return results
+
+
+def _fail_if_died_silently(procs, results: dict) -> None:
+    for rank, proc in enumerate(procs):
+        if rank not in results and proc.exitcode not in (None, 0):
+            raise WorldFailure(f"rank {rank} exited with code {proc.exitcode} without a result")
+
+
+def _stop(procs) -> None:
+    for proc in procs:
+        proc.join(timeout=5)
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=5)
+
+
+def _child(fn, rank: int, world_size: int, port: int, results_queue, args) -> None:
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=120),
+        )
+        result = fn(rank, world_size, *args)
+        results_queue.put((rank, True, result))
+    except BaseException:
+        results_queue.put((rank, False, traceback.format_exc()))
+        return
+    dist.destroy_process_group()

@@ -1,0 +1,167 @@
+"""The training loop: schedule and optimizer units, a 4-rank run whose loss falls, resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from axonn_launch.grid import Grid
+from axonn_launch.models import ModelSpec
+from axonn_launch.spec import JobSpec, RuntimeConfig, TrainConfig
+from axonn_launch.train.groups import single_process_groups
+from axonn_launch.train.loop import build_optimizer, compute_dtype, is_matrix, learning_rate
+from axonn_launch.train.model import GPT
+from axonn_launch.spec import OverlapConfig
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ModelSpec("gpt_tiny", n_layer=2, d_model=64, n_head=4, vocab_size=256, max_seq_len=64)
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def test_warmup_then_cosine_to_min_lr():
+    train = TrainConfig(steps=100, warmup_steps=10, lr=1e-3, min_lr=1e-4)
+    lrs = [learning_rate(s, train) for s in range(101)]
+    assert lrs[0] == pytest.approx(1e-4)  # (0 + 1) / 10 of the peak
+    assert lrs[9] == pytest.approx(1e-3)
+    assert lrs[10] == pytest.approx(1e-3)
+    assert lrs[55] == pytest.approx(1e-4 + 0.5 * 9e-4)  # halfway through the decay
+    assert lrs[100] == pytest.approx(1e-4)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+
+
+def test_constant_schedule_after_warmup():
+    train = TrainConfig(steps=50, warmup_steps=5, lr=2e-3, schedule="constant")
+    assert learning_rate(2, train) == pytest.approx(2e-3 * 3 / 5)
+    assert {learning_rate(s, train) for s in range(5, 50)} == {2e-3}
+
+
+def test_unknown_schedule_is_an_error():
+    with pytest.raises(ValueError, match="schedule"):
+        learning_rate(10, TrainConfig(schedule="linear", warmup_steps=2))
+
+
+def test_compute_dtype():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert compute_dtype(TrainConfig(), cpu) == torch.float32
+    assert compute_dtype(TrainConfig(), gpu) == torch.bfloat16
+    assert compute_dtype(TrainConfig(dtype="bf16"), cpu) == torch.bfloat16
+    with pytest.raises(ValueError):
+        compute_dtype(TrainConfig(dtype="fp16"), cpu)
+
+
+def test_weight_decay_applies_to_matrices_only():
+    model = GPT(TINY, groups=single_process_groups(), overlap=OverlapConfig(), seed=0)
+    optimizer = build_optimizer(model, TrainConfig(weight_decay=0.1))
+    decay, no_decay = optimizer.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    h, l = TINY.d_model, TINY.n_layer
+    matrices = l * 12 * h * h + TINY.vocab_size * h + TINY.max_seq_len * h
+    assert sum(p.numel() for p in decay["params"]) == matrices
+    assert sum(p.numel() for p in no_decay["params"]) == TINY.n_params() - matrices
+    assert all(is_matrix(p) for p in decay["params"])
+
+
+# ---------------------------------------------------------------------------------------
+# Multi-process runs: one process per rank, started the way the local launcher does
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_job(job_dir: Path, grid: Grid, **train) -> JobSpec:
+    base = TrainConfig(steps=12, warmup_steps=4, global_batch=16, micro_batch=4, seq_len=64)
+    spec = JobSpec(
+        name="test",
+        job_dir=str(job_dir),
+        model=TINY,
+        grid=grid,
+        train=replace(base, **train),
+        runtime=RuntimeConfig(device="cpu"),
+    )
+    job_dir.mkdir(parents=True, exist_ok=True)
+    spec.save(job_dir / "spec.json")
+    return spec
+
+
+def launch(job_dir: Path, world_size: int, module: str, *args: str) -> list[str]:
+    """Run all ranks to completion; returns each rank's stdout."""
+    port = free_port()
+    base = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    base["PYTHONPATH"] = str(REPO)
+    procs = []
+    for rank in range(world_size):
+        env = dict(
+            base, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+            LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        )
+        command = [sys.executable, "-m", module, str(job_dir), *args]
+        procs.append(
+            subprocess.Popen(
+                command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        )
+    outputs = []
+    for rank, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"rank {rank} failed:\n{err.decode()[-4000:]}"
+        outputs.append(out.decode())
+    return outputs
+
+
+def metrics(job_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_four_ranks_on_shakespeare_loss_falls(tmp_path):
+    job = tmp_path / "job"
+    write_job(job, Grid(x=2, z=2), steps=60, warmup_steps=10, sample_tokens=20)
+    outputs = launch(job, 4, "axonn_launch.train")
+    rows = metrics(job)
+    assert [r["step"] for r in rows] == list(range(1, 61))
+    first, last = rows[0]["loss"], sum(r["loss"] for r in rows[-5:]) / 5
+    assert first == pytest.approx(math.log(256), abs=0.3)  # a fresh model is near uniform
+    assert last < 2.9, f"loss only fell from {first:.3f} to {last:.3f}"
+    for row in rows:
+        assert row["tokens_per_s"] > 0 and row["tflops_per_gpu"] > 0 and row["mem_gb"] > 0
+        assert row["mfu"] is None and math.isfinite(row["grad_norm"])
+    summary = json.loads((job / "summary.json").read_text())
+    assert summary["steps"] == 60 and summary["final_loss"] == rows[-1]["loss"]
+    assert len(summary["sample"]) == 21  # the one-byte prompt and 20 new bytes
+    assert "--- sample" in outputs[0] and "--- sample" not in outputs[1]
+    assert (job / "checkpoints" / "latest").read_text() == "step_00000060"
+
+
+@pytest.mark.slow
+def test_stop_and_resume_gives_the_same_losses(tmp_path):
+    grid = Grid(data=2, x=2)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    write_job(straight, grid)
+    write_job(resumed, grid)
+    launch(straight, 4, "axonn_launch.train")
+    first = launch(resumed, 4, "tests.train.loop_worker", "--stop-after", "5", "--stop-rank", "1")
+    summaries = [json.loads(out.strip().splitlines()[-1]) for out in first]
+    assert all(s["stopped"] and s["steps"] == 5 for s in summaries)  # every rank stopped
+    assert (resumed / "checkpoints" / "latest").read_text() == "step_00000005"
+    assert [r["step"] for r in metrics(resumed)] == [1, 2, 3, 4, 5]
+    second = launch(resumed, 4, "tests.train.loop_worker")
+    summary = json.loads(second[0].strip().splitlines()[-1])
+    assert summary["resumed_from"] == 5 and summary["steps"] == 12 and not summary["stopped"]
+    expected, got = metrics(straight), metrics(resumed)
+    assert [r["step"] for r in got] == list(range(1, 13))
+    for a, b in zip(expected, got):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-6, abs=0)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5, abs=0)
+        assert b["lr"] == a["lr"]
