@@ -89,7 +89,7 @@ def linear_weight_elements(model: ModelSpec) -> int:
 
 def local_param_elements(model: ModelSpec, grid: Grid) -> float:
     """Parameter elements one rank holds (the training core's sharding, see above)."""
-    h, f, x, y = model.d_model, model.d_ff, grid.x, grid.y
+    h, x, y = model.d_model, grid.x, grid.y
     weights = linear_weight_elements(model) / (x * y * grid.z)
     return (
         model.n_layer * weights
@@ -123,7 +123,9 @@ def _reduce_scatter_buffers(model: ModelSpec, grid: Grid, train: TrainConfig) ->
     return block / 2  # the MLP weights, the largest pair, are half of a layer
 
 
-def _activations(model: ModelSpec, grid: Grid, train: TrainConfig, tokens: float, half: int) -> float:
+def _activations(
+    model: ModelSpec, grid: Grid, train: TrainConfig, tokens: float, half: int
+) -> float:
     one_layer = layer_activation_bytes(model, grid, tokens, half)
     if train.activation_checkpointing:
         return model.n_layer * tokens * model.d_model / grid.x * 4 + one_layer

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from axonn_launch.grid import Grid
 from axonn_launch.machine import Hardware
+from axonn_launch.memory import local_param_elements, replicated_over_z_elements
 from axonn_launch.models import ModelSpec
 from axonn_launch.spec import TrainConfig
 
@@ -41,10 +42,6 @@ COLLECTIVES = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER)
 
 # Breakdown keys: the four grid axes plus the x*y plane (vocab-parallel embedding and loss).
 COMM_AXES = ("x", "y", "z", "data", "xy")
-
-ACT_BYTES = 2  # bf16 activations and activation all-reduces
-WEIGHT_COMM_BYTES = 2  # bf16 weight all-gathers and weight-grad reduce-scatters (AxoNN GB branch)
-GRAD_BYTES = 4  # fp32 gradients in the data-parallel all-reduce
 
 DEFAULT_GEMM_EFFICIENCY = 0.75  # fraction of dense peak a large bf16 GEMM reaches
 DEFAULT_KERNEL_OVERHEAD_US = 2.0  # fixed cost per GEMM call (launch, tail effects)
@@ -93,7 +90,7 @@ class Calibration:
             return points[0][1]
         if flops >= points[-1][0]:
             return points[-1][1]
-        for (f0, r0), (f1, r1) in zip(points, points[1:]):
+        for (f0, r0), (f1, r1) in zip(points, points[1:], strict=False):
             if f0 <= flops <= f1:
                 w = (math.log(flops) - math.log(f0)) / (math.log(f1) - math.log(f0))
                 return r0 + w * (r1 - r0)
@@ -185,10 +182,7 @@ def bus_bandwidth(
     if sample is not None:
         return sample.bus_gbps, sample.alpha_us * 1e-6
     intra = hw.intra_node_gbps if hw.intra_node_gbps > 0 else math.inf
-    if place.intra_node:
-        gbps = intra
-    else:
-        gbps = min(intra, place.per_node * hw.inter_node_gbps)
+    gbps = intra if place.intra_node else min(intra, place.per_node * hw.inter_node_gbps)
     if not math.isfinite(gbps) or gbps <= 0:
         raise ValueError(
             f"no bandwidth for a group of {place.size} ({place.per_node} per node): set "
@@ -250,8 +244,31 @@ def block_linears(model: ModelSpec) -> tuple[LinearShape, ...]:
     )
 
 
-def _axis_size(grid: Grid, axis: str) -> int:
-    return grid.size(axis)
+# --------------------------------------------------------------------------- precision
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per element of each kind of traffic, as the training core sends it.
+
+    Under bf16 autocast the Linear outputs are bf16, so the forward all-reduces are too.
+    A backward dX all-reduce has the dtype of the Linear's input, which is fp32 for
+    QKV, MLP-up and MLP-down (LayerNorm and GeLU outputs on the fp32 residual path):
+    counted as fp32 for all four. Weights and their gradients are fp32 (master weights
+    are gathered as stored; AxoNN's Gordon Bell branch casts them to bf16 first).
+    """
+
+    act_fwd: int = 2
+    act_bwd: int = 4
+    weight: int = 4
+    grad: int = 4
+
+    @classmethod
+    def for_run(cls, train: TrainConfig, hardware: Hardware) -> Precision:
+        cpu = hardware.gpu_model == "cpu" or hardware.peak_tflops_per_gpu <= 0
+        if train.dtype == "fp32" or (train.dtype == "auto" and cpu):
+            return cls(act_fwd=4, act_bwd=4, weight=4, grad=4)
+        return cls()
 
 
 # --------------------------------------------------------------------------- the step
@@ -283,7 +300,7 @@ class StepTime:
 
 @dataclass
 class _Ledger:
-    """Accumulates raw and exposed seconds per axis."""
+    """Raw and exposed seconds per axis."""
 
     raw: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COMM_AXES, 0.0))
     exposed: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COMM_AXES, 0.0))
@@ -305,12 +322,14 @@ class _Ledger:
 
 
 def pipelined_exposed(chunk_comm: float, chunk_compute: float, n: int) -> float:
-    """Exposed time of n communication chunks each overlapped with the next compute chunk.
+    """Exposed time of n collectives, each overlapping the compute chunk that follows it.
 
-    Chunk i's collective starts when its producer (or, for a prefetch, the layer before)
-    starts and the stream serialises the chunks. With equal chunks the work ends at
-    max(n*b + c, b + n*c) - n*b past the compute, i.e. c + (n-1) * max(0, c - b): one
-    chunk is always exposed, the rest only by what exceeds the compute it hides behind.
+    The collectives run one after another on their own stream; collective i may start
+    once compute chunk i starts (a prefetch one module ahead, or a reduce-scatter issued
+    when its gradient is ready). With equal chunks c (communication) and b (compute) the
+    last collective ends max(n*b + c, b + n*c) - n*b after the compute, i.e.
+    c + (n-1) * max(0, c - b): one chunk is always exposed, the others only by what
+    exceeds the compute they hide behind.
     """
     if n <= 0 or chunk_comm <= 0:
         return 0.0
@@ -318,7 +337,7 @@ def pipelined_exposed(chunk_comm: float, chunk_compute: float, n: int) -> float:
 
 
 class _Costs:
-    """Collective and GEMM times for one grid; small helper to keep formulas short."""
+    """Collective and GEMM times for one grid, with bandwidths looked up once per axis."""
 
     def __init__(self, hw: Hardware, grid: Grid, cal: Calibration) -> None:
         self.hw, self.grid, self.cal = hw, grid, cal
@@ -348,22 +367,23 @@ def step_time(
     grid: Grid,
     calibration: Calibration | None = None,
 ) -> StepTime:
-    """Predicted seconds per optimizer step (see the module docstring for the model)."""
+    """Predicted seconds per optimizer step: ``accumulation`` micro-steps plus the
+    once-per-step gradient synchronization (see the module docstring)."""
     cal = calibration or Calibration()
     costs = _Costs(hardware, grid, cal)
-    micro = _micro_step(costs, model, train, grid)
+    prec = Precision.for_run(train, hardware)
+    compute, micro = _micro_step(costs, model, train, grid, prec)
     accum = max(1, train.accumulation_steps(grid))
-    ledger = micro.ledger.scaled(accum)
-    ledger.merge(_gradient_sync(costs, model, grid))
-    world = grid.world_size
+    ledger = micro.scaled(accum)
+    ledger.merge(_gradient_sync(costs, model, grid, prec))
     model_flops = (
         model.flops_per_token(train.seq_len, recompute=train.activation_checkpointing)
         * train.global_batch
         * train.seq_len
-        / world
+        / grid.world_size
     )
     return StepTime(
-        compute=micro.compute * accum,
+        compute=compute * accum,
         comm=dict(ledger.exposed),
         comm_raw=dict(ledger.raw),
         accumulation=accum,
@@ -372,116 +392,134 @@ def step_time(
     )
 
 
-@dataclass
-class _MicroStep:
-    compute: float
-    ledger: _Ledger
-
-
-def _micro_step(costs: _Costs, model: ModelSpec, train: TrainConfig, grid: Grid) -> _MicroStep:
-    """One forward + backward of one micro-batch on one GPU."""
-    s, h, l = train.seq_len, model.d_model, model.n_layer
+def _micro_step(
+    costs: _Costs, model: ModelSpec, train: TrainConfig, grid: Grid, prec: Precision
+) -> tuple[float, _Ledger]:
+    """Compute seconds and communication ledger of one micro-step (forward + backward)."""
+    s, h, layers = train.seq_len, model.d_model, model.n_layer
     tokens = train.micro_batch / grid.z * s  # T
     ov = train.overlap
     linears = block_linears(model)
     xy = grid.x * grid.y
-
-    # --- per layer, forward: local GEMMs (2*T*in*out/(x*y) FLOPs each, axonn.md §2.3) and
-    # the attention core, heads split over y and replicated over x: QK^T and AV are
-    # 2 * 2*T*s*h/y FLOPs (the s/(6h) term of Narayanan's formula, no causal saving).
-    fwd_gemm = [costs.gemm(2 * tokens * lin.fan_in * lin.fan_out / xy) for lin in linears]
-    attn_fwd = costs.gemm(4 * tokens * s * h / grid.y)
-    fwd_compute = sum(fwd_gemm) + attn_fwd
-    # Forward all-reduces are blocking (§3.1): the output of each Linear, T*fan_out/outer
-    # elements, over its inner axis. Sum over the block: 7Th/y over x and 2Th/x over y.
-    fwd_ar = {"x": 0.0, "y": 0.0}
-    for lin in linears:
-        elems = tokens * lin.fan_out / _axis_size(grid, lin.outer)
-        fwd_ar[lin.inner] += costs.coll(ALL_REDUCE, lin.inner, elems * ACT_BYTES)
-    # Weight all-gather over z: the (fan_out/outer)x(fan_in/inner) block, bf16.
-    ag = sum(
-        costs.coll(ALL_GATHER, "z", lin.fan_in * lin.fan_out / xy * WEIGHT_COMM_BYTES)
-        for lin in linears
-    )
-    fwd_layer_busy = fwd_compute + sum(fwd_ar.values())
-
-    # --- per layer, backward: dX and dW GEMMs (each as many FLOPs as the forward one),
-    # attention backward (2x forward). dX all-reduce over the outer axis, T*fan_in/inner
-    # elements: 2Th/x over y and 5Th/y over x per block. OAR hides each behind its dW GEMM.
-    bwd_compute = 2 * sum(fwd_gemm) + 2 * attn_fwd
-    bwd_ar_raw = {"x": 0.0, "y": 0.0}
-    bwd_ar_exposed = {"x": 0.0, "y": 0.0}
-    for lin, g in zip(linears, fwd_gemm):
-        elems = tokens * lin.fan_in / _axis_size(grid, lin.inner)
-        t = costs.coll(ALL_REDUCE, lin.outer, elems * ACT_BYTES)
-        bwd_ar_raw[lin.outer] += t
-        bwd_ar_exposed[lin.outer] += max(0.0, t - g) if ov.all_reduce else t
-    # Weight-grad reduce-scatter over z, same bytes as the all-gather.
-    rs = sum(
-        costs.coll(REDUCE_SCATTER, "z", lin.fan_in * lin.fan_out / xy * WEIGHT_COMM_BYTES)
-        for lin in linears
-    )
-    bwd_layer_busy = bwd_compute + sum(bwd_ar_exposed.values())
-
-    ledger = _Ledger()
     passes = 2 if train.activation_checkpointing else 1  # forward (+ recompute forward)
-    for axis in ("x", "y"):
-        ledger.add(axis, l * (passes * fwd_ar[axis] + bwd_ar_raw[axis]),
-                   l * (passes * fwd_ar[axis] + bwd_ar_exposed[axis]))  # fmt: skip
 
-    # OAG: each Linear prefetches the next one's weights (one module ahead, §3.1), so the
-    # chunks are Linears. The forward pipelines over all 4l Linears; a recompute pass
-    # restarts the prefetch in every one-layer checkpoint block (4 Linears each).
-    n_lin = len(linears)
-    if ov.all_gather:
-        ag_fwd = pipelined_exposed(ag / n_lin, fwd_layer_busy / n_lin, n_lin * l)
-        ag_re = l * pipelined_exposed(ag / n_lin, fwd_layer_busy / n_lin, n_lin)
-    else:
-        ag_fwd, ag_re = l * ag, l * ag
-    ledger.add("z", l * ag, ag_fwd)
-    if train.activation_checkpointing:
-        ledger.add("z", l * ag, ag_re)
-    # ORS: the reduce-scatters run asynchronously and are waited for at the end of the
-    # backward, hiding behind the backward of the Linears that follow.
-    rs_exposed = (
-        pipelined_exposed(rs / n_lin, bwd_layer_busy / n_lin, n_lin * l) if ov.reduce_scatter
-        else l * rs
-    )  # fmt: skip
-    ledger.add("z", l * rs, rs_exposed)
+    # Compute, per layer. Each Linear's forward GEMM is 2*T*in*out/(x*y) FLOPs (its local
+    # block, axonn.md §2.3); dX and dW GEMMs cost as much each. The attention core has its
+    # heads split over y and is repeated on every x rank: QK^T and AV are 2 * 2*T*s*h/y
+    # FLOPs forward (the s/(6h) term of Narayanan's formula), twice that backward.
+    fwd_gemm = [costs.gemm(2 * tokens * lin.fan_in * lin.fan_out / xy) for lin in linears]
+    attn = costs.gemm(4 * tokens * s * h / grid.y)
+    fwd_compute = sum(fwd_gemm) + attn
+    bwd_compute = 2 * sum(fwd_gemm) + 2 * attn
 
-    # --- embedding and LM head over the x*y plane (vocab-parallel, axonn.md §2.5): the
-    # embedding output all-reduce (T*h) in the forward and the LM head's dX all-reduce
-    # (T*h) in the backward. LM head GEMMs: 2*T*h*V/(x*y) each for fwd, dX, dW.
-    plane_ar = costs.coll(ALL_REDUCE, "xy", tokens * h * ACT_BYTES)
-    ledger.add("xy", 2 * plane_ar)
-    head = 3 * costs.gemm(2 * tokens * h * model.vocab_size / xy)
+    # Forward all-reduces (blocking, §3.1): each Linear's output, T*fan_out/outer elements,
+    # over its inner axis: 7Th/y over x and 2Th/x over y per layer (§2.7, §4.3 corrected).
+    # The two LayerNorms all-reduce (sum, sum of squares) over x: 2T fp32 each, forward
+    # and backward.
+    fwd_ar = dict.fromkeys(("x", "y"), 0.0)
+    for lin in linears:
+        elems = tokens * lin.fan_out / grid.size(lin.outer)
+        fwd_ar[lin.inner] += costs.coll(ALL_REDUCE, lin.inner, elems * prec.act_fwd)
+    norm_ar = 2 * costs.coll(ALL_REDUCE, "x", 2 * tokens * 4)
+    fwd_ar["x"] += norm_ar
 
-    compute = l * (passes * fwd_compute + bwd_compute) + head
-    return _MicroStep(compute=compute, ledger=ledger)
+    # Backward dX all-reduces over the outer axis, T*fan_in/inner elements: 5Th/y over x and
+    # 2Th/x over y per layer. OAR hides each behind its Linear's dW GEMM.
+    bwd_raw = dict.fromkeys(("x", "y"), 0.0)
+    bwd_exposed = dict.fromkeys(("x", "y"), 0.0)
+    for lin, gemm in zip(linears, fwd_gemm, strict=True):
+        elems = tokens * lin.fan_in / grid.size(lin.inner)
+        t = costs.coll(ALL_REDUCE, lin.outer, elems * prec.act_bwd)
+        bwd_raw[lin.outer] += t
+        bwd_exposed[lin.outer] += max(0.0, t - gemm) if ov.all_reduce else t
+    bwd_raw["x"] += norm_ar
+    bwd_exposed["x"] += norm_ar
 
-
-def _gradient_sync(costs: _Costs, model: ModelSpec, grid: Grid) -> _Ledger:
-    """Data-parallel all-reduce of the fp32 gradient shards, once per step, not overlapped
-    (Megatron-AxoNN refuses --overlap-grad-reduce, axonn.md §2.6): one call per layer
-    (12h^2/(x*y*z) elements) plus one for the embeddings and the rest."""
     ledger = _Ledger()
-    if grid.data <= 1:
-        return ledger
-    tp = grid.tensor_parallel
-    per_layer = 12 * model.d_model**2 / tp * GRAD_BYTES
-    rest = (model.n_params() - model.n_layer * 12 * model.d_model**2) / tp * GRAD_BYTES
-    t = model.n_layer * costs.coll(ALL_REDUCE, "data", per_layer)
-    t += costs.coll(ALL_REDUCE, "data", rest)
-    ledger.add("data", t)
+    for axis in ("x", "y"):
+        raw = layers * (passes * fwd_ar[axis] + bwd_raw[axis])
+        ledger.add(axis, raw, layers * (passes * fwd_ar[axis] + bwd_exposed[axis]))
+    fwd_busy = fwd_compute + sum(fwd_ar.values())
+    bwd_busy = bwd_compute + sum(bwd_exposed.values())
+    _weight_traffic(costs, model, linears, ledger, ov, passes, fwd_busy, bwd_busy, prec)
+    head = _embedding_and_head(costs, model, grid, tokens, ledger, prec)
+    compute = layers * (passes * fwd_compute + bwd_compute) + head
+    return compute, ledger
+
+
+def _weight_traffic(costs, model, linears, ledger, ov, passes, fwd_busy, bwd_busy, prec) -> None:
+    """All-gathers and reduce-scatters of the Linear weights over z, per micro-step.
+
+    Every Linear gathers its (fan_out/outer) x (fan_in/inner) block in the forward, in
+    the recompute forward, and again in the backward (the training core keeps only the z
+    shard between passes). OAG prefetches one Linear ahead, so the forward pipelines 4l
+    gathers behind the forward Linears, and the backward 4l (or 8l with recompute)
+    gathers behind the backward work. The weight-grad reduce-scatter (same bytes) is
+    issued after each dW GEMM; with ORS it is waited for only at the next forward, so it
+    pipelines behind the rest of the backward.
+    """
+    layers, n = model.n_layer, len(linears)
+    xy = costs.grid.x * costs.grid.y
+    block_bytes = [lin.fan_in * lin.fan_out / xy * prec.weight for lin in linears]
+    ag = sum(costs.coll(ALL_GATHER, "z", b) for b in block_bytes) / n  # per Linear
+    rs = sum(costs.coll(REDUCE_SCATTER, "z", b) for b in block_bytes) / n
+    gathers_fwd, gathers_bwd = n * layers, n * layers * passes
+    bwd_phase = bwd_busy + (passes - 1) * fwd_busy  # backward + recompute, per layer
+    if ov.all_gather:
+        ag_fwd = pipelined_exposed(ag, fwd_busy / n, gathers_fwd)
+        ag_bwd = pipelined_exposed(ag, bwd_phase * layers / gathers_bwd, gathers_bwd)
+    else:
+        ag_fwd, ag_bwd = ag * gathers_fwd, ag * gathers_bwd
+    ledger.add("z", ag * (gathers_fwd + gathers_bwd), ag_fwd + ag_bwd)
+    rs_exposed = (
+        pipelined_exposed(rs, bwd_phase / n, n * layers) if ov.reduce_scatter else rs * n * layers
+    )
+    ledger.add("z", rs * n * layers, rs_exposed)
+
+
+def _embedding_and_head(costs, model, grid, tokens, ledger, prec) -> float:
+    """Vocab-parallel token table over the x*y plane (axonn.md §2.5, the training core's
+    layout); returns its compute seconds and books its traffic.
+
+    z: the table block V/(x*y)*h is all-gathered in the forward and its gradient
+    reduce-scattered in the backward (not overlapped). Plane: the embedding sum (T*h,
+    fp32) in the forward, the LM head's dX (T*h, fp32) in the backward, the loss's max
+    (T) and sums (2T). x: the hidden states gathered for the LM head (T*h) in the
+    forward, their gradient gathered in the backward. LM head GEMMs: 2*T*h*V/(x*y) FLOPs
+    each for the forward, dX and dW.
+    """
+    h = model.d_model
+    local_vocab = -(-model.vocab_size // (grid.x * grid.y))
+    table = local_vocab * h * prec.weight
+    ledger.add("z", costs.coll(ALL_GATHER, "z", table) + costs.coll(REDUCE_SCATTER, "z", table))
+    plane = 2 * costs.coll(ALL_REDUCE, "xy", tokens * h * 4)
+    plane += costs.coll(ALL_REDUCE, "xy", tokens * 4) + costs.coll(ALL_REDUCE, "xy", 2 * tokens * 4)
+    ledger.add("xy", plane)
+    ledger.add("x", 2 * costs.coll(ALL_GATHER, "x", tokens * h * 4))
+    return 3 * costs.gemm(2 * tokens * h * local_vocab)
+
+
+def _gradient_sync(costs: _Costs, model: ModelSpec, grid: Grid, prec: Precision) -> _Ledger:
+    """Once per step, not overlapped (``finish_gradients``; Megatron-AxoNN likewise refuses
+    --overlap-grad-reduce, axonn.md §2.6): one coalesced all-reduce over z of the
+    gradients replicated over z (biases, norms, positions), then one over data of every
+    local gradient, fp32."""
+    ledger = _Ledger()
+    replicated = replicated_over_z_elements(model, grid) * prec.grad
+    ledger.add("z", costs.coll(ALL_REDUCE, "z", replicated))
+    ledger.add(
+        "data", costs.coll(ALL_REDUCE, "data", local_param_elements(model, grid) * prec.grad)
+    )
     return ledger
 
 
 def comm_volumes_per_layer(model: ModelSpec, train: TrainConfig, grid: Grid) -> dict[str, float]:
-    """Elements moved per transformer layer per micro-step, by (collective, axis).
+    """Elements moved per transformer layer per micro-step, by collective and axis.
 
-    The table of axonn.md §2.7 (with the §4.3 correction), written out for checking:
-    keys ``fwd_ar_x``, ``fwd_ar_y``, ``bwd_ar_x``, ``bwd_ar_y``, ``ag_z``, ``rs_z``; the
-    forward entries include the recompute pass when activation checkpointing is on.
+    The table of axonn.md §2.7 with the §4.3 correction, written out for checking (the
+    LayerNorm statistics are left out): keys ``fwd_ar_x``, ``fwd_ar_y``, ``bwd_ar_x``,
+    ``bwd_ar_y``, ``ag_z``, ``rs_z``. Forward entries include the recompute pass when
+    activation checkpointing is on; ``ag_z`` includes the backward re-gather.
     """
     tokens = train.micro_batch / grid.z * train.seq_len
     passes = 2 if train.activation_checkpointing else 1
@@ -490,6 +528,6 @@ def comm_volumes_per_layer(model: ModelSpec, train: TrainConfig, grid: Grid) -> 
         out[f"fwd_ar_{lin.inner}"] += passes * tokens * lin.fan_out / grid.size(lin.outer)
         out[f"bwd_ar_{lin.outer}"] += tokens * lin.fan_in / grid.size(lin.inner)
         block = lin.fan_in * lin.fan_out / (grid.x * grid.y)
-        out["ag_z"] += passes * block
+        out["ag_z"] += (passes + 1) * block
         out["rs_z"] += block
     return out

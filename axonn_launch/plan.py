@@ -195,7 +195,9 @@ def _largest_fitting(
 ) -> tuple[int, float] | None:
     """First candidate (they come largest first) whose memory estimate fits."""
     for micro in candidates:
-        mem = estimate_memory(model=model, grid=grid, train=dataclasses.replace(train, micro_batch=micro))
+        mem = estimate_memory(
+            model=model, grid=grid, train=dataclasses.replace(train, micro_batch=micro)
+        )
         if mem.fits(mem_gb):
             return micro, mem.total
     return None
@@ -265,7 +267,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
     if not path.is_file():
         known = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise PlanError(f"{path.parent.name}={path.stem}: no such preset; valid: {', '.join(known)}")
+        raise PlanError(
+            f"{path.parent.name}={path.stem}: no such preset; valid: {', '.join(known)}"
+        )
     return OmegaConf.to_container(OmegaConf.load(path), resolve=False)  # type: ignore[return-value]
 
 
@@ -345,15 +349,18 @@ def parse_args(argv: list[str], conf_dir: Path = CONF_DIR) -> PlanArgs:
         elif key in ("machine", "model", "nodes", "top", "output", "calibration"):
             opts[key] = value
         else:
-            raise PlanError(
-                f"unknown key {key!r}; valid: machine, model, nodes, top, output, calibration, train.*"
-            )
+            valid = "machine, model, nodes, top, output, calibration, train.*"
+            raise PlanError(f"unknown key {key!r}; valid: {valid}")
     bad = [k for k in train_over if k not in {f.name for f in dataclasses.fields(TrainConfig)}]
     if bad:
         raise PlanError(f"unknown train key(s) {', '.join(bad)}")
     machine = load_machine(opts.get("machine", "local"), conf_dir)
     model, preset_train = load_model(opts.get("model", "gpt_tiny"), conf_dir)
-    base = _read_yaml(conf_dir / "config.yaml").get("train", {}) if (conf_dir / "config.yaml").is_file() else {}
+    base = (
+        _read_yaml(conf_dir / "config.yaml").get("train", {})
+        if (conf_dir / "config.yaml").is_file()
+        else {}
+    )
     train = build_train([base, preset_train, train_over])
     output = opts.get("output", "table")
     if output not in ("table", "json"):
@@ -394,7 +401,9 @@ def format_table(rows: list[PlanRow], peak: float) -> str:
         line += [f"{r.comm_s[a]:.3f}" for a in axes]
         lines.append(line)
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in lines)
+    return "\n".join(
+        "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in lines
+    )
 
 
 def run(args: PlanArgs) -> tuple[str, bool]:
@@ -435,9 +444,10 @@ def run(args: PlanArgs) -> tuple[str, bool]:
     return header + "\n" + format_table(rows, hw.peak_tflops_per_gpu), True
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Print the plan; exit status 0 with plans, 1 when no grid can run, 2 on bad input."""
     try:
-        text, found = run(parse_args(argv))
+        text, found = run(parse_args(sys.argv[1:] if argv is None else argv))
     except (PlanError, ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -28,7 +28,7 @@ CASES = [
     (["grid.y=3"], "grid.y=3"),
     (["grid.x=3"], "grid.x*grid.y=3"),
     (["grid.z=3", "train.micro_batch=6", "train.global_batch=12"], "grid.z=3"),
-    (["grid.data=40", "train.micro_batch=2", "train.global_batch=80"], "max_local_processes"),
+    (["grid.data=65", "train.micro_batch=1", "train.global_batch=65"], "max_local_processes"),
     (["nodes=2"], "nodes=2"),
     (["grid=auto", "grid.x=2"], "grid=auto"),
     (["model.n_head=5"], "model.d_model=64"),

@@ -27,6 +27,10 @@ from axonn_launch.train.groups import Groups
 
 _GLOO_NATIVE_REDUCE_SCATTER = (2, 6)  # torch release from which gloo is assumed to have it
 
+# Newer torch names the single-tensor collectives *_single and deprecates the old names.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 @dataclass(frozen=True)
 class CommRecord:
@@ -141,7 +145,7 @@ class Comm:
         shard = shard.contiguous()
         out = shard.new_empty((p * shard.shape[0], *shard.shape[1:]))
         self._record("all_gather", axis, out.numel(), shard.dtype, tag)
-        work = dist.all_gather_single(out, shard, group=self.groups.group(axis), async_op=async_op)
+        work = _all_gather_single(out, shard, group=self.groups.group(axis), async_op=async_op)
         return out, Handle(work)
 
     def reduce_scatter(
@@ -159,7 +163,7 @@ class Comm:
         group = self.groups.group(axis)
         out = full.new_empty((full.shape[0] // p, *full.shape[1:]))
         if not self._use_rs_fallback(group):
-            work = dist.reduce_scatter_tensor(out, full, group=group, async_op=async_op)
+            work = _reduce_scatter_single(out, full, group=group, async_op=async_op)
             return out, Handle(work)
         work = dist.all_reduce(full, group=group, async_op=async_op)
         chunk = full.chunk(p, dim=0)[self.index(axis)]

@@ -29,9 +29,9 @@ def is_matrix(param: nn.Parameter) -> bool:
     """Weight decay applies to matrices (Linear weights, embeddings), not biases or norms.
 
     Sharded weights are stored flattened, so the full tensor's shape is read from the
-    parameter's ``layout`` (set by the parallel layers) when it has one.
+    parameter's ``shard_layout`` (set by the parallel layers) when it has one.
     """
-    layout = getattr(param, "layout", None)
+    layout = getattr(param, "shard_layout", None)
     shape = layout.full_shape if layout is not None else param.shape
     return len(shape) >= 2
 

@@ -64,7 +64,7 @@ make_dirs() {
     mkdir -p "$SLURM_CONF_DIR" "$STATE_DIR/slurmctld" "$RUN_DIR" "$LOG_DIR"
     local node
     for node in "${NODES[@]}"; do mkdir -p "$STATE_DIR/slurmd-$node"; done
-    chmod 700 "$STATE_DIR"
+    chmod 755 "$STATE_DIR"
     make_fake_gpus
 }
 
@@ -132,11 +132,14 @@ PartitionName=$PARTITION Nodes=n[1-${#NODES[@]}] Default=YES MaxTime=INFINITE St
 EOF
 }
 
-# Slurm only counts GPUs backed by device files; plain files stand in for them here.
+# Slurm only counts GPUs backed by character devices; copies of /dev/null (1:3) stand in,
+# so jobs asking for --gpus-per-node get scheduled. Nothing runs on them.
 make_fake_gpus() {
     local dir="$STATE_DIR/fake-gpu" i
     mkdir -p "$dir"
-    for ((i = 0; i < GPUS_PER_NODE; i++)); do touch "$dir/gpu$i"; done
+    for ((i = 0; i < GPUS_PER_NODE; i++)); do
+        [[ -c "$dir/gpu$i" ]] || { rm -f "$dir/gpu$i" && mknod -m 666 "$dir/gpu$i" c 1 3; }
+    done
 }
 
 gres_conf_text() {
@@ -217,7 +220,7 @@ start_mariadb() {
             fail "mariadb-install-db failed" "$LOG_DIR/mariadb-install.log"
     fi
     log "starting MariaDB"
-    setsid mariadbd --user=mysql --pid-file=/run/mysqld/mysqld.pid \
+    setsid mariadbd --user=mysql --pid-file=/run/mysqld/mysqld.pid --innodb-lock-wait-timeout=900 \
         </dev/null >>"$LOG_DIR/mariadb.log" 2>&1 &
     wait_until 60 mariadb_works || fail "MariaDB does not answer" "$LOG_DIR/mariadb.log"
     touch "$RUN_DIR/started-mariadb"
@@ -296,6 +299,18 @@ start_slurmd() {
     slurmd -N "$node" || fail "slurmd $node did not start" "$(slurmd_log "$node")"
 }
 
+# Nodes drained or down from an earlier run (a config error, a stopped slurmd) are put back.
+resume_nodes() {
+    local node state
+    for node in "${NODES[@]}"; do
+        state=$(sinfo -h -n "$node" -o %t 2>/dev/null || true)
+        if [[ "$state" =~ ^(drain|drng|drained|down|inval|fail) ]]; then
+            log "resuming $node (was $state)"
+            scontrol update nodename="$node" state=resume || true
+        fi
+    done
+}
+
 nodes_ready() {
     local states
     states=$(sinfo -h -N -p "$PARTITION" -o '%N %t' 2>/dev/null) || return 1
@@ -332,6 +347,8 @@ main() {
     local node
     for node in "${NODES[@]}"; do start_slurmd "$node"; done
     register_accounts
+    wait_until 10 bash -c "sinfo -h -N -o %t | grep -vq '^unk'" || true
+    resume_nodes
     wait_nodes_ready
     phase_done "slurmctld + slurmd"
     log "cluster $CLUSTER_NAME up in $((SECONDS - t0)) s: partition $PARTITION, nodes ${NODES[*]}"

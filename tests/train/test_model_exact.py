@@ -136,7 +136,7 @@ def _check_grid(rank, grid, spec, overlap, checkpointing) -> None:
             loss += _global_mean(local_loss, model) / ACCUMULATION
             full_loss = reference(idx, targets)
             (full_loss / ACCUMULATION).backward()
-            ref_loss += float(full_loss) / ACCUMULATION
+            ref_loss += float(full_loss.detach()) / ACCUMULATION
         finish_gradients(model, groups)
         if step == 0:
             _assert_grads_equal(model, groups, reference, label)

@@ -1,0 +1,230 @@
+"""The step-time model against hand-computed cases."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from axonn_launch.grid import Grid
+from axonn_launch.machine import Hardware
+from axonn_launch.memory import local_param_elements
+from axonn_launch.models import ModelSpec
+from axonn_launch.perf import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    REDUCE_SCATTER,
+    BandwidthSample,
+    Calibration,
+    Placement,
+    Precision,
+    bus_bandwidth,
+    comm_volumes_per_layer,
+    gemm_seconds,
+    load_calibration,
+    pipelined_exposed,
+    placement,
+    ring_time,
+    step_time,
+)
+from axonn_launch.spec import OverlapConfig, TrainConfig
+
+HW = Hardware(
+    gpus_per_node=4,
+    gpu_model="A100",
+    mem_per_gpu_gb=40,
+    peak_tflops_per_gpu=1.0,
+    intra_node_gbps=100,
+    inter_node_gbps=25,
+    latency_us=5,
+)
+MODEL = ModelSpec("m", n_layer=2, d_model=64, n_head=4, vocab_size=256, max_seq_len=32)
+EXACT = Calibration(gemm_efficiency=1.0, kernel_overhead_us=0.0)  # GEMM time = FLOPs / peak
+NO_OVERLAP = OverlapConfig(all_reduce=False, reduce_scatter=False, all_gather=False)
+
+
+def train(**kw) -> TrainConfig:
+    base = dict(global_batch=8, micro_batch=4, seq_len=32, activation_checkpointing=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+# --------------------------------------------------------------------------- ring costs
+
+
+def test_ring_all_reduce_and_all_gather_costs():
+    # all-reduce, p=4, 1 GB at 100 GB/s, 5 us per step: 6 steps + 2*3/4 * 1e9 / 1e11
+    assert ring_time(ALL_REDUCE, 4, 1e9, 100, 5e-6) == pytest.approx(6 * 5e-6 + 0.015)
+    # all-gather / reduce-scatter: 3 steps + 3/4 * 1e9 / 1e11
+    assert ring_time(ALL_GATHER, 4, 1e9, 100, 5e-6) == pytest.approx(3 * 5e-6 + 0.0075)
+    assert ring_time(REDUCE_SCATTER, 4, 1e9, 100, 5e-6) == pytest.approx(3 * 5e-6 + 0.0075)
+    assert ring_time(ALL_REDUCE, 1, 1e9, 100, 5e-6) == 0.0
+    with pytest.raises(ValueError, match="unknown collective"):
+        ring_time("broadcast", 4, 1.0, 1.0, 0.0)
+
+
+def test_placement_follows_the_rank_layout():
+    grid = Grid(data=2, x=2, y=4, z=2)  # strides: x 1, y 2, z 8, data 16
+    assert placement(grid, "x", 4) == Placement(size=2, per_node=2)  # inside a node
+    assert placement(grid, "y", 4) == Placement(size=4, per_node=2)  # 2 per node, 2 nodes
+    assert placement(grid, "z", 4) == Placement(size=2, per_node=1)
+    assert placement(grid, "data", 4) == Placement(size=2, per_node=1)
+    assert placement(grid, "xy", 4) == Placement(size=8, per_node=4)
+    small = Grid(x=2, y=2, z=2)  # 8 ranks on one 8-GPU node: everything inside
+    assert all(placement(small, a, 8).intra_node for a in ("x", "y", "z", "data", "xy"))
+
+
+def test_cross_node_groups_share_the_injection_bandwidth():
+    assert bus_bandwidth(HW, Placement(4, 4), ALL_REDUCE) == pytest.approx((100, 5e-6))
+    assert bus_bandwidth(HW, Placement(8, 2), ALL_REDUCE)[0] == 50  # 2 ranks x 25 GB/s
+    assert bus_bandwidth(HW, Placement(8, 1), ALL_REDUCE)[0] == 25
+    fat = dataclasses.replace(HW, inter_node_gbps=60)
+    assert bus_bandwidth(fat, Placement(8, 4), ALL_REDUCE)[0] == 100  # capped by intra links
+
+
+def test_measured_bandwidth_wins_and_nearest_sample_is_used():
+    cal = Calibration(
+        collectives=(
+            BandwidthSample(ALL_REDUCE, size=4, per_node=4, bus_gbps=7.0, alpha_us=20.0),
+            BandwidthSample(ALL_REDUCE, size=16, per_node=1, bus_gbps=3.0, alpha_us=30.0),
+        )
+    )
+    assert bus_bandwidth(HW, Placement(4, 4), ALL_REDUCE, cal) == pytest.approx((7.0, 20e-6))
+    assert bus_bandwidth(HW, Placement(2, 2), ALL_REDUCE, cal) == pytest.approx((7.0, 20e-6))  # nearest intra
+    assert bus_bandwidth(HW, Placement(64, 1), ALL_REDUCE, cal) == pytest.approx((3.0, 30e-6))
+    # no sample of that kind: the hardware numbers
+    assert bus_bandwidth(HW, Placement(4, 4), ALL_GATHER, cal) == pytest.approx((100, 5e-6))
+
+
+def test_gemm_time_from_peak_or_interpolated_measurements():
+    assert gemm_seconds(2e12, HW, EXACT) == pytest.approx(2.0)
+    slow = Calibration(gemm_efficiency=0.5, kernel_overhead_us=3.0)
+    assert gemm_seconds(1e12, HW, slow) == pytest.approx(2.0 + 3e-6)
+    cal = Calibration(gemm=((1e6, 1.0), (1e8, 3.0)))
+    assert cal.gemm_tflops(1e7) == pytest.approx(2.0)  # halfway in log(FLOPs)
+    assert cal.gemm_tflops(1e3) == 1.0 and cal.gemm_tflops(1e12) == 3.0  # clamped
+    assert gemm_seconds(1e7, HW, cal) == pytest.approx(1e7 / 2e12)
+
+
+def test_load_calibration_round_trip(tmp_path):
+    path = tmp_path / "cal.json"
+    path.write_text(
+        json.dumps(
+            {
+                "gemm": [[1e9, 50.0], [1e11, 150.0]],
+                "collectives": [
+                    {"collective": "all_gather", "size": 8, "per_node": 2, "bus_gbps": 40.0,
+                     "alpha_us": 12.0}  # fmt: skip
+                ],
+            }
+        )
+    )
+    cal = load_calibration(path)
+    assert cal.gemm == ((1e9, 50.0), (1e11, 150.0))
+    assert cal.collectives == (BandwidthSample(ALL_GATHER, 8, 2, 40.0, 12.0),)
+    assert cal.source == str(path)
+
+
+def test_pipelined_exposure():
+    assert pipelined_exposed(1.0, 2.0, 4) == 1.0  # compute hides all but the first
+    assert pipelined_exposed(3.0, 1.0, 4) == pytest.approx(3 + 3 * 2)
+    assert pipelined_exposed(0.0, 1.0, 4) == 0.0
+
+
+# --------------------------------------------------------------------------- volumes
+
+
+def test_per_layer_volumes_are_the_corrected_axonn_table():
+    grid = Grid(x=2, y=4, z=2)
+    tr = train(micro_batch=4, activation_checkpointing=True)
+    t, h = 4 / 2 * 32, 64  # T = micro_batch / z * s
+    v = comm_volumes_per_layer(MODEL, tr, grid)
+    assert v["fwd_ar_x"] == 2 * 7 * t * h / 4  # QKV 3h + MLP-up 4h, x2 with recompute
+    assert v["bwd_ar_x"] == 5 * t * h / 4  # projection h + MLP-down 4h
+    assert v["fwd_ar_y"] == 2 * 2 * t * h / 2  # projection h + MLP-down h
+    assert v["bwd_ar_y"] == 2 * t * h / 2  # QKV h + MLP-up h
+    assert v["fwd_ar_x"] + v["bwd_ar_x"] == 19 * t * h / 4  # axonn.md §2.7 totals
+    assert v["fwd_ar_y"] + v["bwd_ar_y"] == 6 * t * h / 2
+    # Megatron-AxoNN's comm_model.py charges the MLP-down forward all-reduce as T*4h/x over
+    # y (§4.3); the corrected volume is T*h/x, so y carries 2Th/x per pass, not 5Th/x.
+    assert v["fwd_ar_y"] != 2 * 5 * t * h / 2
+    assert v["ag_z"] == 3 * 12 * h * h / 8  # forward, recompute, backward re-gather
+    assert v["rs_z"] == 12 * h * h / 8
+
+
+def test_compute_equals_model_flops_without_tensor_parallelism():
+    for ckpt in (False, True):
+        tr = train(activation_checkpointing=ckpt)
+        st = step_time(hardware=HW, model=MODEL, train=tr, grid=Grid(data=2), calibration=EXACT)
+        assert st.compute == pytest.approx(st.model_flops_per_gpu / 1e12, rel=1e-12)
+        assert all(st.comm[a] == 0 for a in ("x", "y", "z", "xy"))
+
+
+def test_compute_hand_case_with_attention_repeated_over_x():
+    # l=2, h=64, s=32, V=256, T=4*32=128, x=2, no recompute (3 passes):
+    # per micro-step 128*[2*3*(24*64^2/2 + 4*32*64) + 6*64*256/2] = 50,331,648 FLOPs;
+    # global_batch 8 / micro_batch 4 = 2 micro-steps, at 1 TFLOP/s.
+    st = step_time(hardware=HW, model=MODEL, train=train(), grid=Grid(x=2), calibration=EXACT)
+    assert st.accumulation == 2
+    assert st.compute == pytest.approx(2 * 50_331_648 / 1e12)
+
+
+def test_data_parallel_all_reduce_hand_case():
+    grid = Grid(data=8)  # spans two 4-GPU nodes: 4 per node -> min(100, 4*25) GB/s
+    st = step_time(hardware=HW, model=MODEL, train=train(global_batch=32), grid=grid)
+    nbytes = MODEL.n_params() * 4  # every fp32 gradient, one coalesced all-reduce
+    assert local_param_elements(MODEL, grid) == MODEL.n_params()
+    assert st.comm["data"] == pytest.approx(2 * 7 * 5e-6 + 2 * 7 / 8 * nbytes / 100e9)
+
+
+def test_overlap_all_reduce_hides_the_backward_all_reduces_behind_slow_gemms():
+    slow = dataclasses.replace(HW, peak_tflops_per_gpu=1e-6)  # GEMMs far longer than any AR
+    no_alpha = dataclasses.replace(slow, latency_us=0.0)
+    grid = Grid(y=2)
+    on = step_time(hardware=no_alpha, model=MODEL, train=train(), grid=grid)
+    off = step_time(
+        hardware=no_alpha, model=MODEL, train=train(overlap=NO_OVERLAP), grid=grid
+    )
+    assert off.comm["y"] == off.comm_raw["y"] == on.comm_raw["y"]
+    # y per layer: forward 2 ARs of T*h bf16 (2 B), backward 2 of T*h fp32 (4 B): the
+    # forward third stays exposed, the backward two thirds hide behind the dW GEMMs.
+    assert on.comm["y"] == pytest.approx(on.comm_raw["y"] / 3)
+
+
+def test_overlaps_never_add_time_and_switching_them_off_exposes_everything():
+    grid = Grid(data=2, x=2, y=2, z=4)
+    for ckpt in (False, True):
+        tr_on = train(global_batch=16, micro_batch=4, activation_checkpointing=ckpt)
+        tr_off = dataclasses.replace(tr_on, overlap=NO_OVERLAP)
+        on = step_time(hardware=HW, model=MODEL, train=tr_on, grid=grid)
+        off = step_time(hardware=HW, model=MODEL, train=tr_off, grid=grid)
+        assert off.comm == off.comm_raw
+        assert on.comm_raw == pytest.approx(off.comm_raw)
+        for axis, exposed in on.comm.items():
+            assert exposed <= on.comm_raw[axis] + 1e-15
+        assert on.comm["z"] < off.comm["z"] and on.total < off.total
+
+
+def test_faster_network_or_lower_latency_never_slows_a_grid():
+    tr = train(global_batch=32, micro_batch=4)
+    fast = dataclasses.replace(HW, inter_node_gbps=50, latency_us=1)
+    for grid in (Grid(data=8), Grid(data=2, x=2, y=2), Grid(x=2, z=4), Grid(y=4, z=2)):
+        slow_t = step_time(hardware=HW, model=MODEL, train=tr, grid=grid).total
+        fast_t = step_time(hardware=fast, model=MODEL, train=tr, grid=grid).total
+        assert fast_t <= slow_t
+
+
+def test_precision_follows_dtype_and_device():
+    gpu = TrainConfig(dtype="auto")
+    assert Precision.for_run(gpu, HW) == Precision(act_fwd=2, act_bwd=4, weight=4, grad=4)
+    assert Precision.for_run(gpu, Hardware()).act_fwd == 4  # CPU runs fp32
+    assert Precision.for_run(TrainConfig(dtype="fp32"), HW).act_fwd == 4
+
+
+def test_throughput_and_fraction_of_peak():
+    hw = dataclasses.replace(HW, peak_tflops_per_gpu=100.0)
+    st = step_time(hardware=hw, model=MODEL, train=train(), grid=Grid(data=2))
+    assert st.tflops_per_gpu == pytest.approx(st.model_flops_per_gpu / st.total / 1e12)
+    assert st.fraction_of_peak == pytest.approx(st.tflops_per_gpu / 100.0)
+    assert 0 < st.fraction_of_peak < 1
