@@ -50,20 +50,25 @@ def hydra_entry(cfg: DictConfig) -> Outcome:
 
 
 class SweepSummary(Callback):
-    """Collects each sweep point's outcome and prints one table at the end."""
+    """Collects each sweep point's outcome and prints one table at the end.
 
-    def __init__(self) -> None:
-        self.rows: list[tuple[str, Outcome]] = []
+    Hydra builds one instance for the jobs and another for the end of the multirun,
+    so the rows are kept per sweep directory on the class.
+    """
+
+    rows: dict[str, list[tuple[str, Outcome]]] = {}
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         outcome = job_return.return_value if job_return.status.name == "COMPLETED" else None
         if outcome is None:
             outcome = Outcome("failed", "", message=str(job_return._return_value))
-        self.rows.append((" ".join(job_return.overrides), outcome))
+        key = str(config.hydra.sweep.dir)
+        self.rows.setdefault(key, []).append((" ".join(job_return.overrides), outcome))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        print(format_table(self.rows))
-        if any(o.exit_code for _, o in self.rows):
+        rows = self.rows.pop(str(config.hydra.sweep.dir), [])
+        print(format_table(rows))
+        if any(o.exit_code for _, o in rows):
             raise SystemExit(1)
 
 

@@ -91,7 +91,9 @@ def test_measured_bandwidth_wins_and_nearest_sample_is_used():
         )
     )
     assert bus_bandwidth(HW, Placement(4, 4), ALL_REDUCE, cal) == pytest.approx((7.0, 20e-6))
-    assert bus_bandwidth(HW, Placement(2, 2), ALL_REDUCE, cal) == pytest.approx((7.0, 20e-6))  # nearest intra
+    assert bus_bandwidth(HW, Placement(2, 2), ALL_REDUCE, cal) == pytest.approx(
+        (7.0, 20e-6)
+    )  # nearest intra
     assert bus_bandwidth(HW, Placement(64, 1), ALL_REDUCE, cal) == pytest.approx((3.0, 30e-6))
     # no sample of that kind: the hardware numbers
     assert bus_bandwidth(HW, Placement(4, 4), ALL_GATHER, cal) == pytest.approx((100, 5e-6))
@@ -114,8 +116,13 @@ def test_load_calibration_round_trip(tmp_path):
             {
                 "gemm": [[1e9, 50.0], [1e11, 150.0]],
                 "collectives": [
-                    {"collective": "all_gather", "size": 8, "per_node": 2, "bus_gbps": 40.0,
-                     "alpha_us": 12.0}  # fmt: skip
+                    {
+                        "collective": "all_gather",
+                        "size": 8,
+                        "per_node": 2,
+                        "bus_gbps": 40.0,
+                        "alpha_us": 12.0,
+                    }  # fmt: skip
                 ],
             }
         )
@@ -183,9 +190,7 @@ def test_overlap_all_reduce_hides_the_backward_all_reduces_behind_slow_gemms():
     no_alpha = dataclasses.replace(slow, latency_us=0.0)
     grid = Grid(y=2)
     on = step_time(hardware=no_alpha, model=MODEL, train=train(), grid=grid)
-    off = step_time(
-        hardware=no_alpha, model=MODEL, train=train(overlap=NO_OVERLAP), grid=grid
-    )
+    off = step_time(hardware=no_alpha, model=MODEL, train=train(overlap=NO_OVERLAP), grid=grid)
     assert off.comm["y"] == off.comm_raw["y"] == on.comm_raw["y"]
     # y per layer: forward 2 ARs of T*h bf16 (2 B), backward 2 of T*h fp32 (4 B): the
     # forward third stays exposed, the backward two thirds hide behind the dW GEMMs.

@@ -63,7 +63,10 @@ add_host_aliases() {
 make_dirs() {
     mkdir -p "$SLURM_CONF_DIR" "$STATE_DIR/slurmctld" "$RUN_DIR" "$LOG_DIR"
     local node
-    for node in "${NODES[@]}"; do mkdir -p "$STATE_DIR/slurmd-$node"; done
+    for node in "${NODES[@]}"; do
+        mkdir -p "$STATE_DIR/slurmd-$node" "$STATE_DIR/tmp-$node"
+        chmod 1777 "$STATE_DIR/tmp-$node"
+    done
     chmod 755 "$STATE_DIR"
     make_fake_gpus
 }
@@ -103,6 +106,8 @@ SlurmctldPidFile=$RUN_DIR/slurmctld.pid
 SlurmdPidFile=$RUN_DIR/slurmd-%n.pid
 SlurmctldLogFile=$LOG_DIR/slurmctld.log
 SlurmdLogFile=$LOG_DIR/slurmd-%n.log
+# Per-node scratch: srun --mpi=pmix makes its client directory here, and n1/n2 share a host.
+TmpFS=$STATE_DIR/tmp-%n
 # More CPUs/GPUs are declared than the host has, so multi-task jobs fit on a small machine.
 SlurmdParameters=config_overrides
 ProctrackType=proctrack/linuxproc

@@ -1,0 +1,317 @@
+"""Measure what the planner assumes: collective bandwidths per group layout, GEMM speed.
+
+Inside an allocation, one task per GPU:
+    srun ... python -m axonn_launch.calibrate machine=frontier output=cal-frontier.json
+On this computer, N local gloo processes:
+    python -m axonn_launch.calibrate machine=local nproc=4 output=cal-local.json
+Then: ``python -m axonn_launch.plan ... calibration=cal-frontier.json``.
+
+For every power-of-two group size p and every placement the grid axes can have (members
+one apart, as an inner axis, or ``stride`` apart, as an outer one), all groups of that
+layout run all-reduce, all-gather and reduce-scatter at the same time, as the grid's
+groups do in training, at two message sizes. The two timings fit the ring model of
+``perf.ring_time``: t = steps * alpha + factor * M / B, giving the bus bandwidth B and
+the per-step latency alpha of that (size, ranks per node) layout. GEMMs of a few square
+sizes run on every rank at once; the slowest rank's throughput is kept.
+
+torch is imported only inside the measuring functions: the module itself is safe to
+import on a login node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from axonn_launch.perf import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER
+
+GPU_GEMM_SIZES = (1024, 2048, 4096, 8192)
+CPU_GEMM_SIZES = (64, 128, 256, 512)
+
+
+@dataclass(frozen=True)
+class Settings:
+    machine: str = "local"
+    output: str = ""  # default: calibration-<machine>.json
+    nproc: int = 0  # >0: spawn this many local processes (gloo) instead of joining a job
+    small_bytes: int = 64 * 1024
+    large_bytes: int = 0  # 0: 64 MiB on GPUs, 4 MiB on CPUs
+    reps: int = 5
+    warmup: int = 2
+    gpus_per_node: int = 0  # 0: the machine profile's (local: nproc)
+
+    def output_path(self) -> Path:
+        return Path(self.output or f"calibration-{self.machine}.json")
+
+
+@dataclass(frozen=True)
+class Layout:
+    size: int
+    stride: int
+    per_node: int
+
+    def groups(self, world: int) -> list[list[int]]:
+        """Partition of the world into groups of ``size`` ranks ``stride`` apart."""
+        span = self.size * self.stride
+        return [
+            [block + offset + i * self.stride for i in range(self.size)]
+            for block in range(0, world, span)
+            for offset in range(self.stride)
+        ]
+
+
+def layouts(world: int, gpus_per_node: int) -> list[Layout]:
+    """One layout per distinct (size, ranks per node) a grid axis can have."""
+    found: dict[tuple[int, int], Layout] = {}
+    size = 2
+    while size <= world:
+        stride = 1
+        while size * stride <= world:
+            if size * stride <= gpus_per_node:
+                per_node = size
+            else:
+                per_node = max(1, min(size, gpus_per_node // stride))
+            found.setdefault((size, per_node), Layout(size, stride, per_node))
+            stride *= 2
+        size *= 2
+    return list(found.values())
+
+
+def fit_ring(collective: str, p: int, sizes: tuple[float, float], times: tuple[float, float]):
+    """(bus GB/s, alpha in us) from two timings of the ring model in perf.ring_time."""
+    steps, factor = (
+        (2 * (p - 1), 2 * (p - 1) / p) if collective == ALL_REDUCE else (p - 1, (p - 1) / p)
+    )
+    (m1, m2), (t1, t2) = sizes, times
+    if t2 > t1:
+        bandwidth = factor * (m2 - m1) / (t2 - t1)
+        alpha = max(0.0, (t1 - factor * m1 / bandwidth) / steps)
+    else:  # noise: the large message alone
+        bandwidth, alpha = factor * m2 / t2, 0.0
+    return bandwidth / 1e9, alpha * 1e6
+
+
+# --------------------------------------------------------------------------- measuring (torch)
+
+
+def measure(settings: Settings, gpus_per_node: int) -> dict[str, Any] | None:
+    """Run every measurement on this rank of an initialized world; rank 0 gets the result."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = _current_device()
+    large = settings.large_bytes or (64 << 20 if device.type == "cuda" else 4 << 20)
+    sizes = (settings.small_bytes, large)
+    results = []
+    for layout in layouts(world, gpus_per_node):
+        group = _own_group(layout, world, rank)
+        for collective in COLLECTIVES:
+            times = tuple(
+                _time_collective(collective, group, layout.size, m, device, settings) for m in sizes
+            )
+            bus, alpha = fit_ring(collective, layout.size, sizes, times)
+            results.append(
+                {
+                    "collective": collective,
+                    "size": layout.size,
+                    "per_node": layout.per_node,
+                    "stride": layout.stride,
+                    "bus_gbps": bus,
+                    "alpha_us": alpha,
+                    "bytes": list(sizes),
+                    "seconds": list(times),
+                }  # fmt: skip
+            )
+    gemm = measure_gemm(device, settings)
+    if rank != 0:
+        return None
+    return {
+        "machine": settings.machine,
+        "world_size": world,
+        "gpus_per_node": gpus_per_node,
+        "backend": dist.get_backend(),
+        "device": device.type,
+        "torch": torch.__version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "gemm": gemm,
+        "collectives": results,
+    }
+
+
+def _current_device():
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _own_group(layout: Layout, world: int, rank: int):
+    """Create every group of the layout (collective over the world); return this rank's."""
+    import torch.distributed as dist
+
+    own = None
+    for ranks in layout.groups(world):
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            own = group
+    return own
+
+
+def _time_collective(
+    collective: str, group, p: int, nbytes: int, device, settings: Settings
+) -> float:
+    """Seconds of one collective of ``nbytes`` (gathered size), slowest rank, median of reps."""
+    import torch
+    import torch.distributed as dist
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    numel = max(p, nbytes // torch.empty(0, dtype=dtype).element_size() // p * p)
+    full = torch.ones(numel, dtype=dtype, device=device)
+    shard = torch.ones(numel // p, dtype=dtype, device=device)
+
+    def once() -> None:
+        if collective == ALL_REDUCE:
+            dist.all_reduce(full, group=group)
+        elif collective == ALL_GATHER:
+            dist.all_gather_into_tensor(full, shard, group=group)
+        elif collective == REDUCE_SCATTER:
+            dist.reduce_scatter_tensor(shard, full, group=group)
+
+    for _ in range(settings.warmup):
+        once()
+    samples = []
+    for _ in range(settings.reps):
+        _sync(device)
+        dist.barrier()
+        start = time.perf_counter()
+        once()
+        _sync(device)
+        samples.append(time.perf_counter() - start)
+    slowest = torch.tensor([statistics.median(samples)], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return float(slowest.item())
+
+
+def measure_gemm(device, settings: Settings) -> list[list[float]]:
+    """[(FLOPs per call, TFLOP/s)] of square GEMMs run on every rank at once; slowest rank."""
+    import torch
+    import torch.distributed as dist
+
+    on_gpu = device.type == "cuda"
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    points = []
+    for n in GPU_GEMM_SIZES if on_gpu else CPU_GEMM_SIZES:
+        a = torch.randn(n, n, dtype=dtype, device=device)
+        b = torch.randn(n, n, dtype=dtype, device=device)
+        for _ in range(settings.warmup):
+            a @ b
+        dist.barrier()
+        _sync(device)
+        calls = max(1, settings.reps * 2)
+        start = time.perf_counter()
+        for _ in range(calls):
+            a @ b
+        _sync(device)
+        rate = torch.tensor([2 * n**3 * calls / (time.perf_counter() - start) / 1e12])
+        dist.all_reduce(rate, op=dist.ReduceOp.MIN)
+        points.append([float(2 * n**3), float(rate.item())])
+    return points
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def run_in_allocation(settings: Settings) -> None:
+    """Join the job's world (srun / torchrun / mpirun variables) and measure."""
+    import torch.distributed as dist
+
+    from axonn_launch.plan import load_machine
+    from axonn_launch.spec import RuntimeConfig
+    from axonn_launch.train.bootstrap import bootstrap, init_distributed
+
+    machine = load_machine(settings.machine)
+    env = bootstrap(RuntimeConfig(backend=machine.backend if machine.backend != "auto" else "auto",
+                                  device_index=machine.device_index))  # fmt: skip
+    init_distributed(env)
+    try:
+        gpn = settings.gpus_per_node or machine.hardware.gpus_per_node or env.local_world_size
+        _finish(settings, measure(settings, gpn))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_local(settings: Settings) -> None:
+    """Spawn ``settings.nproc`` gloo processes on this computer (one "node") and measure."""
+    import torch.multiprocessing as mp
+
+    port = _free_port()
+    mp.spawn(_local_worker, args=(settings, port), nprocs=settings.nproc, join=True)
+
+
+def _local_worker(rank: int, settings: Settings, port: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // settings.nproc))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=settings.nproc
+    )
+    try:
+        _finish(settings, measure(settings, settings.gpus_per_node or settings.nproc))
+    finally:
+        dist.destroy_process_group()
+
+
+def _finish(settings: Settings, result: dict[str, Any] | None) -> None:
+    if result is None:
+        return
+    path = settings.output_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    print(f"calibration of {result['world_size']} ranks written to {path}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_args(argv: list[str]) -> Settings:
+    fields = Settings.__dataclass_fields__
+    values: dict[str, Any] = {}
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep or key not in fields:
+            raise ValueError(f"{arg!r}: expected key=value with key in {', '.join(fields)}")
+        values[key] = int(value) if isinstance(fields[key].default, int) else value
+    return Settings(**values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = parse_args(sys.argv[1:] if argv is None else argv)
+    if settings.nproc > 0:
+        run_local(settings)
+    else:
+        run_in_allocation(settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

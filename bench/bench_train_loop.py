@@ -1,0 +1,120 @@
+"""Wall time of the default local job: gpt_tiny on the built-in corpus, 4 CPU ranks.
+
+Starts one ``python -m axonn_launch.train`` process per rank (torchrun-style variables,
+as the local launcher does), for each grid given, and reports the wall time including
+process start-up, the training time, throughput and the loss curve's ends.
+
+    .venv/bin/python bench/bench_train_loop.py [--steps 200] [--grids x2z2 data2z2 ...]
+
+Writes a markdown table to bench/results/bench_train_loop.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from axonn_launch.grid import Grid  # noqa: E402
+from axonn_launch.models import ModelSpec  # noqa: E402
+from axonn_launch.spec import JobSpec, RuntimeConfig, TrainConfig  # noqa: E402
+
+TINY = ModelSpec("gpt_tiny", n_layer=2, d_model=64, n_head=4, vocab_size=256, max_seq_len=64)
+
+
+def parse_grid(text: str) -> Grid:
+    sizes = {axis: int(n) for axis, n in re.findall(r"(data|x|y|z)(\d+)", text)}
+    return Grid(**sizes)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(job_dir: Path, grid: Grid, steps: int) -> dict:
+    spec = JobSpec(
+        name="bench",
+        job_dir=str(job_dir),
+        model=TINY,
+        grid=grid,
+        train=TrainConfig(steps=steps, progress=False),
+        runtime=RuntimeConfig(device="cpu"),
+    )
+    job_dir.mkdir(parents=True)
+    spec.save(job_dir / "spec.json")
+    port, world = free_port(), grid.world_size
+    started = time.perf_counter()
+    procs = []
+    for rank in range(world):
+        env = dict(
+            os.environ, PYTHONPATH=str(REPO), RANK=str(rank), LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        command = [sys.executable, "-m", "axonn_launch.train", str(job_dir)]
+        procs.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL))
+    if any(p.wait() != 0 for p in procs):
+        raise SystemExit(f"grid {grid.describe()}: a rank failed")
+    wall = time.perf_counter() - started
+    rows = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((job_dir / "summary.json").read_text())
+    return {
+        "grid": grid.describe(),
+        "wall_s": wall,
+        "train_s": rows[-1]["elapsed_s"],
+        "tokens_per_s": summary["tokens_per_s"],
+        "first_loss": rows[0]["loss"],
+        "last_loss": rows[-1]["loss"],
+        "mem_gb": rows[-1]["mem_gb"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--grids", nargs="+", default=["x2z2", "data2z2", "x2y2", "data4"])
+    args = parser.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, text in enumerate(args.grids):
+            results.append(run_job(Path(tmp) / f"job{i}", parse_grid(text), args.steps))
+            print(results[-1], flush=True)
+    lines = [
+        f"# Training loop: gpt_tiny, {args.steps} steps, 4 CPU ranks",
+        "",
+        f"Machine: {os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}; "
+        f"global batch 16 x 64 tokens; fp32; gloo.",
+        f"Command: `.venv/bin/python bench/bench_train_loop.py --steps {args.steps} "
+        f"--grids {' '.join(args.grids)}`",
+        "",
+        "| grid | wall s (incl. start-up) | training s | tokens/s | loss step 1 | loss last "
+        "| peak RSS GiB/rank |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['grid']} | {r['wall_s']:.1f} | {r['train_s']:.1f} | {r['tokens_per_s']:.0f} "
+            f"| {r['first_loss']:.3f} | {r['last_loss']:.3f} | {r['mem_gb']:.2f} |"
+        )
+    text = "\n".join(lines) + "\n"
+    out = REPO / "bench" / "results" / "bench_train_loop.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

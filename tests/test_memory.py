@@ -1,0 +1,119 @@
+"""The memory model against hand-computed cases."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from axonn_launch.grid import Grid
+from axonn_launch.memory import (
+    GIB,
+    RUNTIME_RESERVE_GIB,
+    MemoryEstimate,
+    estimate_memory,
+    layer_activation_bytes,
+    local_param_elements,
+    replicated_over_z_elements,
+)
+from axonn_launch.models import ModelSpec
+from axonn_launch.spec import OverlapConfig, TrainConfig
+
+MODEL = ModelSpec("m", n_layer=2, d_model=64, n_head=4, vocab_size=256, max_seq_len=32)
+GPT_80B = ModelSpec("gpt_80b", n_layer=42, d_model=12288, n_head=96, vocab_size=50304,
+                    max_seq_len=2048)  # fmt: skip
+
+
+def train(**kw) -> TrainConfig:
+    base = dict(global_batch=8, micro_batch=4, seq_len=32)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_unsharded_local_parameters_are_the_model():
+    assert local_param_elements(MODEL, Grid()) == MODEL.n_params()
+    assert local_param_elements(GPT_80B, Grid(data=64)) == GPT_80B.n_params()
+
+
+def test_sharded_parameters_hand_case():
+    # x=2, y=2, z=2, h=64, f=256, l=2, V=256, S=32
+    grid = Grid(x=2, y=2, z=2)
+    linear = 2 * (4 * 64 * 64 + 2 * 64 * 256) / 8  # Linear weights over x*y*z
+    table = 256 / 4 * 64 / 2  # vocab rows over the plane, then z
+    per_layer = 3 * 64 / 2 + 64 / 2 + 256 / 2 + 64 / 2 + 4 * 64 / 2  # biases + norms
+    rest = 2 * per_layer + 32 * 64 / 2 + 2 * 64 / 2  # + positions + final norm
+    assert replicated_over_z_elements(MODEL, grid) == rest
+    assert local_param_elements(MODEL, grid) == linear + table + rest
+
+
+def test_parameter_state_is_sixteen_bytes_per_local_element():
+    grid = Grid(x=2, z=2)
+    est = estimate_memory(model=MODEL, grid=grid, train=train())
+    local = local_param_elements(MODEL, grid)
+    assert est.terms["parameters"] == local * 4
+    assert est.terms["gradients"] == local * 4
+    assert est.terms["optimizer"] == local * 8
+    assert est.terms["runtime reserve"] == RUNTIME_RESERVE_GIB * GIB
+
+
+def test_layer_activation_hand_case():
+    # T=128, h=64, f=256, 4 heads, x=y=2, bf16:
+    # x-sharded 4 fp32 tensors: 128*32*16 = 65,536
+    # y-sharded: 128*(5*64*2 + 2*256*4)/2 = 172,032 ; log-sum-exp: 128*2*4 = 1,024
+    assert layer_activation_bytes(MODEL, Grid(x=2, y=2), 128, 2) == 65_536 + 172_032 + 1_024
+
+
+def test_activations_scale_with_tokens_per_gpu():
+    tr = train(micro_batch=8)
+    one = estimate_memory(model=MODEL, grid=Grid(z=2), train=tr).terms
+    two = estimate_memory(model=MODEL, grid=Grid(z=4), train=tr).terms
+    assert two["activations"] == pytest.approx(one["activations"] / 2)
+    assert two["logits"] == pytest.approx(one["logits"] / 2)
+
+
+def test_activation_checkpointing_keeps_layer_inputs_and_one_layer():
+    grid, tr = Grid(x=2), train(micro_batch=8, seq_len=32)
+    tokens = 8 * 32
+    full = estimate_memory(model=GPT_80B, grid=grid, train=tr).terms["activations"]
+    ckpt = estimate_memory(
+        model=GPT_80B, grid=grid, train=dataclasses.replace(tr, activation_checkpointing=True)
+    ).terms["activations"]
+    one = layer_activation_bytes(GPT_80B, grid, tokens, 2)
+    assert full == pytest.approx(42 * one)
+    assert ckpt == pytest.approx(42 * tokens * 12288 / 2 * 4 + one)
+    assert ckpt < full
+
+
+def test_reduce_scatter_buffers():
+    tr = train()
+    block = (4 * 64 * 64 + 2 * 64 * 256) / 2 * 4  # one layer's fp32 dW blocks, x*y=2
+    assert estimate_memory(model=MODEL, grid=Grid(x=2), train=tr).terms[
+        "reduce-scatter buffers"
+    ] == 0  # fmt: skip
+    ors = estimate_memory(model=MODEL, grid=Grid(x=2, z=4), train=tr).terms
+    assert ors["reduce-scatter buffers"] == pytest.approx(2 * block * (1 + 1 / 4))
+    no_ors = dataclasses.replace(tr, overlap=OverlapConfig(reduce_scatter=False))
+    one = estimate_memory(model=MODEL, grid=Grid(x=2, z=4), train=no_ors).terms
+    assert one["reduce-scatter buffers"] == pytest.approx(block / 2)
+
+
+def test_fp32_runs_use_more_activation_memory():
+    bf16 = estimate_memory(model=MODEL, grid=Grid(), train=train()).terms["activations"]
+    fp32 = estimate_memory(model=MODEL, grid=Grid(), train=train(dtype="fp32")).terms
+    assert fp32["activations"] > bf16
+
+
+def test_sharding_an_80b_model_makes_it_fit_a_40gb_gpu():
+    tr = TrainConfig(global_batch=512, micro_batch=8, seq_len=2048, activation_checkpointing=True)
+    alone = estimate_memory(model=GPT_80B, grid=Grid(x=4, y=4), train=tr)
+    spread = estimate_memory(model=GPT_80B, grid=Grid(x=4, y=4, z=8), train=tr)
+    assert not alone.fits(40)  # 16 bytes * 80e9 / 16 = 80 GB of state alone
+    assert spread.fits(40)
+
+
+def test_estimate_api():
+    est = MemoryEstimate(terms={"a": 1 * GIB, "b": 3 * GIB})
+    assert est.total == 4 * GIB
+    assert est.biggest() == ("b", 3 * GIB)
+    assert est.describe() == "4.0 GiB per GPU (largest term: b 3.0 GiB)"
+    assert est.fits(0) and est.fits(4) and not est.fits(3.9)

@@ -1,0 +1,225 @@
+"""Grid enumeration, validity, ranking and the plan CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from axonn_launch.grid import Grid
+from axonn_launch.machine import Hardware, MachineProfile, SlurmSettings
+from axonn_launch.memory import estimate_memory
+from axonn_launch.models import ModelSpec
+from axonn_launch.plan import (
+    PlanError,
+    batch_problem,
+    best_grid,
+    divisors,
+    enumerate_grids,
+    main,
+    micro_batch_candidates,
+    parse_args,
+    plan,
+    rank_grids,
+    run,
+    shape_problem,
+)
+from axonn_launch.spec import TrainConfig
+
+A100 = Hardware(gpus_per_node=4, gpu_model="A100", mem_per_gpu_gb=40, peak_tflops_per_gpu=312,
+                intra_node_gbps=100, inter_node_gbps=25, latency_us=8)  # fmt: skip
+PERLMUTTER = MachineProfile(
+    name="perlmutter", scheduler="slurm", backend="nccl", hardware=A100, slurm=SlurmSettings()
+)
+GPT_5B = ModelSpec("gpt_5b", n_layer=24, d_model=4096, n_head=32, vocab_size=50304,
+                   max_seq_len=2048)  # fmt: skip
+BIG = TrainConfig(global_batch=512, micro_batch=16, seq_len=2048, activation_checkpointing=True)
+
+
+def n_ordered_factorizations(n: int, parts: int = 4) -> int:
+    """Product over prime powers p^e of C(e + parts - 1, parts - 1)."""
+    total, p = 1, 2
+    while n > 1:
+        e = 0
+        while n % p == 0:
+            n //= p
+            e += 1
+        total *= math.comb(e + parts - 1, parts - 1)
+        p += 1
+    return total
+
+
+@pytest.mark.parametrize("world", [1, 2, 12, 64, 6144, 8192, 65536])
+def test_enumeration_counts_and_uniqueness(world):
+    grids = enumerate_grids(world)
+    assert len(grids) == n_ordered_factorizations(world)
+    assert len(set(grids)) == len(grids)
+    assert all(g.world_size == world for g in grids)
+
+
+def test_known_enumeration_sizes():
+    assert len(enumerate_grids(65536)) == 969  # C(19, 3): 2^16 split over 4 axes
+    assert len(enumerate_grids(12)) == 40  # C(5, 3) * C(4, 3)
+    assert divisors(12) == [1, 2, 3, 4, 6, 12]
+    with pytest.raises(ValueError):
+        enumerate_grids(0)
+
+
+def test_shape_validity():
+    assert shape_problem(GPT_5B, Grid(x=4, y=8)) is None
+    assert "n_head=32 not divisible by y=64" in shape_problem(GPT_5B, Grid(y=64))
+    odd = dataclasses.replace(GPT_5B, d_model=4096 + 32, n_head=33)
+    assert "d_model" in shape_problem(odd, Grid(x=64, y=1))
+
+
+def test_batch_validity_and_micro_batch_candidates():
+    tr = TrainConfig(global_batch=16, micro_batch=4)
+    assert batch_problem(tr, Grid(data=2, z=2), 4) is None
+    assert "not divisible by z=4" in batch_problem(tr, Grid(z=4), 2)
+    assert "micro_batch*data=24" in batch_problem(tr, Grid(data=3), 8)
+    assert micro_batch_candidates(tr, Grid(data=2, z=2)) == [8, 4, 2]
+    assert micro_batch_candidates(tr, Grid(data=3)) == []
+    assert micro_batch_candidates(tr, Grid(data=2, z=16)) == []
+
+
+def test_every_ranked_row_is_valid_fits_and_uses_the_largest_fitting_micro_batch():
+    ranking = rank_grids(hardware=A100, model=GPT_5B, train=BIG, world_size=64)
+    rows = ranking.rows
+    assert rows and [r.rank for r in rows] == list(range(1, len(rows) + 1))
+    times = [r.step_time_s for r in rows]
+    assert times == sorted(times)
+    assert len(rows) + sum(ranking.rejected.values()) == ranking.considered == 84
+    for r in rows:
+        assert shape_problem(GPT_5B, r.grid) is None
+        assert batch_problem(BIG, r.grid, r.micro_batch) is None
+        tr = dataclasses.replace(BIG, micro_batch=r.micro_batch)
+        assert estimate_memory(model=GPT_5B, grid=r.grid, train=tr).fits(40)
+        larger = [m for m in micro_batch_candidates(BIG, r.grid) if m > r.micro_batch]
+        for m in larger:
+            tr = dataclasses.replace(BIG, micro_batch=m)
+            assert not estimate_memory(model=GPT_5B, grid=r.grid, train=tr).fits(40)
+
+
+def test_memory_limit_rejects_and_a_pinned_micro_batch_is_kept():
+    tight = dataclasses.replace(A100, mem_per_gpu_gb=16)
+    loose = rank_grids(hardware=A100, model=GPT_5B, train=BIG, world_size=64)
+    small = rank_grids(hardware=tight, model=GPT_5B, train=BIG, world_size=64)
+    assert small.rejected["memory"] > loose.rejected.get("memory", 0)
+    assert len(small.rows) < len(loose.rows)
+    pinned = rank_grids(hardware=A100, model=GPT_5B, train=BIG, world_size=64,
+                        fixed_micro_batch=True)  # fmt: skip
+    assert pinned.rows and all(r.micro_batch == 16 for r in pinned.rows)
+
+
+def test_small_batches_prefer_tensor_parallelism_large_batches_depth_and_data():
+    # The trade-off of axonn.md §2.7: activation traffic grows with the batch, weight
+    # traffic does not.
+    small = dataclasses.replace(BIG, global_batch=64)
+    large = dataclasses.replace(BIG, global_batch=4096)
+    best_small = best_grid(machine=PERLMUTTER, model=GPT_5B, train=small, nodes=16).grid
+    best_large = best_grid(machine=PERLMUTTER, model=GPT_5B, train=large, nodes=16).grid
+    assert best_small.x * best_small.y > 1
+    assert best_large.x * best_large.y == 1
+
+
+def test_plan_top_and_best_grid_agree():
+    rows = plan(machine=PERLMUTTER, model=GPT_5B, train=BIG, nodes=16, top=3)
+    assert [r.rank for r in rows] == [1, 2, 3]
+    best = best_grid(machine=PERLMUTTER, model=GPT_5B, train=BIG, nodes=16)
+    assert best == rows[0]
+    assert best.grid.world_size == 64
+
+
+def test_best_grid_explains_why_nothing_runs():
+    tiny = dataclasses.replace(PERLMUTTER, hardware=dataclasses.replace(A100, mem_per_gpu_gb=1))
+    with pytest.raises(PlanError, match=r"all 10 grids rejected: .*memory"):
+        best_grid(machine=tiny, model=GPT_5B, train=BIG, nodes=1)
+    with pytest.raises(PlanError, match="nodes=0"):
+        best_grid(machine=PERLMUTTER, model=GPT_5B, train=BIG, nodes=0)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def write_conf(root):
+    (root / "machine").mkdir()
+    (root / "model").mkdir()
+    (root / "machine" / "testbox.yaml").write_text(
+        "name: testbox\nscheduler: slurm\nbackend: nccl\n"
+        "hardware: {gpus_per_node: 4, gpu_model: A100, mem_per_gpu_gb: 40,\n"
+        "  peak_tflops_per_gpu: 312, intra_node_gbps: 100, inter_node_gbps: 25, latency_us: 8}\n"
+        "slurm: {account: \"${oc.select:site.accounts.testbox,''}\", time_min: 30}\n"
+        "unknown_future_key: 1\n"
+    )
+    (root / "model" / "gpt_5b.yaml").write_text(
+        "# @package _global_\nmodel: {name: gpt_5b, n_layer: 24, d_model: 4096, n_head: 32,\n"
+        "  vocab_size: 50304, max_seq_len: 2048}\n"
+        "train: {seq_len: 2048, global_batch: 512, micro_batch: 16,"
+        " activation_checkpointing: true}\n"
+    )
+    (root / "config.yaml").write_text("train: {global_batch: 16, seq_len: 64, lr: 0.003}\n")
+    return root
+
+
+def test_cli_json_output(tmp_path):
+    conf = write_conf(tmp_path)
+    args = parse_args(
+        [
+            "machine=testbox",
+            "model=gpt_5b",
+            "nodes=16",
+            "top=4",
+            "output=json",
+            "train.global_batch=1024",
+            "train.overlap.all_gather=false",
+        ],  # fmt: skip
+        conf_dir=conf,
+    )
+    assert args.train.global_batch == 1024 and args.train.seq_len == 2048
+    assert args.train.overlap.all_gather is False and not args.fixed_micro_batch
+    text, found = run(args)
+    payload = json.loads(text)
+    assert found and payload["world_size"] == 64 and payload["considered"] == 84
+    assert [p["rank"] for p in payload["plans"]] == [1, 2, 3, 4]
+    first = payload["plans"][0]
+    assert set(first["grid"]) == {"data", "x", "y", "z"}
+    assert set(first["comm_s"]) == {"x", "y", "z", "data", "xy"}
+    assert first["step_time_s"] <= payload["plans"][1]["step_time_s"]
+
+
+def test_cli_table_and_errors(tmp_path, capsys):
+    conf = write_conf(tmp_path)
+    args = parse_args(["machine=testbox", "model=gpt_5b", "nodes=2", "train.micro_batch=4"], conf)
+    assert args.fixed_micro_batch
+    text, found = run(args)
+    assert found and "grid (data,x,y,z)" in text and "TFLOP/s/GPU" in text
+    for bad, message in [
+        (["nodes=zero"], "nodes='zero'"),
+        (["machine=nowhere"], "no such preset"),
+        (["train.bogus=1"], "unknown train key"),
+        (["colour=red"], "unknown key 'colour'"),
+        (["output=xml"], "output='xml'"),
+    ]:
+        with pytest.raises(PlanError, match=message):
+            parse_args(["machine=testbox", "model=gpt_5b", *bad], conf)
+
+
+def test_main_with_the_shipped_presets(capsys):
+    argv = ["machine=frontier", "model=gpt_320b", "nodes=1024", "top=5", "output=json"]
+    assert main(argv) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["world_size"] == 8192 and len(payload["plans"]) == 5
+    assert main(["machine=frontier", "nodes=-1"]) == 2
+    assert "nodes" in capsys.readouterr().err
+
+
+def test_planner_does_not_import_torch():
+    code = (
+        "import sys, axonn_launch.plan, axonn_launch.perf, axonn_launch.memory;"
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,39 @@
+"""Hydra multirun: every point validated and rendered on its own, with its own node count."""
+
+import json
+import re
+
+from tests.conftest import run_launcher
+
+
+def test_sweep_points_get_their_own_node_counts_and_a_summary(tmp_path, fake_sbatch):
+    bindir, marker = fake_sbatch
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", "machine=slurm_local", "grid.x=2", "grid.z=1,2,3", "dry_run=true",
+            f"hydra.sweep.dir={sweep_dir}"]
+    result = run_launcher(args, cwd=tmp_path, path_prefix=bindir)
+    assert result.returncode == 1, result.stderr  # one point is invalid
+    assert "point 2: invalid: grid.z=3" in result.stderr
+    table = result.stdout.split("sweep summary:")[1]
+    assert re.search(r"grid.z=1 dry_run=True\s+dry_run\s+-\s+1\s", table)
+    assert re.search(r"grid.z=2 dry_run=True\s+dry_run\s+-\s+2\s", table)
+    assert re.search(r"grid.z=3 dry_run=True\s+invalid", table)
+    points = sorted(p for p in sweep_dir.iterdir() if (p / "job.json").exists())
+    nodes = sorted(json.loads((p / "job.json").read_text())["nodes"] for p in points)
+    assert nodes == [1, 2]
+    for point in points:
+        record = json.loads((point / "job.json").read_text())
+        script = (point / "submission.sh").read_text()
+        assert f"#SBATCH --nodes={record['nodes']}" in script
+    assert not marker.exists()
+
+
+def test_a_typo_in_any_point_stops_the_sweep_before_anything_runs(tmp_path, fake_sbatch):
+    bindir, marker = fake_sbatch
+    result = run_launcher(["-m", "machine=slurm_local,nosuch", "dry_run=true"], cwd=tmp_path,
+                          path_prefix=bindir)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: machine='nosuch': no such machine; valid: alps, frontier, local, perlmutter,"
+        " slurm_local"]
+    assert list(tmp_path.iterdir()) == [bindir.parent / "fakebin"] or not (tmp_path / "jobs").exists()
