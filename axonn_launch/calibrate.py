@@ -178,13 +178,16 @@ def _time_collective(
     full = torch.ones(numel, dtype=dtype, device=device)
     shard = torch.ones(numel // p, dtype=dtype, device=device)
 
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
     def once() -> None:
         if collective == ALL_REDUCE:
             dist.all_reduce(full, group=group)
         elif collective == ALL_GATHER:
-            dist.all_gather_into_tensor(full, shard, group=group)
+            gather(full, shard, group=group)
         elif collective == REDUCE_SCATTER:
-            dist.reduce_scatter_tensor(shard, full, group=group)
+            scatter(shard, full, group=group)
 
     for _ in range(settings.warmup):
         once()

@@ -79,7 +79,7 @@ def job_spec(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> JobSpec:
         job_dir=str(job_dir),
         model=cfg.model,
         grid=resolved.grid,
-        train=cfg.train,
+        train=resolved.train,
         runtime=runtime,
     )
 
@@ -118,7 +118,9 @@ def summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
             f"job        {cfg.name}",
             f"machine    {cfg.machine.name} ({cfg.machine.hardware.gpu_model})",
             f"model      {cfg.model.name}: {params:,} parameters ({params / 1e9:.2f} B)",
-            f"grid       {resolved.grid.describe()} = {resolved.grid.world_size} ranks",
+            f"grid       {resolved.grid.describe()} = {resolved.grid.world_size} ranks"
+            + (f" (planner's best; micro_batch={resolved.train.micro_batch})" if resolved.planned
+               else ""),
             f"nodes      {resolved.nodes} x {resolved.tasks_per_node} tasks",
             f"memory     {mem}",
             f"job dir    {job_dir}",
@@ -140,7 +142,7 @@ def job_record(
         "grid": resolved.grid.as_dict(),
         "nodes": resolved.nodes,
         "tasks_per_node": resolved.tasks_per_node,
-        "steps": cfg.train.steps,
+        "steps": resolved.train.steps,
         "submit_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "attempt": 1,
         "lineage": [],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from axonn_launch.config import ConfigError, GridRequest, LaunchConfig
 from axonn_launch.grid import Grid
@@ -26,6 +26,8 @@ class Resolved:
     nodes: int
     tasks_per_node: int
     memory: MemoryEstimate
+    train: TrainConfig  # as given, or with the planner's micro_batch under grid=auto
+    planned: bool = False
     warnings: list[str] = field(default_factory=list)
 
 
@@ -35,13 +37,15 @@ def resolve(cfg: LaunchConfig) -> Resolved:
     check_machine(cfg.machine)
     check_model(cfg.model)
     check_train(cfg.train, cfg.model)
-    grid = choose_grid(cfg)
+    planned = wants_planner(cfg)
+    grid, train = auto_grid(cfg) if planned else (explicit_grid(cfg), cfg.train)
     check_model_fits_grid(cfg.model, grid)
-    check_batch_fits_grid(cfg.train, grid)
+    check_batch_fits_grid(train, grid)
     nodes, per_node = place(cfg.machine, grid, cfg.nodes)
-    memory = check_memory(cfg, grid)
+    memory = check_memory(cfg, grid, train)
     warnings = missing_user_keys(cfg)
-    return Resolved(grid=grid, nodes=nodes, tasks_per_node=per_node, memory=memory, warnings=warnings)
+    return Resolved(grid=grid, nodes=nodes, tasks_per_node=per_node, memory=memory, train=train,
+                    planned=planned, warnings=warnings)
 
 
 def check_name(name: str) -> None:
@@ -106,21 +110,41 @@ def check_data(data: str, model: ModelSpec) -> None:
         )
 
 
-def choose_grid(cfg: LaunchConfig) -> Grid:
+def wants_planner(cfg: LaunchConfig) -> bool:
+    """grid=auto, or no grid at all on a machine without a default grid."""
     request: GridRequest = cfg.grid
-    if request.auto:
-        if request.given():
-            raise ConfigError("grid=auto: do not also set grid.data/x/y/z")
-        from axonn_launch import plan  # the planner, only when asked for
+    if request.auto and request.given():
+        raise ConfigError("grid=auto: do not also set grid.data/x/y/z")
+    return request.auto or (not request.given() and not cfg.machine.default_grid)
 
-        return plan.auto_grid(machine=cfg.machine, model=cfg.model, train=cfg.train, nodes=cfg.nodes)
+
+# Node counts tried, smallest first, when grid=auto is given no node count.
+AUTO_NODE_COUNTS = tuple(2**k for k in range(15))
+
+
+def auto_grid(cfg: LaunchConfig) -> tuple[Grid, TrainConfig]:
+    """The planner's fastest grid (and its micro-batch) on ``nodes``, or on the
+    smallest power-of-two node count where any grid fits."""
+    from axonn_launch import plan  # the planner, only when asked for
+
+    counts = [cfg.nodes] if cfg.nodes else list(AUTO_NODE_COUNTS)
+    if cfg.machine.scheduler == "local":
+        counts = [1]
+    error = None
+    for nodes in counts:
+        try:
+            row = plan.best_grid(machine=cfg.machine, model=cfg.model, train=cfg.train, nodes=nodes)
+        except plan.PlanError as exc:
+            error = exc
+            continue
+        return row.grid, replace(cfg.train, micro_batch=row.micro_batch)
+    raise ConfigError(f"grid=auto: {error}")
+
+
+def explicit_grid(cfg: LaunchConfig) -> Grid:
+    request: GridRequest = cfg.grid
     axes = {a: getattr(request, a) for a in ("data", "x", "y", "z")}
     if not request.given():
-        if not cfg.machine.default_grid:
-            raise ConfigError(
-                f"grid: not set and machine={cfg.machine.name} has no default grid;"
-                " set grid.data/x/y/z or use grid=auto"
-            )
         axes = dict(cfg.machine.default_grid)
     try:
         return Grid(**{a: (1 if v is None else v) for a, v in axes.items()})
@@ -186,8 +210,8 @@ def place(machine: MachineProfile, grid: Grid, nodes: int | None) -> tuple[int, 
     return needed, per_node
 
 
-def check_memory(cfg: LaunchConfig, grid: Grid) -> MemoryEstimate:
-    estimate = estimate_memory(model=cfg.model, grid=grid, train=cfg.train)
+def check_memory(cfg: LaunchConfig, grid: Grid, train: TrainConfig) -> MemoryEstimate:
+    estimate = estimate_memory(model=cfg.model, grid=grid, train=train)
     limit = cfg.machine.hardware.mem_per_gpu_gb
     if limit and estimate.total > limit * GIB:
         name, value = estimate.biggest()

@@ -60,8 +60,13 @@ def run_job(job_dir: Path, grid: Grid, steps: int) -> dict:
     procs = []
     for rank in range(world):
         env = dict(
-            os.environ, PYTHONPATH=str(REPO), RANK=str(rank), LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+            os.environ,
+            PYTHONPATH=str(REPO),
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
         )
         command = [sys.executable, "-m", "axonn_launch.train", str(job_dir)]

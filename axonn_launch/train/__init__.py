@@ -129,8 +129,7 @@ def validate_shapes(spec: JobSpec) -> None:
     per_step = train.micro_batch * grid.data
     if train.global_batch % per_step:
         raise ValueError(
-            f"global_batch={train.global_batch} is not a multiple of "
-            f"micro_batch*data={per_step}"
+            f"global_batch={train.global_batch} is not a multiple of micro_batch*data={per_step}"
         )
 
 
@@ -157,7 +156,11 @@ def save(spec: JobSpec, env: DistEnv, step: int, model, optimizer, loader) -> No
     }
     meta = {"grid": spec.grid.as_dict(), "world_size": env.world_size, "model": asdict(spec.model)}
     save_checkpoint(
-        spec.job_dir, step=step, rank=env.rank, state=state, meta=meta,
+        spec.job_dir,
+        step=step,
+        rank=env.rank,
+        state=state,
+        meta=meta,
         keep=spec.train.keep_checkpoints,
     )
 

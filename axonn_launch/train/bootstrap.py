@@ -198,7 +198,11 @@ def _expand_pattern(pattern: str) -> list[str]:
     if open_at < 0:
         return [pattern]
     close_at = pattern.index("]", open_at)
-    prefix, ranges, rest = pattern[:open_at], pattern[open_at + 1 : close_at], pattern[close_at + 1 :]
+    prefix, ranges, rest = (
+        pattern[:open_at],
+        pattern[open_at + 1 : close_at],
+        pattern[close_at + 1 :],
+    )
     tails = _expand_pattern(rest)
     return [prefix + value + tail for value in _expand_ranges(ranges) for tail in tails]
 

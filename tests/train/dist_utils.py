@@ -49,8 +49,10 @@ def run_world(
         proc.start()
     try:
         results = _collect(procs, results_queue, world_size, time.monotonic() + timeout, timeout)
-    finally:
-        _stop(procs)
+    except BaseException:
+        _stop(procs, grace=0.0)  # the others may wait forever in a collective
+        raise
+    _stop(procs, grace=10.0)
     return [results[rank] for rank in range(world_size)]
 
 
@@ -76,9 +78,9 @@ def _fail_if_died_silently(procs, results: dict) -> None:
             raise WorldFailure(f"rank {rank} exited with code {proc.exitcode} without a result")
 
 
-def _stop(procs) -> None:
+def _stop(procs, grace: float) -> None:
     for proc in procs:
-        proc.join(timeout=5)
+        proc.join(timeout=grace)
     for proc in procs:
         if proc.is_alive():
             proc.terminate()

@@ -158,7 +158,10 @@ def test_torchrun_variables_rendezvous_with_gloo():
     port = free_port()
     envs = [
         clean_environment(
-            RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+            RANK=str(r),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(r),
+            MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
         )
         for r in range(2)
@@ -172,8 +175,12 @@ def test_slurm_variables_rendezvous_with_gloo():
     port = free_port()
     envs = [
         clean_environment(
-            SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r), SLURM_JOB_ID="0",
-            SLURM_JOB_NODELIST="localhost,otherhost", SLURM_TASKS_PER_NODE="2",
+            SLURM_PROCID=str(r),
+            SLURM_NTASKS="2",
+            SLURM_LOCALID=str(r),
+            SLURM_JOB_ID="0",
+            SLURM_JOB_NODELIST="localhost,otherhost",
+            SLURM_TASKS_PER_NODE="2",
         )
         for r in range(2)
     ]
@@ -186,8 +193,15 @@ def test_slurm_variables_rendezvous_with_gloo():
 def test_mpirun_with_mpi4py_rendezvous_with_gloo():
     pytest.importorskip("mpi4py")
     command = [
-        "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
-        sys.executable, "-m", "tests.train.bootstrap_worker", str(free_port()),
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        "2",
+        sys.executable,
+        "-m",
+        "tests.train.bootstrap_worker",
+        str(free_port()),
     ]
     proc = subprocess.run(
         command, env=clean_environment(), cwd=REPO, capture_output=True, timeout=120

@@ -20,7 +20,8 @@ from axonn_launch.train.checkpoint import (
 CPU = torch.device("cpu")
 
 
-def save(job_dir, step, keep=2, grid=Grid()):
+def save(job_dir, step, keep=2, grid=None):
+    grid = grid or Grid()
     state = {"model": {"w": torch.full((3,), float(step))}, "step": step}
     return save_checkpoint(
         job_dir, step=step, rank=0, state=state, meta={"grid": grid.as_dict()}, keep=keep

@@ -71,7 +71,7 @@ def test_plane_members_get_identical_tensors_and_planes_differ():
 def test_windows_are_slices_of_the_corpus():
     x, y = make_loader(Grid(), 0).batch(2, 1)
     corpus = SHAKESPEARE.read_bytes()
-    for row_x, row_y in zip(x, y):
+    for row_x, row_y in zip(x, y, strict=True):
         text = bytes(row_x.tolist()) + bytes(row_y[-1:].tolist())
         assert text in corpus[: int(len(corpus) * 0.9)]
 
@@ -94,7 +94,7 @@ def test_state_restore_continues_the_same_stream():
     resumed = make_loader(Grid(data=2), 1)
     resumed.load_state_dict(state)
     for expected in batches[3:]:
-        for (ex, ey), (gx, gy) in zip(expected, resumed.next_step()):
+        for (ex, ey), (gx, gy) in zip(expected, resumed.next_step(), strict=True):
             assert torch.equal(ex, gx) and torch.equal(ey, gy)
 
 

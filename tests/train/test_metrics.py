@@ -39,11 +39,11 @@ def make_logger(tmp_path, *, enabled=True, recompute=False, peak=0.0, stream=Non
 @pytest.mark.parametrize("recompute", [False, True])
 def test_row_fields_and_tflops(tmp_path, recompute):
     row = make_logger(tmp_path, recompute=recompute, peak=0.001).record(STATS)
-    l, h, s, v = 2, 64, 64, 256
+    layers, h, s, v = 2, 64, 64, 256
     if recompute:
-        flops = 96 * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+        flops = 96 * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
     else:
-        flops = 72 * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+        flops = 72 * layers * h * h * (1 + s / (6 * h) + v / (12 * layers * h))
     assert row["tokens_per_s"] == pytest.approx(2048)
     assert row["tflops_per_gpu"] == pytest.approx(flops * 1024 / 0.5 / 4 / 1e12)
     assert row["mfu"] == pytest.approx(row["tflops_per_gpu"] / 0.001)
@@ -74,11 +74,27 @@ def test_progress_line_only_on_a_terminal(tmp_path):
 
 
 def test_summary_line():
-    summary = {"steps": 200, "final_loss": 1.5, "tokens_per_s": 9000.0,
-               "tflops_per_gpu": 0.02, "mfu": None, "elapsed_s": 41.0, "stopped": False}
+    summary = {
+        "steps": 200,
+        "final_loss": 1.5,
+        "tokens_per_s": 9000.0,
+        "tflops_per_gpu": 0.02,
+        "mfu": None,
+        "elapsed_s": 41.0,
+        "stopped": False,
+    }
     assert summary_line(summary) == (
         "done: 200 steps, final loss 1.5000, 9000 tok/s, 0.020 TFLOP/s/gpu, 41.0s"
     )
     assert "mfu 50.0%" in summary_line({**summary, "mfu": 0.5})
-    assert progress_line({"step": 10, "loss": 1.0, "lr": 1e-3, "tokens_per_s": 1.0,
-                          "tflops_per_gpu": 0.1, "elapsed_s": 2.0}, 10).startswith("[" + "#" * 20)
+    assert progress_line(
+        {
+            "step": 10,
+            "loss": 1.0,
+            "lr": 1e-3,
+            "tokens_per_s": 1.0,
+            "tflops_per_gpu": 0.1,
+            "elapsed_s": 2.0,
+        },
+        10,
+    ).startswith("[" + "#" * 20)

@@ -1,0 +1,49 @@
+"""Every machine x model preset composes, validates and renders a dry run."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from axonn_launch.config import ConfigError, load
+from axonn_launch.launch import batch_script
+from axonn_launch.memory import GIB
+from axonn_launch.validate import resolve
+
+CONF = Path(__file__).resolve().parent.parent / "axonn_launch" / "conf"
+MACHINES = sorted(p.stem for p in (CONF / "machine").glob("*.yaml"))
+MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+
+
+def test_the_tree_has_every_public_option():
+    assert MACHINES == ["alps", "frontier", "local", "perlmutter", "slurm_local"]
+    assert set(MODELS) == {"gpt_tiny", "gpt_small"} | {
+        f"gpt_{n}b" for n in (5, 10, 20, 40, 60, 80, 160, 320, 640)}
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("machine", MACHINES)
+def test_dry_run_renders_for_every_machine_and_model(machine, model, tmp_path):
+    cfg = load([f"machine={machine}", f"model={model}", "dry_run=true"])
+    resolved = resolve(cfg)
+    grid = resolved.grid
+    assert resolved.nodes * resolved.tasks_per_node == grid.world_size
+    assert cfg.model.n_head % grid.y == 0 and cfg.model.d_model % (grid.x * grid.y) == 0
+    limit = cfg.machine.hardware.mem_per_gpu_gb
+    if limit:
+        assert resolved.memory.total <= limit * GIB
+    script = batch_script(cfg, resolved, tmp_path)
+    if cfg.machine.scheduler == "slurm":
+        assert f"#SBATCH --nodes={resolved.nodes}\n" in script
+        assert f"#SBATCH --ntasks-per-node={resolved.tasks_per_node}\n" in script
+        assert re.search(r"^srun .* -m submitit.core._submit ", script, flags=re.M)
+    else:
+        assert script == ""
+
+
+@pytest.mark.parametrize("machine", ["frontier", "perlmutter", "alps"])
+def test_an_explicit_grid_too_small_for_the_model_fails_on_memory(machine):
+    cfg = load([f"machine={machine}", "model=gpt_640b", "grid.data=1", "dry_run=true",
+                "nodes=1", f"grid.x={load([f'machine={machine}']).machine.hardware.gpus_per_node}"])
+    with pytest.raises(ConfigError, match=r"GiB per GPU but .* has \d+ GiB \(largest term"):
+        resolve(cfg)
