@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Set up this computer for axonn_launch: a virtual environment in .venv with the CPU
+# build of torch 2.13 (unless a torch is already there), the package and its test tools.
+# As root on Debian/Ubuntu it also installs OpenMPI (for the mpirun tests).
+# On a GPU cluster use the site's CUDA/ROCm torch instead: see README.md.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v mpirun >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+fi
+
+PYTHON="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    .venv/bin/python -m pip install -q "torch==2.13.0"
+fi
+.venv/bin/python -m pip install -q -e ".[test]"
+echo "set up: $(.venv/bin/python -c 'import torch, axonn_launch; print("torch", torch.__version__, "| axonn_launch", axonn_launch.__version__)')"
