@@ -24,8 +24,19 @@ from axonn_launch.config import ConfigError, compose, to_launch_config
 from axonn_launch.launch import EXIT_BAD_INPUT, Outcome, launch
 from axonn_launch.validate import resolve
 
-HYDRA_FLAGS_WITHOUT_PREFLIGHT = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
-                                 "--shell-completion", "-sc", "--version", "--resolve"}
+HYDRA_FLAGS_WITHOUT_PREFLIGHT = {
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--info",
+    "-i",
+    "--cfg",
+    "-c",
+    "--shell-completion",
+    "-sc",
+    "--version",
+    "--resolve",
+}
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -75,8 +86,14 @@ class SweepSummary(Callback):
 def format_table(rows: list[tuple[str, Outcome]]) -> str:
     header = ("#", "point", "status", "job id", "nodes", "job dir / reason")
     body = [
-        (str(i), point or "(defaults)", o.status, o.job_id or "-", str(o.nodes or "-"),
-         o.job_dir or o.message)
+        (
+            str(i),
+            point or "(defaults)",
+            o.status,
+            o.job_id or "-",
+            str(o.nodes or "-"),
+            o.job_dir or o.message,
+        )
         for i, (point, o) in enumerate(rows)
     ]
     widths = [max(len(r[c]) for r in [header, *body]) for c in range(len(header) - 1)]

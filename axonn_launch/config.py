@@ -14,7 +14,6 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from axonn_launch.grid import Grid
 from axonn_launch.machine import MachineProfile
 from axonn_launch.models import ModelSpec
 from axonn_launch.spec import TrainConfig

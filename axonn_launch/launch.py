@@ -119,8 +119,11 @@ def summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
             f"machine    {cfg.machine.name} ({cfg.machine.hardware.gpu_model})",
             f"model      {cfg.model.name}: {params:,} parameters ({params / 1e9:.2f} B)",
             f"grid       {resolved.grid.describe()} = {resolved.grid.world_size} ranks"
-            + (f" (planner's best; micro_batch={resolved.train.micro_batch})" if resolved.planned
-               else ""),
+            + (
+                f" (planner's best; micro_batch={resolved.train.micro_batch})"
+                if resolved.planned
+                else ""
+            ),
             f"nodes      {resolved.nodes} x {resolved.tasks_per_node} tasks",
             f"memory     {mem}",
             f"job dir    {job_dir}",

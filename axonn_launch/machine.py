@@ -44,11 +44,15 @@ class MachineProfile:
     device_index: str = "local_rank"  # local_rank | zero
     modules: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)  # shell lines run before srun (assets)
-    env: dict[str, str] = field(default_factory=dict)  # exported, quoted, in the batch script
-    multinode_env: dict[str, str] = field(default_factory=dict)  # added when nodes > 1
-    task_env: dict[str, str] = field(default_factory=dict)  # set per task in Python; {user} {node_id} {local_rank}
+    # exported, quoted, in the batch script; multinode_env only when nodes > 1
+    env: dict[str, str] = field(default_factory=dict)
+    multinode_env: dict[str, str] = field(default_factory=dict)
+    # set per task in Python (never by a shell); may use {user} {node_id} {local_rank}
+    task_env: dict[str, str] = field(default_factory=dict)
     container: dict[str, str] = field(default_factory=dict)
-    required: list[str] = field(default_factory=list)  # keys only the user knows, e.g. slurm.account
-    default_grid: dict[str, int] = field(default_factory=dict)  # used when no grid axis is given
+    # keys only the user knows, e.g. slurm.account
+    required: list[str] = field(default_factory=list)
+    # used when no grid axis is given; without one the planner chooses
+    default_grid: dict[str, int] = field(default_factory=dict)
     master_port: int = 29500
     max_local_processes: int = 64  # scheduler=local only

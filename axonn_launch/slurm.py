@@ -10,9 +10,7 @@ from typing import Any
 from axonn_launch.job import TrainJob
 
 
-def submit(
-    *, folder: Path, params: dict[str, Any], job: TrainJob, max_requeue: int
-) -> Any:
+def submit(*, folder: Path, params: dict[str, Any], job: TrainJob, max_requeue: int) -> Any:
     """Submit ``job`` with submitit's Slurm executor; returns the submitit Job."""
     import submitit
 

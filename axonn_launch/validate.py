@@ -44,8 +44,15 @@ def resolve(cfg: LaunchConfig) -> Resolved:
     nodes, per_node = place(cfg.machine, grid, cfg.nodes)
     memory = check_memory(cfg, grid, train)
     warnings = missing_user_keys(cfg)
-    return Resolved(grid=grid, nodes=nodes, tasks_per_node=per_node, memory=memory, train=train,
-                    planned=planned, warnings=warnings)
+    return Resolved(
+        grid=grid,
+        nodes=nodes,
+        tasks_per_node=per_node,
+        memory=memory,
+        train=train,
+        planned=planned,
+        warnings=warnings,
+    )
 
 
 def check_name(name: str) -> None:

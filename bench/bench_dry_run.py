@@ -30,8 +30,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        dry = [sys.executable, "-m", "axonn_launch", "machine=frontier", "model=gpt_320b",
-               "dry_run=true", f"hydra.run.dir={tmp}/job"]
+        dry = [
+            sys.executable,
+            "-m",
+            "axonn_launch",
+            "machine=frontier",
+            "model=gpt_320b",
+            "dry_run=true",
+            f"hydra.run.dir={tmp}/job",
+        ]
         torch = [sys.executable, "-c", "import torch"]
         timed(dry, tmp), timed(torch, tmp)  # warm the file cache
         dry_s, torch_s = [], []
@@ -39,21 +46,23 @@ def main() -> None:
             dry_s.append(timed(dry, tmp))
             torch_s.append(timed(torch, tmp))
     d, t = statistics.median(dry_s), statistics.median(torch_s)
-    text = "\n".join([
-        "## Login-node dry run vs `import torch`",
-        "",
-        "Command: `python bench/bench_dry_run.py --repeats "
-        f"{args.repeats}` (medians of alternating runs, wall clock)",
-        "",
-        "| command | median s | min s | max s |",
-        "|---|---|---|---|",
-        f"| `python -m axonn_launch machine=frontier model=gpt_320b dry_run=true` | {d:.3f} |"
-        f" {min(dry_s):.3f} | {max(dry_s):.3f} |",
-        f"| `python -c \"import torch\"` | {t:.3f} | {min(torch_s):.3f} | {max(torch_s):.3f} |",
-        "",
-        f"Ratio dry run / import torch: **{d / t:.2f}** (target <= 0.5)",
-        "",
-    ])
+    text = "\n".join(
+        [
+            "## Login-node dry run vs `import torch`",
+            "",
+            "Command: `python bench/bench_dry_run.py --repeats "
+            f"{args.repeats}` (medians of alternating runs, wall clock)",
+            "",
+            "| command | median s | min s | max s |",
+            "|---|---|---|---|",
+            f"| `python -m axonn_launch machine=frontier model=gpt_320b dry_run=true` | {d:.3f} |"
+            f" {min(dry_s):.3f} | {max(dry_s):.3f} |",
+            f'| `python -c "import torch"` | {t:.3f} | {min(torch_s):.3f} | {max(torch_s):.3f} |',
+            "",
+            f"Ratio dry run / import torch: **{d / t:.2f}** (target <= 0.5)",
+            "",
+        ]
+    )
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(text)
     print(text)

@@ -28,5 +28,11 @@ def run_launcher(args, *, cwd, path_prefix=None, timeout=120, env=None):
     if path_prefix:
         full_env["PATH"] = f"{path_prefix}{os.pathsep}{full_env['PATH']}"
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "axonn_launch", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "axonn_launch", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

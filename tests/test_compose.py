@@ -18,7 +18,8 @@ MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 def test_the_tree_has_every_public_option():
     assert MACHINES == ["alps", "frontier", "local", "perlmutter", "slurm_local"]
     assert set(MODELS) == {"gpt_tiny", "gpt_small"} | {
-        f"gpt_{n}b" for n in (5, 10, 20, 40, 60, 80, 160, 320, 640)}
+        f"gpt_{n}b" for n in (5, 10, 20, 40, 60, 80, 160, 320, 640)
+    }
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -43,7 +44,15 @@ def test_dry_run_renders_for_every_machine_and_model(machine, model, tmp_path):
 
 @pytest.mark.parametrize("machine", ["frontier", "perlmutter", "alps"])
 def test_an_explicit_grid_too_small_for_the_model_fails_on_memory(machine):
-    cfg = load([f"machine={machine}", "model=gpt_640b", "grid.data=1", "dry_run=true",
-                "nodes=1", f"grid.x={load([f'machine={machine}']).machine.hardware.gpus_per_node}"])
+    cfg = load(
+        [
+            f"machine={machine}",
+            "model=gpt_640b",
+            "grid.data=1",
+            "dry_run=true",
+            "nodes=1",
+            f"grid.x={load([f'machine={machine}']).machine.hardware.gpus_per_node}",
+        ]
+    )
     with pytest.raises(ConfigError, match=r"GiB per GPU but .* has \d+ GiB \(largest term"):
         resolve(cfg)

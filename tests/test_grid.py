@@ -6,8 +6,14 @@ import pytest
 
 from axonn_launch.grid import Grid
 
-GRIDS = [Grid(), Grid(x=2, z=2), Grid(data=2, x=2, y=2, z=2), Grid(data=3, x=4, y=1, z=2),
-         Grid(data=1, x=1, y=8, z=1), Grid(data=2, x=2, y=3, z=5)]
+GRIDS = [
+    Grid(),
+    Grid(x=2, z=2),
+    Grid(data=2, x=2, y=2, z=2),
+    Grid(data=3, x=4, y=1, z=2),
+    Grid(data=1, x=1, y=8, z=1),
+    Grid(data=2, x=2, y=3, z=5),
+]
 
 
 def axonn_coords(grid: Grid, rank: int) -> tuple[int, int, int, int]:

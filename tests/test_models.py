@@ -6,8 +6,15 @@ from axonn_launch.config import load
 
 # Parameter counts from the AxoNN reference table (axonn.md 5.3, Megatron's get_params,
 # V=50304, s=2048), in billions.
-PAPER_COUNTS = {"gpt_5b": 5.05, "gpt_10b": 10.34, "gpt_20b": 20.11, "gpt_40b": 39.22,
-                "gpt_60b": 57.57, "gpt_80b": 76.75, "gpt_160b": 152.86}
+PAPER_COUNTS = {
+    "gpt_5b": 5.05,
+    "gpt_10b": 10.34,
+    "gpt_20b": 20.11,
+    "gpt_40b": 39.22,
+    "gpt_60b": 57.57,
+    "gpt_80b": 76.75,
+    "gpt_160b": 152.86,
+}
 
 
 @pytest.mark.parametrize("name", sorted(PAPER_COUNTS))

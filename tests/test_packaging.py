@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import REPO
 
-PROBE = ("import axonn_launch, sys; print(axonn_launch.__file__)")
+PROBE = "import axonn_launch, sys; print(axonn_launch.__file__)"
 DRY = ["-m", "axonn_launch", "machine=frontier", "model=gpt_5b", "grid.x=8", "dry_run=true"]
 
 
@@ -25,24 +25,45 @@ def make_env(path: Path) -> Path:
 
 
 def pip(*args, python):
-    cmd = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
-           "--no-build-isolation", "-q", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        str(python),
+        "install",
+        "--no-deps",
+        "--no-build-isolation",
+        "-q",
+        *args,
+    ]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
 
 
 def dry_run(python, cwd, job_dir):
-    result = subprocess.run([str(python), "-P", *DRY, f"hydra.run.dir={job_dir}"], cwd=cwd,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [str(python), "-P", *DRY, f"hydra.run.dir={job_dir}"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "#SBATCH --nodes=1" in result.stdout
-    where = subprocess.run([str(python), "-P", "-c", PROBE], cwd=cwd, capture_output=True,
-                           text=True, check=True).stdout.strip()
+    where = subprocess.run(
+        [str(python), "-P", "-c", PROBE], cwd=cwd, capture_output=True, text=True, check=True
+    ).stdout.strip()
     return Path(where)
 
 
 def test_from_the_repo_root(tmp_path):
-    result = subprocess.run([sys.executable, *DRY, f"hydra.run.dir={tmp_path / 'job'}"],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, *DRY, f"hydra.run.dir={tmp_path / 'job'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "job" / "submission.sh").exists()
 
@@ -59,9 +80,23 @@ def test_from_an_editable_install(tmp_path):
 @pytest.mark.slow
 def test_from_a_wheel_install(tmp_path):
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(wheels), str(REPO)], check=True, capture_output=True,
-                   timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = wheels.glob("axonn_launch-*.whl")
     python = make_env(tmp_path / "venv")
     pip(str(wheel), python=python)
@@ -73,12 +108,19 @@ def test_from_a_wheel_install(tmp_path):
 
 
 def test_login_node_path_never_imports_torch(tmp_path):
-    result = subprocess.run([sys.executable, "-X", "importtime", *DRY,
-                             f"hydra.run.dir={tmp_path / 'job'}"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", *DRY, f"hydra.run.dir={tmp_path / 'job'}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
-    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines()
-                if line.startswith("import time:")}
+    imported = {
+        line.split("|")[-1].strip()
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:")
+    }
     assert "axonn_launch.launch" in imported and "submitit" in imported
     assert not {m for m in imported if m == "torch" or m.startswith("torch.")}
     assert not {m for m in imported if m.startswith("axonn_launch.train")}

@@ -23,10 +23,20 @@ JOB_DIR = Path("/scratch/jobs/run")
 PYTHON = "/opt/venv/bin/python"
 
 CASES = {
-    "frontier": ["machine=frontier", "model=gpt_5b", "grid.x=8", "grid.z=2",
-                 "site.accounts.frontier=CSC000"],
-    "perlmutter": ["machine=perlmutter", "model=gpt_5b", "grid.x=4", "grid.z=2",
-                   "site.accounts.perlmutter=m0000_g"],
+    "frontier": [
+        "machine=frontier",
+        "model=gpt_5b",
+        "grid.x=8",
+        "grid.z=2",
+        "site.accounts.frontier=CSC000",
+    ],
+    "perlmutter": [
+        "machine=perlmutter",
+        "model=gpt_5b",
+        "grid.x=4",
+        "grid.z=2",
+        "site.accounts.perlmutter=m0000_g",
+    ],
     "alps": ["machine=alps", "model=gpt_5b", "grid.x=4", "grid.z=2", "site.accounts.alps=a-00"],
     "slurm_local": ["machine=slurm_local", "grid.x=2", "grid.z=2"],
 }
@@ -35,9 +45,14 @@ CASES = {
 def render(overrides):
     cfg = load(overrides)
     resolved = resolve(cfg)
-    return render_script(machine=cfg.machine, nodes=resolved.nodes,
-                         tasks_per_node=resolved.tasks_per_node, job_name=cfg.name,
-                         folder=JOB_DIR / "slurm" / "%j", python=PYTHON)
+    return render_script(
+        machine=cfg.machine,
+        nodes=resolved.nodes,
+        tasks_per_node=resolved.tasks_per_node,
+        job_name=cfg.name,
+        folder=JOB_DIR / "slurm" / "%j",
+        python=PYTHON,
+    )
 
 
 @pytest.mark.parametrize("machine", sorted(CASES))
@@ -72,15 +87,28 @@ def test_frontier_carries_rccl_libfabric_and_binding_settings():
     assert flags["gpu-bind"] == "closest" and flags["partition"] == "batch"
     assert "--cpus-per-task=7 --gpus-per-task=1 --gpu-bind=closest" in srun
     assert env["NCCL_NET"] == "OFI" and env["FI_CXI_RDZV_PROTO"] == "alt_read"
-    for key in ("FI_CXI_DISABLE_HOST_REGISTER", "FI_CXI_DEFAULT_CQ_SIZE", "FI_MR_CACHE_MONITOR",
-                "FI_CXI_RDZV_EAGER_SIZE", "FI_CXI_RDZV_THRESHOLD", "FI_CXI_RDZV_GET_MIN"):
+    for key in (
+        "FI_CXI_DISABLE_HOST_REGISTER",
+        "FI_CXI_DEFAULT_CQ_SIZE",
+        "FI_MR_CACHE_MONITOR",
+        "FI_CXI_RDZV_EAGER_SIZE",
+        "FI_CXI_RDZV_THRESHOLD",
+        "FI_CXI_RDZV_GET_MIN",
+    ):
         assert key in env
     assert "rccl-net-plugin" in script and "rocm/" in script
 
 
 def test_frontier_single_node_leaves_rccl_on_shared_memory():
-    script = render(["machine=frontier", "model=gpt_5b", "grid.x=8",
-                     "site.accounts.frontier=CSC000", "train.micro_batch=2"])
+    script = render(
+        [
+            "machine=frontier",
+            "model=gpt_5b",
+            "grid.x=8",
+            "site.accounts.frontier=CSC000",
+            "train.micro_batch=2",
+        ]
+    )
     assert "NCCL_NET" not in exports(script) and sbatch_flags(script)["nodes"] == "1"
 
 
@@ -109,9 +137,17 @@ def test_slurm_local_uses_the_same_renderer_with_profile_lines_only():
     local, frontier = render(CASES["slurm_local"]), render(CASES["frontier"])
     assert sbatch_flags(local)["nodes"] == "2" and sbatch_flags(local)["ntasks-per-node"] == "2"
     # Lines that do not come from a profile are identical in both scripts.
-    shared = ["#!/bin/bash", "# Parameters", "#SBATCH --open-mode=append",
-              "#SBATCH --wckey=submitit", "# command", "export SUBMITIT_EXECUTOR=slurm"]
+    shared = [
+        "#!/bin/bash",
+        "# Parameters",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --wckey=submitit",
+        "# command",
+        "export SUBMITIT_EXECUTOR=slurm",
+    ]
     for line in shared:
         assert line in local.splitlines() and line in frontier.splitlines()
-    assert srun_line(local).split(" --kill-on-bad-exit=1")[0] == srun_line(frontier).split(
-        " --kill-on-bad-exit=1")[0]
+    assert (
+        srun_line(local).split(" --kill-on-bad-exit=1")[0]
+        == srun_line(frontier).split(" --kill-on-bad-exit=1")[0]
+    )

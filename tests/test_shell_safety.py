@@ -15,10 +15,15 @@ def test_metacharacters_in_name_and_env_are_inert(tmp_path, fake_sbatch):
     work = tmp_path / "cwd"
     work.mkdir()
     job_dir = tmp_path / "job"
-    args = ["machine=slurm_local", "grid.x=2", "grid.z=2", "dry_run=true",
-            f"name='{NAME.replace(chr(39), chr(92) + chr(39))}'",
-            f"+machine.env.EVIL='{VALUE.replace(chr(39), chr(92) + chr(39))}'",
-            f"hydra.run.dir={job_dir}"]
+    args = [
+        "machine=slurm_local",
+        "grid.x=2",
+        "grid.z=2",
+        "dry_run=true",
+        f"name='{NAME.replace(chr(39), chr(92) + chr(39))}'",
+        f"+machine.env.EVIL='{VALUE.replace(chr(39), chr(92) + chr(39))}'",
+        f"hydra.run.dir={job_dir}",
+    ]
     result = run_launcher(args, cwd=work, path_prefix=bindir)
     assert result.returncode == 0, result.stderr
     assert json.loads((job_dir / "job.json").read_text())["name"] == NAME
@@ -30,8 +35,12 @@ def test_metacharacters_in_name_and_env_are_inert(tmp_path, fake_sbatch):
     assert run.returncode == 0, run.stderr
     assert run.stdout == VALUE
     # Running the whole script with stub srun: sbatch would read the #SBATCH lines as comments.
-    subprocess.run(["bash", str(job_dir / "submission.sh")], cwd=work, capture_output=True,
-                   env={"PATH": f"{bindir}:/usr/bin:/bin"})
+    subprocess.run(
+        ["bash", str(job_dir / "submission.sh")],
+        cwd=work,
+        capture_output=True,
+        env={"PATH": f"{bindir}:/usr/bin:/bin"},
+    )
     assert not list(work.glob("pwned*")), "a metacharacter was executed"
     assert not list(tmp_path.glob("pwned*"))
     assert "--job-name=" in script and "pwned_name" in script  # present, but quoted

@@ -9,8 +9,14 @@ from tests.conftest import run_launcher
 def test_sweep_points_get_their_own_node_counts_and_a_summary(tmp_path, fake_sbatch):
     bindir, marker = fake_sbatch
     sweep_dir = tmp_path / "sweep"
-    args = ["-m", "machine=slurm_local", "grid.x=2", "grid.z=1,2,3", "dry_run=true",
-            f"hydra.sweep.dir={sweep_dir}"]
+    args = [
+        "-m",
+        "machine=slurm_local",
+        "grid.x=2",
+        "grid.z=1,2,3",
+        "dry_run=true",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     result = run_launcher(args, cwd=tmp_path, path_prefix=bindir)
     assert result.returncode == 1, result.stderr  # one point is invalid
     assert "point 2: invalid: grid.z=3" in result.stderr
@@ -30,10 +36,12 @@ def test_sweep_points_get_their_own_node_counts_and_a_summary(tmp_path, fake_sba
 
 def test_a_typo_in_any_point_stops_the_sweep_before_anything_runs(tmp_path, fake_sbatch):
     bindir, marker = fake_sbatch
-    result = run_launcher(["-m", "machine=slurm_local,nosuch", "dry_run=true"], cwd=tmp_path,
-                          path_prefix=bindir)
+    result = run_launcher(
+        ["-m", "machine=slurm_local,nosuch", "dry_run=true"], cwd=tmp_path, path_prefix=bindir
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: machine='nosuch': no such machine; valid: alps, frontier, local, perlmutter,"
-        " slurm_local"]
-    assert list(tmp_path.iterdir()) == [bindir.parent / "fakebin"] or not (tmp_path / "jobs").exists()
+        " slurm_local"
+    ]
+    assert not (tmp_path / "jobs").exists()
