@@ -142,52 +142,60 @@ def rank_grids(
     rows: list[PlanRow] = []
     rejected: dict[str, int] = {}
     example: dict[str, str] = {}
-
-    def reject(kind: str, why: str) -> None:
-        rejected[kind] = rejected.get(kind, 0) + 1
-        example.setdefault(kind, why)
-
     grids = enumerate_grids(world_size)
     for grid in grids:
-        why = shape_problem(model, grid)
-        if why:
-            reject("shape", why)
-            continue
-        if fixed_micro_batch:
-            why = batch_problem(train, grid, train.micro_batch)
-            candidates = [] if why else [train.micro_batch]
+        result = evaluate_grid(hardware, model, train, grid, cal, fixed_micro_batch)
+        if isinstance(result, PlanRow):
+            rows.append(result)
         else:
-            candidates = micro_batch_candidates(train, grid)
-            why = f"global_batch={train.global_batch} not divisible by data*z={grid.data * grid.z}"
-        if not candidates:
-            reject("batch", why)
-            continue
-        chosen = _largest_fitting(model, grid, train, candidates, hardware.mem_per_gpu_gb)
-        if chosen is None:
-            tr = dataclasses.replace(train, micro_batch=candidates[-1])
-            mem = estimate_memory(model=model, grid=grid, train=tr)
-            reject("memory", f"{grid.describe()} needs {mem.describe()}")
-            continue
-        micro, mem_bytes = chosen
-        tr = dataclasses.replace(train, micro_batch=micro)
-        st = step_time(hardware=hardware, model=model, train=tr, grid=grid, calibration=cal)
-        rows.append(
-            PlanRow(
-                rank=0,
-                grid=grid,
-                micro_batch=micro,
-                accumulation=st.accumulation,
-                step_time_s=st.total,
-                compute_s=st.compute,
-                tflops_per_gpu=st.tflops_per_gpu,
-                fraction_of_peak=st.fraction_of_peak,
-                memory_gib=mem_bytes / GIB,
-                comm_s=st.comm,
-            )
-        )
+            kind, why = result
+            rejected[kind] = rejected.get(kind, 0) + 1
+            example.setdefault(kind, why)
     rows.sort(key=lambda r: (r.step_time_s, r.grid.x, r.grid.y, r.grid.z))
     rows = [dataclasses.replace(r, rank=i + 1) for i, r in enumerate(rows)]
     return Ranking(rows=rows, considered=len(grids), rejected=rejected, example=example)
+
+
+def evaluate_grid(
+    hardware: Hardware,
+    model: ModelSpec,
+    train: TrainConfig,
+    grid: Grid,
+    cal: Calibration,
+    fixed_micro_batch: bool = False,
+) -> PlanRow | tuple[str, str]:
+    """The grid's plan row (rank 0 = unranked), or (reason kind, message) if it cannot run."""
+    why = shape_problem(model, grid)
+    if why:
+        return "shape", why
+    if fixed_micro_batch:
+        why = batch_problem(train, grid, train.micro_batch)
+        candidates = [] if why else [train.micro_batch]
+    else:
+        candidates = micro_batch_candidates(train, grid)
+        why = f"global_batch={train.global_batch} not divisible by data*z={grid.data * grid.z}"
+    if not candidates:
+        return "batch", why
+    chosen = _largest_fitting(model, grid, train, candidates, hardware.mem_per_gpu_gb)
+    if chosen is None:
+        tr = dataclasses.replace(train, micro_batch=candidates[-1])
+        mem = estimate_memory(model=model, grid=grid, train=tr)
+        return "memory", f"{grid.describe()} needs {mem.describe()}"
+    micro, mem_bytes = chosen
+    tr = dataclasses.replace(train, micro_batch=micro)
+    st = step_time(hardware=hardware, model=model, train=tr, grid=grid, calibration=cal)
+    return PlanRow(
+        rank=0,
+        grid=grid,
+        micro_batch=micro,
+        accumulation=st.accumulation,
+        step_time_s=st.total,
+        compute_s=st.compute,
+        tflops_per_gpu=st.tflops_per_gpu,
+        fraction_of_peak=st.fraction_of_peak,
+        memory_gib=mem_bytes / GIB,
+        comm_s=st.comm,
+    )
 
 
 def _largest_fitting(
@@ -235,6 +243,29 @@ def best_grid(
     if not ranking.rows:
         raise PlanError(explain_empty(ranking, machine, model, nodes))
     return ranking.rows[0]
+
+
+def smallest_nodes(
+    *,
+    machine: MachineProfile,
+    model: ModelSpec,
+    train: TrainConfig,
+    max_nodes: int = 16384,
+    calibration: Calibration | None = None,
+    fixed_micro_batch: bool = False,
+) -> int:
+    """The smallest power-of-two node count (up to ``max_nodes``) with a runnable grid.
+
+    For grid=auto without nodes. Raises PlanError with the reasons at ``max_nodes``.
+    """
+    nodes = 1
+    while True:
+        ranking = _ranking(machine, model, train, nodes, calibration, fixed_micro_batch)
+        if ranking.rows:
+            return nodes
+        if nodes * 2 > max_nodes:
+            raise PlanError(explain_empty(ranking, machine, model, nodes))
+        nodes *= 2
 
 
 def _ranking(machine, model, train, nodes, calibration, fixed_micro_batch) -> Ranking:

@@ -89,13 +89,12 @@ def main() -> None:
             if row is None:
                 lines.append(head + f" none: {pflops} | | | | | |")
                 continue
-            if True:
-                g = row.grid
-                lines.append(
-                    head + f" ({g.data},{g.x},{g.y},{g.z}) | {row.micro_batch} | "
-                    f"{row.step_time_s:.2f} | {_flops(pflops)} | "
-                    f"{100 * row.fraction_of_peak:.1f} | {pflops / reported:.2f} |"
-                )
+            g = row.grid
+            lines.append(
+                head + f" ({g.data},{g.x},{g.y},{g.z}) | {row.micro_batch} | "
+                f"{row.step_time_s:.2f} | {_flops(pflops)} | "
+                f"{100 * row.fraction_of_peak:.1f} | {pflops / reported:.2f} |"
+            )
     lines += [
         "",
         "Reported % of peak (computed in axonn.md §5.2): Perlmutter 48.5%, Frontier 22.0%, "

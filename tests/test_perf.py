@@ -233,3 +233,55 @@ def test_throughput_and_fraction_of_peak():
     assert st.tflops_per_gpu == pytest.approx(st.model_flops_per_gpu / st.total / 1e12)
     assert st.fraction_of_peak == pytest.approx(st.tflops_per_gpu / 100.0)
     assert 0 < st.fraction_of_peak < 1
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+def test_calibration_layouts_cover_every_placement_once():
+    from axonn_launch.calibrate import Layout, layouts
+
+    found = {(lay.size, lay.per_node): lay.stride for lay in layouts(16, 4)}
+    # 16 ranks, 4 per node: a group of p ranks `stride` apart needs p * stride <= 16
+    assert found == {(2, 2): 1, (2, 1): 4, (4, 4): 1, (4, 2): 2, (4, 1): 4,
+                     (8, 4): 1, (8, 2): 2, (16, 4): 1}  # fmt: skip
+    assert Layout(size=2, stride=2, per_node=2).groups(8) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert Layout(size=4, stride=1, per_node=4).groups(8) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_two_timings_recover_the_ring_model():
+    from axonn_launch.calibrate import fit_ring
+
+    for collective in (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER):
+        sizes = (1e5, 1e8)
+        times = tuple(ring_time(collective, 8, m, 40.0, 7e-6) for m in sizes)
+        bus, alpha = fit_ring(collective, 8, sizes, times)
+        assert bus == pytest.approx(40.0) and alpha == pytest.approx(7.0)
+
+
+def test_calibrate_settings_from_the_command_line():
+    from axonn_launch.calibrate import parse_args
+
+    s = parse_args(["machine=frontier", "nproc=2", "output=x.json"])
+    assert (s.machine, s.nproc, s.output_path().name) == ("frontier", 2, "x.json")
+    assert parse_args(["machine=alps"]).output_path().name == "calibration-alps.json"
+    with pytest.raises(ValueError, match="expected key=value"):
+        parse_args(["colour=red"])
+
+
+@pytest.mark.slow
+def test_local_calibration_feeds_the_planner(tmp_path):
+    from axonn_launch.calibrate import Settings, run_local
+
+    path = tmp_path / "cal.json"
+    run_local(Settings(machine="local", output=str(path), nproc=2, reps=2, warmup=1,
+                       large_bytes=1 << 20))  # fmt: skip
+    raw = json.loads(path.read_text())
+    assert raw["world_size"] == 2 and raw["backend"] == "gloo"
+    cal = load_calibration(path)
+    assert {c.collective for c in cal.collectives} == {ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER}
+    assert all(c.size == 2 and c.per_node == 2 and c.bus_gbps > 0 for c in cal.collectives)
+    assert len(cal.gemm) == 4 and all(rate > 0 for _, rate in cal.gemm)
+    cpu = Hardware(gpus_per_node=2)
+    st = step_time(hardware=cpu, model=MODEL, train=train(), grid=Grid(y=2), calibration=cal)
+    assert st.total > st.compute > 0 and st.comm["y"] > 0

@@ -27,6 +27,7 @@ from axonn_launch.plan import (
     rank_grids,
     run,
     shape_problem,
+    smallest_nodes,
 )
 from axonn_launch.spec import TrainConfig
 
@@ -140,6 +141,20 @@ def test_best_grid_explains_why_nothing_runs():
         best_grid(machine=tiny, model=GPT_5B, train=BIG, nodes=1)
     with pytest.raises(PlanError, match="nodes=0"):
         best_grid(machine=PERLMUTTER, model=GPT_5B, train=BIG, nodes=0)
+
+
+def test_smallest_node_count_that_fits():
+    assert smallest_nodes(machine=PERLMUTTER, model=GPT_5B, train=BIG) == 1  # 81 GB of state
+    # gpt_20b: 16 bytes x 20.1e9 parameters = 300 GiB of weights, gradients and Adam state,
+    # more than the 160 GiB of one 4 x 40 GiB node
+    gpt_20b = ModelSpec("gpt_20b", n_layer=32, d_model=7168, n_head=56, vocab_size=50304,
+                        max_seq_len=2048)  # fmt: skip
+    nodes = smallest_nodes(machine=PERLMUTTER, model=gpt_20b, train=BIG)
+    assert nodes * 4 * 40 * 2**30 > 16 * gpt_20b.n_params()
+    assert plan(machine=PERLMUTTER, model=gpt_20b, train=BIG, nodes=nodes // 2, top=1) == []
+    assert plan(machine=PERLMUTTER, model=gpt_20b, train=BIG, nodes=nodes, top=1)
+    with pytest.raises(PlanError, match="no grid of 1 node"):
+        smallest_nodes(machine=PERLMUTTER, model=gpt_20b, train=BIG, max_nodes=1)
 
 
 # --------------------------------------------------------------------------- CLI

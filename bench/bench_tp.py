@@ -1,0 +1,289 @@
+"""Step time and per-rank memory: one rank, PyTorch tensor parallelism, and AxoNN grids.
+
+Runs one GPT (default: 4 layers, h=512, 8 heads, s=128, vocab 8192, 8 sequences per
+step) with a full training step (forward, backward, gradient sync, clipping, AdamW) as
+
+  (a) the model on 1 rank;
+  (b) PyTorch's own tensor parallelism (``torch.distributed.tensor.parallel``,
+      Megatron-style ColwiseParallel for q/k/v/MLP-up and RowwiseParallel for
+      attention-out/MLP-down on a 1-D DeviceMesh; embeddings and norms replicated);
+  (c) ``axonn_launch.train.model.GPT`` on the grids x=2,y=2 / x=4 / z=4 (overlaps on).
+
+All multi-rank runs use gloo on CPU with one thread per rank. Memory is the bytes of the
+rank's parameters + gradients + AdamW state after a step (the target is full/(x*y*z))
+and the process's peak RSS (which includes the PyTorch runtime itself).
+
+  python bench/bench_tp.py [--steps 6] [--layers 4] [--hidden 512] [--heads 8] [--seq 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from axonn_launch.grid import Grid  # noqa: E402
+from axonn_launch.models import ModelSpec  # noqa: E402
+from axonn_launch.spec import OverlapConfig  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_tp.md"
+LR, MAX_NORM = 1e-3, 1.0
+
+
+# ---------------------------------------------------------------------------------------
+# A plain GPT with separate q/k/v projections, so that column-parallel q/k/v hand each
+# rank whole heads (PyTorch TP peer)
+
+
+class PlainBlock(nn.Module):
+    def __init__(self, h: int, n_head: int) -> None:
+        super().__init__()
+        self.head_dim = h // n_head
+        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.q, self.k, self.v, self.proj = (nn.Linear(h, h) for _ in range(4))
+        self.up, self.down = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (lin(x) for lin in (self.q, self.k, self.v))
+        heads = q.shape[-1] // self.head_dim  # local heads under tensor parallelism
+        q, k, v = (t.view(b, s, heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(out.transpose(1, 2).reshape(b, s, heads * self.head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.ln1(x))
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+class PlainGPT(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(spec.vocab_size, spec.d_model)
+        self.wpe = nn.Embedding(spec.max_seq_len, spec.d_model)
+        self.blocks = nn.ModuleList(PlainBlock(spec.d_model, spec.n_head) for _ in range(spec.n_layer))
+        self.ln_f = nn.LayerNorm(spec.d_model)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx) + self.wpe.weight[: idx.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        logits = self.ln_f(x) @ self.wte.weight.t()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+# ---------------------------------------------------------------------------------------
+# The three kinds of runs; each returns (per-step seconds, model state bytes)
+
+
+def _state_bytes(params, optimizer) -> int:
+    def local(t):
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    total = 0
+    for p in params:
+        total += local(p).numel() * p.element_size()
+        if p.grad is not None:
+            total += local(p.grad).numel() * p.grad.element_size()
+        for state in optimizer.state.get(p, {}).values():
+            if torch.is_tensor(state) and state.dim() > 0:
+                total += local(state).numel() * state.element_size()
+    return total
+
+
+def _timed_steps(step, steps: int) -> list[float]:
+    times = []
+    for i in range(steps + 2):  # two warm-up steps
+        if dist.is_initialized():
+            dist.barrier()
+        start = time.perf_counter()
+        step(i)
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def _batch(spec: ModelSpec, batch: int, seq: int, step: int):
+    gen = torch.Generator().manual_seed(step)
+    tokens = torch.randint(0, spec.vocab_size, (batch, seq + 1), generator=gen)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def run_axonn(rank: int, spec: ModelSpec, grid: Grid, batch: int, seq: int, steps: int):
+    from axonn_launch.train.groups import build_groups
+    from axonn_launch.train.model import GPT, clip_grad_norm_, finish_gradients
+
+    groups = build_groups(grid, rank=rank)
+    model = GPT(spec, groups=groups, overlap=OverlapConfig(), seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    c = grid.coords(rank)
+    shard = c.data * grid.z + c.z
+
+    def step(i: int) -> None:
+        idx, targets = (t.chunk(grid.data * grid.z)[shard] for t in _batch(spec, batch, seq, i))
+        model(idx, targets).backward()
+        finish_gradients(model, groups)
+        clip_grad_norm_(model, MAX_NORM, groups)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    times = _timed_steps(step, steps)
+    return times, _state_bytes(list(model.parameters()), opt)
+
+
+def run_torch_tp(rank: int, spec: ModelSpec, world: int, batch: int, seq: int, steps: int):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    torch.manual_seed(0)
+    model = PlainGPT(spec)
+    mesh = init_device_mesh("cpu", (world,))
+    plan = {
+        "q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(),
+        "proj": RowwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel(),
+    }  # fmt: skip
+    for block in model.blocks:
+        parallelize_module(block, mesh, plan)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+
+    def step(i: int) -> None:
+        idx, targets = _batch(spec, batch, seq, i)
+        model(idx, targets).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    times = _timed_steps(step, steps)
+    return times, _state_bytes(list(model.parameters()), opt)
+
+
+def run_single(spec: ModelSpec, batch: int, seq: int, steps: int):
+    from axonn_launch.train.groups import single_process_groups
+    from axonn_launch.train.model import GPT, clip_grad_norm_, finish_gradients
+
+    groups = single_process_groups()
+    model = GPT(spec, groups=groups, overlap=OverlapConfig(), seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+
+    def step(i: int) -> None:
+        model(*_batch(spec, batch, seq, i)).backward()
+        finish_gradients(model, groups)
+        clip_grad_norm_(model, MAX_NORM, groups)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    times = _timed_steps(step, steps)
+    return times, _state_bytes(list(model.parameters()), opt)
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str, kind: str, args: dict) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=600))  # fmt: skip
+    spec = ModelSpec(**args["spec"])
+    if kind == "torch_tp":
+        times, state = run_torch_tp(rank, spec, world, args["batch"], args["seq"], args["steps"])
+    else:
+        grid = Grid(**args["grid"])
+        times, state = run_axonn(rank, spec, grid, args["batch"], args["seq"], args["steps"])
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    Path(out_dir, f"{rank}.json").write_text(json.dumps({"times": times, "state": state, "rss": rss}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_world(kind: str, world: int, args: dict) -> list[dict]:
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(_worker, args=(world, _free_port(), out_dir, kind, args), nprocs=world, join=True)
+        return [json.loads(Path(out_dir, f"{r}.json").read_text()) for r in range(world)]
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def _row(label: str, ranks: int, per_rank: list[dict], full_state: int) -> str:
+    step = statistics.median(max(r["times"][i] for r in per_rank) for i in range(len(per_rank[0]["times"])))
+    state = max(r["state"] for r in per_rank)
+    rss = max(r["rss"] for r in per_rank)
+    return (
+        f"| {label} | {ranks} | {step * 1000:.0f} | {state / 2**20:.1f} | "
+        f"{state / full_state:.3f} | {rss / 2**20:.0f} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    a = parser.parse_args()
+    spec = ModelSpec("bench", n_layer=a.layers, d_model=a.hidden, n_head=a.heads,
+                     vocab_size=a.vocab, max_seq_len=a.seq)  # fmt: skip
+    args = {"spec": spec.__dict__, "batch": a.batch, "seq": a.seq, "steps": a.steps}
+
+    torch.set_num_threads(1)
+    times, full_state = run_single(spec, a.batch, a.seq, a.steps)
+    single = [{"times": times, "state": full_state,
+               "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}]  # fmt: skip
+    rows = [_row("(a) 1 rank", 1, single, full_state)]
+    rows.append(_row("(b) PyTorch TP (Colwise/Rowwise)", 4, run_world("torch_tp", 4, args), full_state))
+    for grid in (Grid(x=2, y=2), Grid(x=4), Grid(z=4)):
+        per_rank = run_world("axonn", 4, {**args, "grid": grid.as_dict()})
+        rows.append(_row(f"(c) ours {grid.describe()}", 4, per_rank, full_state))
+
+    command = "python bench/bench_tp.py " + " ".join(sys.argv[1:])
+    report = "\n".join([
+        "# Tensor-parallel step time and memory",
+        "",
+        f"Model: {spec.n_layer} layers, h={spec.d_model}, {spec.n_head} heads, s={a.seq}, "
+        f"vocab {spec.vocab_size} ({spec.n_params() / 1e6:.1f}M parameters, fp32); "
+        f"{a.batch} sequences per step; AdamW; median of {a.steps} steps after 2 warm-up steps.",
+        f"Machine: {os.cpu_count()} CPU cores, gloo, one thread per rank, torch {torch.__version__}.",
+        "",
+        "| run | ranks | step ms | params+grads+AdamW MiB per rank | fraction of 1 rank | "
+        "peak RSS MiB per rank |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Command: `{command.strip()}`",
+        "",
+    ])  # fmt: skip
+    print(report)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(report)
+
+
+if __name__ == "__main__":
+    main()

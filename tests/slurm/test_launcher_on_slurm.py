@@ -1,0 +1,146 @@
+"""The launcher on the real local Slurm cluster: submission, srun across two nodes,
+sacct states, sweeps with per-point node counts, and the MPI launch path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_launcher
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+TRAIN = ["grid.x=2", "grid.z=2", "train.steps=20", "train.sample_tokens=0"]
+
+
+def sacct(job_id: str) -> dict[str, tuple[str, str]]:
+    out = subprocess.run(
+        ["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,State,NodeList"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = [line.split("|") for line in out.splitlines() if line.strip()]
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def wait_for_states(job_ids: list[str], timeout_s: float = 600) -> dict[str, str]:
+    """Poll sacct until every job has left PENDING/RUNNING."""
+    deadline = time.time() + timeout_s
+    while True:
+        states = {j: sacct(j).get(j, ("UNKNOWN", ""))[0] for j in job_ids}
+        if all(s not in ("PENDING", "RUNNING", "REQUEUED", "UNKNOWN") for s in states.values()):
+            return states
+        assert time.time() < deadline, f"jobs still running after {timeout_s} s: {states}"
+        time.sleep(2)
+
+
+def final_loss(job_dir: Path) -> float:
+    lines = (job_dir / "metrics.jsonl").read_text().splitlines()
+    return json.loads(lines[-1])["loss"]
+
+
+@pytest.fixture(scope="module")
+def local_reference(tmp_path_factory):
+    job_dir = tmp_path_factory.mktemp("local") / "job"
+    result = run_launcher(
+        ["machine=local", *TRAIN, f"hydra.run.dir={job_dir}"], cwd=job_dir.parent, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return job_dir
+
+
+def test_two_nodes_complete_and_match_the_local_run(slurm_cluster, local_reference, tmp_path):
+    job_dir = tmp_path / "job"
+    result = run_launcher(
+        ["machine=slurm_local", *TRAIN, "wait=true", f"hydra.run.dir={job_dir}"],
+        cwd=tmp_path,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    record = json.loads((job_dir / "job.json").read_text())
+    (job_id,) = record["job_ids"]
+    assert record["status"] == "completed" and record["nodes"] == 2
+    state, nodes = sacct(job_id)[job_id]
+    assert state == "COMPLETED" and nodes == "n[1-2]"
+    assert (job_dir / "submission.sh").read_text() == (
+        job_dir / "slurm" / job_id / f"{job_id}_submission.sh"
+    ).read_text()
+    for rank in range(4):
+        assert (job_dir / "slurm" / job_id / f"{job_id}_{rank}_log.out").exists()
+    assert "done: 20 steps" in result.stdout + result.stderr  # rank-0 progress was streamed
+    assert final_loss(job_dir) == pytest.approx(final_loss(local_reference), rel=1e-6)
+
+
+def test_sweep_submits_one_job_per_point_with_its_node_count(slurm_cluster, tmp_path):
+    sweep = tmp_path / "sweep"
+    start = time.time()
+    result = run_launcher(
+        [
+            "-m",
+            "machine=slurm_local",
+            "grid.x=2",
+            "grid.z=1,2",
+            "train.steps=5",
+            "train.sample_tokens=0",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+        timeout=300,
+    )
+    returned_after = time.time() - start
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/job.json"))]
+    assert sorted(r["nodes"] for r in records) == [1, 2]
+    assert all(r["status"] == "submitted" for r in records)
+    job_ids = [r["job_ids"][0] for r in records]
+    states = wait_for_states(job_ids)
+    assert set(states.values()) == {"COMPLETED"}, states
+    for record in records:
+        job_id = record["job_ids"][0]
+        nodes = sacct(job_id)[job_id][1]
+        assert nodes == ("n[1-2]" if record["nodes"] == 2 else nodes) and nodes
+        assert len(nodes.split(",")) == 1
+    assert "sweep summary:" in result.stdout
+    assert returned_after < 120  # the sweep did not wait for the jobs
+
+
+def test_mpirun_launch_reaches_the_same_loss(slurm_cluster, local_reference, tmp_path):
+    """The same job started with mpirun (Debian's Open MPI + mpi4py) inside an allocation."""
+    job_dir = tmp_path / "job"
+    result = run_launcher(
+        ["machine=slurm_local", *TRAIN, "dry_run=true", f"hydra.run.dir={job_dir}"], cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    mpirun = (
+        "mpirun --allow-run-as-root --oversubscribe -np 4 -x PATH -x OMP_NUM_THREADS=1 "
+        f"{sys.executable} -m axonn_launch.train {job_dir}"
+    )
+    submit = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-N",
+            "2",
+            "--ntasks-per-node=2",
+            "-p",
+            slurm_cluster.partition,
+            "-o",
+            str(tmp_path / "mpi.out"),
+            "--wrap",
+            mpirun,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    job_id = submit.stdout.strip().split(";")[0]
+    states = wait_for_states([job_id])
+    log = (tmp_path / "mpi.out").read_text() if (tmp_path / "mpi.out").exists() else ""
+    assert states[job_id] == "COMPLETED", log[-3000:]
+    assert final_loss(job_dir) == pytest.approx(final_loss(local_reference), rel=1e-6)
