@@ -76,6 +76,19 @@ def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractCon
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+class StopFlag:
+    """A ``should_stop`` hook that a signal handler can set (only assigns a bool)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def request(self, *_: object) -> None:
+        self.requested = True
+
+    def __call__(self) -> bool:
+        return self.requested
+
+
 @dataclass
 class TrainContext:
     """Everything the loop needs besides the model; built by ``axonn_launch.train.run``."""
