@@ -48,7 +48,7 @@ def hydra_entry(cfg: DictConfig) -> Outcome:
         return launch(
             to_launch_config(cfg),
             job_dir=job_dir,
-            config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
+            config=OmegaConf.to_container(cfg, resolve=True),
             command_line=list(sys.argv),
         )
     except ConfigError as exc:

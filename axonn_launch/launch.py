@@ -38,7 +38,7 @@ class Outcome:
 
 
 def launch(
-    cfg: LaunchConfig, *, job_dir: Path, config_yaml: str, command_line: list[str], out=sys.stdout
+    cfg: LaunchConfig, *, job_dir: Path, config: dict, command_line: list[str], out=sys.stdout
 ) -> Outcome:
     """Validate, write the job directory, then dry-run, run locally or submit."""
     resolved = resolve(cfg)  # raises ConfigError before anything is written
@@ -48,6 +48,7 @@ def launch(
     job_dir.mkdir(parents=True, exist_ok=True)
     spec = job_spec(cfg, resolved, job_dir)
     spec.save(job_dir / "spec.json")
+    config_yaml = resolved_yaml(config, resolved)
     (job_dir / "config.yaml").write_text(config_yaml)
     script = batch_script(cfg, resolved, job_dir)
     if script:
@@ -64,6 +65,17 @@ def launch(
     if cfg.machine.scheduler == "local":
         return run_local(cfg, resolved, job_dir, record)
     return submit_slurm(cfg, resolved, job_dir, record, out=out)
+
+
+def resolved_yaml(config: dict, resolved: Resolved) -> str:
+    """The composed config with what validation fixed: grid, nodes, planner's micro-batch."""
+    from omegaconf import OmegaConf
+
+    config = dict(config)
+    config["grid"] = {**resolved.grid.as_dict(), "auto": resolved.planned}
+    config["nodes"] = resolved.nodes
+    config["train"] = {**config.get("train", {}), "micro_batch": resolved.train.micro_batch}
+    return OmegaConf.to_yaml(OmegaConf.create(config))
 
 
 def job_spec(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> JobSpec:

@@ -17,6 +17,8 @@ import torch
 from axonn_launch.grid import Grid
 from axonn_launch.models import ModelSpec
 from axonn_launch.spec import JobSpec, OverlapConfig, RuntimeConfig, TrainConfig
+from axonn_launch.train import run
+from axonn_launch.train.bootstrap import DistEnv
 from axonn_launch.train.groups import single_process_groups
 from axonn_launch.train.loop import build_optimizer, compute_dtype, is_matrix, learning_rate
 from axonn_launch.train.model import GPT
@@ -169,3 +171,42 @@ def test_stop_and_resume_gives_the_same_losses(tmp_path):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-6, abs=0)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5, abs=0)
         assert b["lr"] == a["lr"]
+
+
+def single_env() -> DistEnv:
+    return DistEnv(
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        local_world_size=1,
+        master_addr="127.0.0.1",
+        master_port=0,
+        device="cpu",
+        backend="gloo",
+        source="single",
+    )
+
+
+def test_single_process_run_in_process(tmp_path):
+    spec = write_job(tmp_path, Grid(), steps=8, warmup_steps=2, data="synthetic", seq_len=32)
+    summary = run(spec, env=single_env())
+    rows = metrics(tmp_path)
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert summary["steps"] == 8 and summary["final_loss"] == rows[-1]["loss"]
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "step_00000008"
+    again = run(spec, env=single_env())  # already finished: resumes at the end, no steps
+    assert again["resumed_from"] == 8 and again["steps_run"] == 0
+
+
+@pytest.mark.parametrize(
+    ("grid", "train", "message"),
+    [
+        (Grid(x=2), {}, "needs 2 ranks"),
+        (Grid(), {"seq_len": 128}, "max_seq_len"),
+        (Grid(), {"global_batch": 10}, "multiple"),
+    ],
+)
+def test_run_rejects_inconsistent_specs(tmp_path, grid, train, message):
+    spec = write_job(tmp_path, grid, **train)
+    with pytest.raises(ValueError, match=message):
+        run(spec, env=single_env())
