@@ -104,12 +104,50 @@ def format_table(rows: list[tuple[str, Outcome]]) -> str:
     return "\n".join(["sweep summary:", *lines])
 
 
+VALUE_FLAGS = {
+    "--config-dir",
+    "-cd",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--experimental-rerun",
+}
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], dict[str, str], set[str]]:
+    """Hydra's command line as (overrides, flags with values, bare flags)."""
+    overrides, valued, bare = [], {}, set()
+    args = iter(argv)
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        if arg.startswith("-") and name in VALUE_FLAGS:
+            valued[name] = value if eq else next(args, "")
+        elif arg.startswith("-"):
+            bare.add(name)
+        else:
+            overrides.append(arg)
+    return overrides, valued, bare
+
+
 def preflight(argv: list[str]) -> None:
     """Compose each point of the command line; validate it too when not sweeping."""
-    if any(a.split("=")[0] in HYDRA_FLAGS_WITHOUT_PREFLIGHT for a in argv):
-        return
-    sweeping = any(a in ("-m", "--multirun") for a in argv)
-    overrides = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
+    overrides, valued, bare = split_argv(argv)
+    if bare & HYDRA_FLAGS_WITHOUT_PREFLIGHT or {
+        "--config-path",
+        "-cp",
+        "--config-name",
+        "-cn",
+        "--experimental-rerun",
+    } & set(valued):
+        return  # Hydra's own reports, or another primary config: Hydra checks those
+    sweeping = bool(bare & {"-m", "--multirun"})
+    overrides = [
+        o for o in overrides if not o.startswith("hydra.") or o.startswith("hydra.searchpath")
+    ]
+    config_dir = valued.get("--config-dir") or valued.get("-cd")
+    if config_dir:
+        overrides.append(f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]")
     for point in expand_sweep(overrides) if sweeping else [overrides]:
         cfg = to_launch_config(compose(point))
         if not sweeping:

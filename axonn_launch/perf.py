@@ -1,23 +1,35 @@
 """Predicted time of one optimizer step for a (hardware, model, batch, grid) point.
 
-The model follows AxoNN's 3D tensor-parallel GPT layer (reference axonn.md §2.3-§2.7) and
-extends the bandwidth-only model of Megatron-AxoNN's ``comm_model.py`` (§4.1) with
+The model follows AxoNN's 3D tensor-parallel GPT layer (reference axonn.md §2.3-§2.7) as
+the training core (``axonn_launch.train``) runs it, and extends the bandwidth-only model
+of Megatron-AxoNN's ``comm_model.py`` (§4.1) with
 
-* a compute term: the per-GPU FLOPs of every GEMM, at a throughput that calibration sets;
+* a compute term: the per-GPU FLOPs of every GEMM at a throughput that calibration sets
+  (``Calibration``; default: a fraction of the dense peak plus a fixed cost per call);
 * a latency term per ring step (alpha);
 * the exact per-GEMM volumes of §2.7, i.e. with the §4.3 correction for the MLP
   down-projection (its forward all-reduce runs over y with T*h/x elements, its backward
   all-reduce over x with T*4h/y elements);
 * bandwidths that follow where an axis's ranks sit (x innermost, then y, z, data);
-* the three overlaps of §3.1 (OAR, ORS, OAG) subtracting what they hide.
+* the three overlaps of §3.1 (OAR, ORS, OAG) subtracting what they hide;
+* the traffic around the blocks: vocab-parallel embedding and loss over the x*y plane,
+  LayerNorm statistics over x, and the once-per-step z and data gradient all-reduces.
+
+``step_time`` returns the compute time and the exposed (and raw) communication time
+per axis: x, y, z, data and "xy" (the plane).
 
 Notation used in the comments: T = tokens per GPU per micro-step = (micro_batch / z) * s,
-h = d_model, V = vocabulary, l = layers, e = bytes per element.
+h = d_model, f = d_ff, V = vocabulary, l = layers.
 
 Ring costs (axonn.md §2.7): for p ranks and a message of M bytes (the full, gathered size)
     all-reduce:                     2(p-1) * alpha + 2(p-1)/p * M / B
     all-gather, reduce-scatter:      (p-1) * alpha +  (p-1)/p * M / B
 with B the bus bandwidth of the group (``bus_bandwidth``).
+
+Left out: the optimizer update, element-wise kernels (they lower the achievable GEMM
+fraction instead), contention between collectives running at the same time on
+different axes, network congestion beyond the per-node injection share, and NCCL's
+tree algorithms (everything is a ring).
 
 Pure Python: the planner runs on login nodes and must not import torch.
 """

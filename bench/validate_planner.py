@@ -1,6 +1,6 @@
 """Does the planner rank grids the way they really run? Measured on local gloo processes.
 
-    python bench/validate_planner.py [steps=5] [warmup=2]
+    python bench/validate_planner.py [steps=5] [warmup=2] [reuse_calibration=1]
 
 Writes bench/results/validate_planner.md.
 
@@ -11,8 +11,8 @@ Writes bench/results/validate_planner.md.
 2. For every 4-rank and 8-rank grid valid for a small GPT, predict the step time
    (``perf.step_time`` with the calibration; micro-batch chosen as ``plan`` does) and
    measure it: forward + backward of every micro-step and ``finish_gradients`` (the
-   optimizer update, which the model leaves out, is not timed), median over ``steps``
-   after ``warmup``, slowest rank.
+   optimizer update, which the model leaves out, is not timed), slowest rank, median
+   over ``steps`` rounds after ``warmup`` rounds; a round times one step of every grid.
 3. Report Spearman's rank correlation between predicted and measured times, and whether
    the predicted best grid is among the 3 fastest measured.
 """
@@ -95,45 +95,59 @@ def _worker(rank: int, world: int, port: int, payload, steps: int, warmup: int, 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)  # fmt: skip
     try:
-        times = [_time_grid(Grid(**g), micro, rank, steps, warmup) for g, micro in payload]
+        runs = [_GridRun(Grid(**g), micro, rank) for g, micro in payload]
+        samples: list[list[float]] = [[] for _ in runs]
+        # Round-robin over the grids, so that whatever else runs on the computer slows
+        # them all alike instead of whichever happened to be measured at that moment.
+        for round_ in range(warmup + steps):
+            for run, times in zip(runs, samples, strict=True):
+                elapsed = run.step()
+                if round_ >= warmup:
+                    times.append(elapsed)
         if rank == 0:
-            Path(out).write_text(json.dumps(times))
+            Path(out).write_text(json.dumps([statistics.median(t) for t in samples]))
     finally:
         dist.destroy_process_group()
 
 
-def _time_grid(grid: Grid, micro: int, rank: int, steps: int, warmup: int) -> float:
-    import torch
-    import torch.distributed as dist
+class _GridRun:
+    """One grid's model and batches on this rank; ``step()`` times one optimizer step."""
 
-    from axonn_launch.train.groups import build_groups
-    from axonn_launch.train.model import GPT, finish_gradients
+    def __init__(self, grid: Grid, micro: int, rank: int) -> None:
+        import torch
 
-    train = dataclasses.replace(TRAIN, micro_batch=micro)
-    groups = build_groups(grid, rank=rank)
-    model = GPT(MODEL, groups=groups, overlap=train.overlap, seed=0, device="cpu")
-    coords = grid.coords(rank)
-    local = micro // grid.z
-    accumulation = train.accumulation_steps(grid)
-    gen = torch.Generator().manual_seed(1000 * coords.data + coords.z)  # same within a plane
-    batches = [
-        torch.randint(0, MODEL.vocab_size, (local, train.seq_len + 1), generator=gen)
-        for _ in range(accumulation)
-    ]
-    samples = []
-    for step in range(warmup + steps):
+        from axonn_launch.train.groups import build_groups
+        from axonn_launch.train.model import GPT
+
+        train = dataclasses.replace(TRAIN, micro_batch=micro)
+        self.groups = build_groups(grid, rank=rank)
+        self.model = GPT(MODEL, groups=self.groups, overlap=train.overlap, seed=0, device="cpu")
+        coords = grid.coords(rank)
+        self.accumulation = train.accumulation_steps(grid)
+        gen = torch.Generator().manual_seed(1000 * coords.data + coords.z)  # same in a plane
+        shape = (micro // grid.z, train.seq_len + 1)
+        self.batches = [
+            torch.randint(0, MODEL.vocab_size, shape, generator=gen)
+            for _ in range(self.accumulation)
+        ]
+
+    def step(self) -> float:
+        """Seconds of forward + backward of every micro-step + finish_gradients, slowest rank."""
+        import torch
+        import torch.distributed as dist
+
+        from axonn_launch.train.model import finish_gradients
+
         dist.barrier()
         start = time.perf_counter()
-        for tokens in batches:
-            loss = model(tokens[:, :-1], tokens[:, 1:]) / accumulation
+        for tokens in self.batches:
+            loss = self.model(tokens[:, :-1], tokens[:, 1:]) / self.accumulation
             loss.backward()
-        finish_gradients(model, groups)
+        finish_gradients(self.model, self.groups)
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        model.zero_grad(set_to_none=True)
-        if step >= warmup:
-            samples.append(float(elapsed.item()))
-    return statistics.median(samples)
+        self.model.zero_grad(set_to_none=True)
+        return float(elapsed.item())
 
 
 # --------------------------------------------------------------------------- statistics
@@ -165,9 +179,10 @@ def spearman(a: list[float], b: list[float]) -> float:
 # --------------------------------------------------------------------------- report
 
 
-def calibrate(nproc: int) -> tuple[Calibration, Path]:
+def calibrate(nproc: int, reuse: bool) -> tuple[Calibration, Path]:
     path = RESULTS / f"calibration-local-{nproc}.json"
-    run_local(Settings(machine="local", output=str(path), nproc=nproc, reps=10))
+    if not (reuse and path.is_file()):
+        run_local(Settings(machine="local", output=str(path), nproc=nproc, reps=10))
     return load_calibration(path), path
 
 
@@ -209,10 +224,11 @@ def section(world: int, rows, cals: dict[str, Calibration]) -> tuple[list[str], 
 def main(argv: list[str]) -> None:
     opts = dict(a.split("=", 1) for a in argv)
     steps, warmup = int(opts.get("steps", 5)), int(opts.get("warmup", 2))
+    reuse = opts.get("reuse_calibration", "0") == "1"
     RESULTS.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    cal4, path4 = calibrate(4)
-    cal8, path8 = calibrate(8)
+    cal4, path4 = calibrate(4, reuse)
+    cal8, path8 = calibrate(8, reuse)
     sections, summaries = [], {}
     for world in WORLDS:
         plan_rows = planned(world, cal4)
@@ -236,7 +252,9 @@ def main(argv: list[str]) -> None:
         f"batch {TRAIN.global_batch} sequences, all three overlaps on, no activation "
         "checkpointing. Micro-batch per grid as `plan` picks it (the largest valid one; "
         "memory is unbounded here). Step = forward + backward of each micro-step + "
-        f"`finish_gradients`, median of {steps} after {warmup} warm-up steps, slowest rank.",
+        f"`finish_gradients`, slowest rank; median of {steps} rounds after {warmup} warm-up "
+        "rounds, each round timing one step of every grid in turn (so that load from other "
+        "programs spreads over all grids).",
         "",
         f"Calibrations: `{path4.relative_to(RESULTS.parent.parent)}`, "
         f"`{path8.relative_to(RESULTS.parent.parent)}`.",
