@@ -1,5 +1,5 @@
 # Shared names and helpers for the local Slurm cluster scripts (sourced, not run).
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034
 
 SLURM_CONF_DIR=/etc/slurm
 STATE_DIR=/var/lib/axonn-slurm
@@ -82,3 +82,11 @@ stop_pidfile() {
 
 slurmd_pidfile() { echo "$RUN_DIR/slurmd-$1.pid"; }
 slurmd_log() { echo "$LOG_DIR/slurmd-$1.log"; }
+
+# Serialises start/stop/node actions (several test sessions may call start.sh at once).
+# Daemons are started with fd 9 closed, or they would hold the lock for good.
+take_lock() {
+    mkdir -p "$RUN_DIR"
+    exec 9>"$RUN_DIR/lock"
+    flock -w 300 9 || fail "another slurm_local script held $RUN_DIR/lock for 300 s"
+}

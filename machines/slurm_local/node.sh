@@ -62,7 +62,7 @@ node_up() {
 start_node() {
     if ! pidfile_alive "$(slurmd_pidfile "$1")" slurmd; then
         log "starting slurmd $1"
-        slurmd -N "$1" || fail "slurmd $1 did not start" "$(slurmd_log "$1")"
+        slurmd -N "$1" 9>&- || fail "slurmd $1 did not start" "$(slurmd_log "$1")"
     fi
     wait_until 30 node_up "$1" || fail "node $1 not back in service after 30 s" "$(slurmd_log "$1")"
     log "node $1 is $(sinfo -h -n "$1" -o %t)"
@@ -73,6 +73,7 @@ main() {
     local action=$1 node=$2
     [[ " ${NODES[*]} " == *" $node "* ]] || usage
     require_root
+    take_lock
     case $action in
     stop)
         kill_slurmd "$node"

@@ -33,17 +33,18 @@ install_packages() {
     mapfile -t missing < <(missing_packages)
     ((${#missing[@]} == 0)) && return 0
     log "installing: ${missing[*]}"
-    local policy=/usr/sbin/policy-rc.d
+    local policy=/usr/sbin/policy-rc.d made_policy=0
     if [[ ! -e $policy ]]; then
         printf '#!/bin/sh\nexit 101\n' >"$policy"
         chmod 755 "$policy"
+        made_policy=1
         trap 'rm -f /usr/sbin/policy-rc.d' EXIT
     fi
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q || fail "apt-get update failed"
     apt-get install -y -q --no-install-recommends "${missing[@]}" ||
         fail "apt-get install ${missing[*]} failed"
-    if [[ -n "$(trap -p EXIT)" ]]; then
+    if ((made_policy)); then
         rm -f "$policy"
         trap - EXIT
     fi
@@ -207,7 +208,7 @@ start_munge() {
     mkdir -p /run/munge /var/log/munge /var/lib/munge
     chown munge:munge /run/munge /var/log/munge /var/lib/munge
     log "starting munged"
-    runuser -u munge -- /usr/sbin/munged --force ||
+    runuser -u munge -- /usr/sbin/munged --force 9>&- ||
         fail "munged did not start" /var/log/munge/munged.log
     wait_until 10 munge_works || fail "munge does not answer" /var/log/munge/munged.log
     touch "$RUN_DIR/started-munge"
@@ -226,7 +227,7 @@ start_mariadb() {
     fi
     log "starting MariaDB"
     setsid mariadbd --user=mysql --pid-file=/run/mysqld/mysqld.pid --innodb-lock-wait-timeout=900 \
-        </dev/null >>"$LOG_DIR/mariadb.log" 2>&1 &
+        </dev/null >>"$LOG_DIR/mariadb.log" 2>&1 9>&- &
     wait_until 60 mariadb_works || fail "MariaDB does not answer" "$LOG_DIR/mariadb.log"
     touch "$RUN_DIR/started-mariadb"
 }
@@ -253,7 +254,7 @@ start_slurmdbd() {
         stop_pidfile "$pidfile" slurmdbd
     fi
     log "starting slurmdbd"
-    slurmdbd || fail "slurmdbd did not start" "$LOG_DIR/slurmdbd.log"
+    slurmdbd 9>&- || fail "slurmdbd did not start" "$LOG_DIR/slurmdbd.log"
     wait_until 60 slurmdbd_works || fail "slurmdbd does not answer" "$LOG_DIR/slurmdbd.log"
 }
 
@@ -293,7 +294,7 @@ restart_slurm_if_reconfigured() {
 start_slurmctld() {
     pidfile_alive "$RUN_DIR/slurmctld.pid" slurmctld && return 0
     log "starting slurmctld"
-    slurmctld || fail "slurmctld did not start" "$LOG_DIR/slurmctld.log"
+    slurmctld 9>&- || fail "slurmctld did not start" "$LOG_DIR/slurmctld.log"
     wait_until 30 scontrol ping || fail "slurmctld does not answer" "$LOG_DIR/slurmctld.log"
 }
 
@@ -301,7 +302,7 @@ start_slurmd() {
     local node=$1
     pidfile_alive "$(slurmd_pidfile "$node")" slurmd && return 0
     log "starting slurmd $node"
-    slurmd -N "$node" || fail "slurmd $node did not start" "$(slurmd_log "$node")"
+    slurmd -N "$node" 9>&- || fail "slurmd $node did not start" "$(slurmd_log "$node")"
 }
 
 # Nodes drained or down from an earlier run (a config error, a stopped slurmd) are put back.
@@ -314,6 +315,13 @@ resume_nodes() {
             scontrol update nodename="$node" state=resume || true
         fi
     done
+}
+
+# Registered: slurmctld has heard from both slurmd (state no longer "unk").
+nodes_registered() {
+    local states
+    states=$(sinfo -h -N -p "$PARTITION" -o '%N %t' 2>/dev/null) || return 1
+    ! grep -q ' unk' <<<"$states"
 }
 
 nodes_ready() {
@@ -334,6 +342,7 @@ wait_nodes_ready() {
 
 main() {
     require_root
+    take_lock
     local t0=$SECONDS
     install_packages
     phase_done "packages"
@@ -352,7 +361,7 @@ main() {
     local node
     for node in "${NODES[@]}"; do start_slurmd "$node"; done
     register_accounts
-    wait_until 10 bash -c "sinfo -h -N -o %t | grep -vq '^unk'" || true
+    wait_until 10 nodes_registered || true
     resume_nodes
     wait_nodes_ready
     phase_done "slurmctld + slurmd"

@@ -30,6 +30,7 @@ stop_started_service() {
 
 main() {
     require_root
+    take_lock
     cancel_jobs
     local node
     for node in "${NODES[@]}"; do stop_pidfile "$(slurmd_pidfile "$node")" slurmd; done

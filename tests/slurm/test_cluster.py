@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,7 +48,7 @@ def sacct_until(
     return record
 
 
-def sbatch(cluster: SlurmCluster, out: Path, *args: str, ok_codes=(0,)) -> str:
+def sbatch(cluster: SlurmCluster, out: Path, *args: str, ok_codes: tuple[int, ...] = (0,)) -> str:
     """Submits a job; returns its id. With --wait, sbatch exits with the job's exit code."""
     cmd = ("sbatch", "--parsable", f"--partition={cluster.partition}", f"--output={out}", *args)
     return run(*cmd, ok_codes=ok_codes).strip()
@@ -127,3 +128,29 @@ def test_submitit_two_node_job_returns_every_rank_and_completes(
         assert time.monotonic() < deadline, f"sacct state still {job.state!r} after 30 s"
         time.sleep(0.5)
     assert job.state == "COMPLETED"
+
+
+MPI_PROGRAM = """
+import os
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+total = comm.allreduce(comm.Get_rank() + 1)
+print(comm.Get_rank(), comm.Get_size(), total, os.environ["SLURMD_NODENAME"], flush=True)
+"""
+
+
+def test_srun_pmix_starts_an_mpi4py_job_across_both_nodes(slurm_cluster: SlurmCluster) -> None:
+    pytest.importorskip("mpi4py")
+    # n1 and n2 share a host: Open MPI's shared-memory transport would mix up their segments.
+    env = {**os.environ, "OMPI_MCA_btl": "self,tcp"}
+    cmd = [
+        "srun", "--mpi=pmix", f"--partition={slurm_cluster.partition}", "--nodes=2",
+        "--ntasks-per-node=2", "--time=1", sys.executable, "-c", MPI_PROGRAM,
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    rows = sorted(tuple(line.split()) for line in proc.stdout.splitlines())
+    assert rows == [
+        ("0", "4", "10", "n1"), ("1", "4", "10", "n1"),
+        ("2", "4", "10", "n2"), ("3", "4", "10", "n2"),
+    ]  # fmt: skip

@@ -29,6 +29,18 @@ def sacct(job_id: str) -> dict[str, tuple[str, str]]:
     return {r[0]: (r[1], r[2]) for r in rows}
 
 
+def settled_nodelist(job_id: str) -> str:
+    """The job's node list once sacct's record has settled (it can lag the end by ~1 s)."""
+    previous = None
+    for _ in range(10):
+        current = sacct(job_id)[job_id][1]
+        if current == previous:
+            return current
+        previous = current
+        time.sleep(1)
+    return previous
+
+
 def wait_for_states(job_ids: list[str], timeout_s: float = 600) -> dict[str, str]:
     """Poll sacct until every job has left PENDING/RUNNING."""
     deadline = time.time() + timeout_s
@@ -66,8 +78,8 @@ def test_two_nodes_complete_and_match_the_local_run(slurm_cluster, local_referen
     record = json.loads((job_dir / "job.json").read_text())
     (job_id,) = record["job_ids"]
     assert record["status"] == "completed" and record["nodes"] == 2
-    state, nodes = sacct(job_id)[job_id]
-    assert state == "COMPLETED" and nodes == "n[1-2]"
+    assert sacct(job_id)[job_id][0] == "COMPLETED"
+    assert settled_nodelist(job_id) == "n[1-2]"
     assert (job_dir / "submission.sh").read_text() == (
         job_dir / "slurm" / job_id / f"{job_id}_submission.sh"
     ).read_text()
@@ -103,7 +115,7 @@ def test_sweep_submits_one_job_per_point_with_its_node_count(slurm_cluster, tmp_
     assert set(states.values()) == {"COMPLETED"}, states
     for record in records:
         job_id = record["job_ids"][0]
-        nodes = sacct(job_id)[job_id][1]
+        nodes = settled_nodelist(job_id)
         expected = {"n[1-2]"} if record["nodes"] == 2 else {"n1", "n2"}
         assert nodes in expected, (record["nodes"], nodes)
     assert "sweep summary:" in result.stdout
