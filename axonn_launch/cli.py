@@ -45,7 +45,7 @@ def hydra_entry(cfg: DictConfig) -> Outcome:
     job_dir = Path(hydra_cfg.runtime.output_dir)
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
     try:
-        return launch(
+        outcome = launch(
             to_launch_config(cfg),
             job_dir=job_dir,
             config=OmegaConf.to_container(cfg, resolve=True),
@@ -58,6 +58,9 @@ def hydra_entry(cfg: DictConfig) -> Outcome:
         print(f"point {hydra_cfg.job.num}: invalid: {exc}", file=sys.stderr)
         shutil.rmtree(job_dir, ignore_errors=True)  # nothing kept for an invalid point
         return Outcome("invalid", "", message=str(exc))
+    if not sweeping and outcome.exit_code:
+        raise SystemExit(outcome.exit_code)  # Hydra does not pass the return value on
+    return outcome
 
 
 class SweepSummary(Callback):
@@ -180,6 +183,4 @@ def main() -> None:
             raise
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
-    outcome = hydra_entry()
-    if isinstance(outcome, Outcome) and outcome.exit_code:
-        raise SystemExit(outcome.exit_code)
+    hydra_entry()

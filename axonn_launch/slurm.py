@@ -19,16 +19,48 @@ def submit(*, folder: Path, params: dict[str, Any], job: TrainJob, max_requeue: 
     return executor.submit(job)
 
 
+ACTIVE_STATES = {
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "REQUEUED",
+    "RESIZING",
+    "SUSPENDED",
+    "STAGE_OUT",
+}
+
+
 def follow(job: Any, *, out=sys.stdout, poll_s: float = 1.0) -> str:
-    """Stream the rank-0 log of ``job`` until it ends; returns its final Slurm state."""
+    """Stream the rank-0 log of ``job`` until Slurm says it ended; returns the final state.
+
+    The state comes from sacct (through submitit). Without accounting it stays UNKNOWN:
+    then the job counts as ended once every task has left its result file, and the state
+    is read from those results (COMPLETED or FAILED).
+    """
     offset = 0
     while True:
-        done = job.done(force_check=True)
         offset = _print_new(job.paths.stdout, offset, out)
-        if done:
+        state = job.get_info(mode="force").get("State", "UNKNOWN").split()[0]
+        if state not in ACTIVE_STATES and state != "UNKNOWN":
             _print_new(job.paths.stdout, offset, out)
-            return job.state
+            return state
+        if state == "UNKNOWN" and _all_results_written(job):
+            return _state_from_results(job)
         time.sleep(poll_s)
+
+
+def _all_results_written(job: Any) -> bool:
+    tasks = [job.task(k) for k in range(job.num_tasks)] if job.num_tasks > 1 else [job]
+    return all(task.paths.result_pickle.exists() for task in tasks)
+
+
+def _state_from_results(job: Any) -> str:
+    try:
+        job.results()
+    except Exception:
+        return "FAILED"
+    return "COMPLETED"
 
 
 def _print_new(path: Path, offset: int, out) -> int:
