@@ -9,10 +9,12 @@ Then: ``python -m axonn_launch.plan ... calibration=cal-frontier.json``.
 For every power-of-two group size p and every placement the grid axes can have (members
 one apart, as an inner axis, or ``stride`` apart, as an outer one), all groups of that
 layout run all-reduce, all-gather and reduce-scatter at the same time, as the grid's
-groups do in training, at two message sizes. The two timings fit the ring model of
-``perf.ring_time``: t = steps * alpha + factor * M / B, giving the bus bandwidth B and
-the per-step latency alpha of that (size, ranks per node) layout. GEMMs of a few square
-sizes run on every rank at once; the slowest rank's throughput is kept.
+groups do in training, at three message sizes. Each timing is the best of ``reps``
+(other programs only ever add time) on the slowest rank; a least-squares line through
+them fits the ring model of ``perf.ring_time``: t = steps * alpha + factor * M / B,
+giving the bus bandwidth B and the per-step latency alpha of that (size, ranks per
+node) layout. GEMMs of a few square sizes run on every rank at once, best of ``reps``;
+the slowest rank's throughput is kept.
 
 torch is imported only inside the measuring functions: the module itself is safe to
 import on a login node.
@@ -84,18 +86,24 @@ def layouts(world: int, gpus_per_node: int) -> list[Layout]:
     return list(found.values())
 
 
-def fit_ring(collective: str, p: int, sizes: tuple[float, float], times: tuple[float, float]):
-    """(bus GB/s, alpha in us) from two timings of the ring model in perf.ring_time."""
+def fit_ring(collective: str, p: int, sizes: tuple[float, ...], times: tuple[float, ...]):
+    """(bus GB/s, alpha in us) fitted to timings at several sizes by least squares.
+
+    The ring model of perf.ring_time is a line in the message size M:
+    t = steps * alpha + factor * M / B. A non-positive slope (noise) falls back to the
+    largest message alone with alpha = 0.
+    """
     steps, factor = (
         (2 * (p - 1), 2 * (p - 1) / p) if collective == ALL_REDUCE else (p - 1, (p - 1) / p)
     )
-    (m1, m2), (t1, t2) = sizes, times
-    if t2 > t1:
-        bandwidth = factor * (m2 - m1) / (t2 - t1)
-        alpha = max(0.0, (t1 - factor * m1 / bandwidth) / steps)
-    else:  # noise: the large message alone
-        bandwidth, alpha = factor * m2 / t2, 0.0
-    return bandwidth / 1e9, alpha * 1e6
+    xs = [factor * m for m in sizes]
+    mx, my = statistics.fmean(xs), statistics.fmean(times)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (t - my) for x, t in zip(xs, times, strict=True)) / sxx
+    if slope <= 0:
+        return xs[-1] / times[-1] / 1e9, 0.0
+    alpha = max(0.0, (my - slope * mx) / steps)
+    return 1 / slope / 1e9, alpha * 1e6
 
 
 # --------------------------------------------------------------------------- measuring (torch)
@@ -109,7 +117,7 @@ def measure(settings: Settings, gpus_per_node: int) -> dict[str, Any] | None:
     rank, world = dist.get_rank(), dist.get_world_size()
     device = _current_device()
     large = settings.large_bytes or (64 << 20 if device.type == "cuda" else 4 << 20)
-    sizes = (settings.small_bytes, large)
+    sizes = (settings.small_bytes, large // 8, large)
     results = []
     for layout in layouts(world, gpus_per_node):
         group = _own_group(layout, world, rank)
@@ -169,7 +177,7 @@ def _own_group(layout: Layout, world: int, rank: int):
 def _time_collective(
     collective: str, group, p: int, nbytes: int, device, settings: Settings
 ) -> float:
-    """Seconds of one collective of ``nbytes`` (gathered size), slowest rank, median of reps."""
+    """Seconds of one collective of ``nbytes`` (gathered size): best of reps, slowest rank."""
     import torch
     import torch.distributed as dist
 
@@ -199,7 +207,8 @@ def _time_collective(
         once()
         _sync(device)
         samples.append(time.perf_counter() - start)
-    slowest = torch.tensor([statistics.median(samples)], dtype=torch.float64)
+    # best of the repetitions (load from elsewhere only adds time), then the slowest rank
+    slowest = torch.tensor([min(samples)], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return float(slowest.item())
 
@@ -218,13 +227,15 @@ def measure_gemm(device, settings: Settings) -> list[list[float]]:
         for _ in range(settings.warmup):
             a @ b
         dist.barrier()
-        _sync(device)
-        calls = max(1, settings.reps * 2)
-        start = time.perf_counter()
-        for _ in range(calls):
+        best = float("inf")
+        for _ in range(settings.reps):  # best of reps blocks of two calls
+            _sync(device)
+            start = time.perf_counter()
             a @ b
-        _sync(device)
-        rate = torch.tensor([2 * n**3 * calls / (time.perf_counter() - start) / 1e12])
+            a @ b
+            _sync(device)
+            best = min(best, (time.perf_counter() - start) / 2)
+        rate = torch.tensor([2 * n**3 / best / 1e12])
         dist.all_reduce(rate, op=dist.ReduceOp.MIN)
         points.append([float(2 * n**3), float(rate.item())])
     return points
@@ -249,8 +260,7 @@ def run_in_allocation(settings: Settings) -> None:
     from axonn_launch.train.bootstrap import bootstrap, init_distributed
 
     machine = load_machine(settings.machine)
-    env = bootstrap(RuntimeConfig(backend=machine.backend if machine.backend != "auto" else "auto",
-                                  device_index=machine.device_index))  # fmt: skip
+    env = bootstrap(RuntimeConfig(backend=machine.backend, device_index=machine.device_index))
     init_distributed(env)
     try:
         gpn = settings.gpus_per_node or machine.hardware.gpus_per_node or env.local_world_size

@@ -2,16 +2,31 @@
 
 This module stays torch-free: the training core is imported only inside
 ``__call__``, on the compute node.
+
+Time limits and preemption: Slurm sends SIGUSR2 ``signal_delay_s`` before the limit
+(``#SBATCH --signal``). Every rank's handler only sets a stop flag; the training loop
+agrees on it at the next step boundary and saves a checkpoint there. Then rank 0 hands
+over to submitit's own handler, which calls ``checkpoint`` (a ``Checkpointable`` must
+define that method by this name in submitit 1.5.4), writes the new submission and runs
+``scontrol requeue`` (at most ``max_requeue`` times for time limits); the requeued job
+resumes from the checkpoint.
 """
 
 from __future__ import annotations
 
 import getpass
 import os
+import signal
+import time
 from pathlib import Path
+from typing import Any
+
+from submitit.helpers import Checkpointable, DelayedSubmission
+
+REQUEUE_WAIT_S = 300  # how long ranks other than 0 wait to be stopped by the requeue
 
 
-class TrainJob:
+class TrainJob(Checkpointable):
     """Run the training core for the job directory ``job_dir`` (holding spec.json)."""
 
     def __init__(self, job_dir: str, task_env: dict[str, str] | None = None) -> None:
@@ -22,8 +37,44 @@ class TrainJob:
         apply_task_env(self.task_env)
         from axonn_launch.spec import JobSpec
         from axonn_launch.train import run
+        from axonn_launch.train.faults import step_hook
+        from axonn_launch.train.loop import StopFlag
 
-        return run(JobSpec.load(Path(self.job_dir) / "spec.json"))
+        stop = StopFlag()
+        submitit_handler = signal.getsignal(signal.SIGUSR2)
+        signal.signal(signal.SIGUSR2, stop.request)
+        rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
+        hook = step_hook(stop, rank=rank, start_step=checkpointed_step(self.job_dir))
+        spec = JobSpec.load(Path(self.job_dir) / "spec.json")
+        summary = run(spec, should_stop=hook)
+        unfinished = summary.get("stopped") and summary["steps"] < spec.train.steps
+        if unfinished and callable(submitit_handler):
+            hand_over_to_requeue(submitit_handler, rank)
+        return summary
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> DelayedSubmission:
+        """The submission to requeue: the same job; training state is in the checkpoints."""
+        return DelayedSubmission(self, *args, **kwargs)
+
+
+def hand_over_to_requeue(submitit_handler: Any, rank: int) -> None:
+    """After the stop checkpoint: rank 0 requeues (or raises when out of requeues).
+
+    Other ranks wait to be ended by the requeue rather than return, so that no rank
+    writes a "success" result for a job that is not finished.
+    """
+    submitit_handler(signal.SIGUSR2, None)
+    if rank != 0:
+        time.sleep(REQUEUE_WAIT_S)
+
+
+def checkpointed_step(job_dir: str) -> int:
+    """Step of the checkpoint the job will resume from (0 without one); torch-free."""
+    pointer = Path(job_dir) / "checkpoints" / "latest"
+    try:
+        return int(pointer.read_text().strip().rsplit("_", 1)[-1])
+    except (OSError, ValueError):
+        return 0
 
 
 def apply_task_env(task_env: dict[str, str]) -> None:

@@ -22,7 +22,7 @@ f = d_ff, V = vocab, S = max_seq_len, l = layers.
   end of the backward, so every layer's block (and its 1/z result) stays alive; without
   ORS one at a time. Nothing when z == 1.
 * activations: what each layer saves for its backward, counted tensor by tensor
-  (``layer_activation_bytes``). With full activation checkpointing (one layer per
+  (``layer_activation_bytes``, checked against the training core's saved tensors). With full activation checkpointing (one layer per
   block) the stack keeps each layer's fp32 input (T*h/x*4) and, during the backward,
   one layer's full set.
 * logits: bf16 logits, their fp32 copy, exponentials and softmax, and the fp32 gradient:
@@ -135,15 +135,19 @@ def _activations(
 def layer_activation_bytes(model: ModelSpec, grid: Grid, tokens: float, half: int = 2) -> float:
     """Bytes one transformer layer saves for its backward in the training core.
 
-    Sharded over x (hidden-sized, fp32 because the residual stream is fp32): the two
-    LayerNorm inputs and the two LayerNorm outputs saved by QKV and MLP-up: 4 tensors.
-    Sharded over y: q, k, v and the attention output (autocast dtype), the attention
-    output re-laid for the projection (autocast dtype), the GeLU input and output (fp32,
-    4h each); the fused attention kernel adds a log-sum-exp per head (fp32) instead of
-    the s^2 score matrices (Korthikanti et al. 2022 count those without a fused kernel).
+    Sharded over x, fp32 (the residual stream is fp32 under autocast): the two LayerNorm
+    inputs and the two LayerNorm outputs saved by QKV and MLP-up; with x > 1 the
+    LayerNorm is computed by hand (statistics all-reduced over x) and keeps two more
+    per norm (centred input and normalized output). Sharded over y: q, k, v and the
+    attention output (autocast dtype), the GeLU input and output (fp32, f each); the
+    fused attention kernel adds a log-sum-exp per head (fp32) instead of the s^2 score
+    matrices that Korthikanti et al. (2022) count without one. Per token and LayerNorm:
+    mean and inverse deviation (fp32), and the variance too when x > 1.
     """
     h, f = model.d_model, model.d_ff
-    hidden = tokens * h / grid.x * 4 * 4
-    wide = tokens * (5 * h * half + 2 * f * 4) / grid.y
+    hidden_tensors = 8 if grid.x > 1 else 4
+    hidden = tokens * h / grid.x * hidden_tensors * 4
+    wide = tokens * (4 * h * half + 2 * f * 4) / grid.y
     lse = tokens * model.n_head / grid.y * 4
-    return hidden + wide + lse
+    norms = tokens * 2 * (3 if grid.x > 1 else 2) * 4
+    return hidden + wide + lse + norms

@@ -4,6 +4,9 @@ ones that do not fit in memory, rank the rest by the predicted step time (perf.p
 CLI (login node, no torch):
     python -m axonn_launch.plan machine=frontier model=gpt_320b nodes=1024 top=5 \
         [train.global_batch=2048] [train.micro_batch=8] [calibration=cal.json] [output=json]
+The CLI reads conf/machine/<name>.yaml and conf/model/<name>.yaml as plain YAML; the
+training settings are conf/config.yaml's ``train``, then the model preset's, then the
+command line's ``train.*``. ``calibration=`` is a file from ``axonn_launch.calibrate``.
 
 Micro-batch: unless it is pinned (``fixed_micro_batch``, or ``train.micro_batch=`` on the
 command line), each grid gets the largest micro-batch that is a multiple of z, divides the
@@ -86,7 +89,8 @@ def shape_problem(model: ModelSpec, grid: Grid) -> str | None:
     """Why the model's shapes cannot be split over this grid, or None.
 
     Heads are split over y; every weight is split over x (one feature dim) and y (the
-    other): h, 3h and f must divide by x*y.
+    other): h and f must divide by x*y. Each Linear's x*y block and the token table's
+    plane block (vocab padded to a multiple of x*y) are then split over z.
     """
     xy = grid.x * grid.y
     if model.n_head % grid.y:
@@ -95,6 +99,16 @@ def shape_problem(model: ModelSpec, grid: Grid) -> str | None:
         return f"d_model={model.d_model} not divisible by x*y={xy}"
     if model.d_ff % xy:
         return f"d_ff={model.d_ff} not divisible by x*y={xy}"
+    h, f = model.d_model, model.d_ff
+    blocks = {
+        "QKV weight block": 3 * h * h // xy,
+        "projection weight block": h * h // xy,
+        "MLP weight block": h * f // xy,
+        "token table block": -(-model.vocab_size // xy) * h,
+    }
+    for name, elements in blocks.items():
+        if elements % grid.z:
+            return f"{name} of {elements} elements not divisible by z={grid.z}"
     return None
 
 
@@ -420,16 +434,17 @@ def _positive_int(key: str, text: str) -> int:
 
 
 def format_table(rows: list[PlanRow], peak: float) -> str:
-    axes = [a for a in COMM_AXES]
+    """The plan as aligned columns; the last ones split the step into compute and the
+    exposed communication of each axis (xy = the vocab-parallel plane)."""
     head = ["rank", "grid (data,x,y,z)", "mb", "step s", "TFLOP/s/GPU", "% peak", "mem GiB"]
-    head += [f"{a} s" for a in axes]
+    head += ["compute s"] + [f"{a} s" for a in COMM_AXES]
     lines = [head]
     for r in rows:
         g = r.grid
         pct = f"{100 * r.fraction_of_peak:.1f}" if peak > 0 else "-"
         line = [str(r.rank), f"({g.data},{g.x},{g.y},{g.z})", str(r.micro_batch)]
-        line += [f"{r.step_time_s:.3f}", f"{r.tflops_per_gpu:.1f}", pct, f"{r.memory_gib:.1f}"]
-        line += [f"{r.comm_s[a]:.3f}" for a in axes]
+        line += [f"{r.step_time_s:.4g}", f"{r.tflops_per_gpu:.4g}", pct, f"{r.memory_gib:.1f}"]
+        line += [f"{r.compute_s:.4g}"] + [f"{r.comm_s[a]:.4g}" for a in COMM_AXES]
         lines.append(line)
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     return "\n".join(

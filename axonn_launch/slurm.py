@@ -38,12 +38,13 @@ def follow(job: Any, *, out=sys.stdout, poll_s: float = 1.0) -> str:
     then the job counts as ended once every task has left its result file, and the state
     is read from those results (COMPLETED or FAILED).
     """
-    offset = 0
+    offsets = {job.paths.stdout: 0, job.paths.stderr: 0}
     while True:
-        offset = _print_new(job.paths.stdout, offset, out)
+        offsets = {path: _print_new(path, offset, out) for path, offset in offsets.items()}
         state = job.get_info(mode="force").get("State", "UNKNOWN").split()[0]
         if state not in ACTIVE_STATES and state != "UNKNOWN":
-            _print_new(job.paths.stdout, offset, out)
+            for path, offset in offsets.items():
+                _print_new(path, offset, out)
             return state
         if state == "UNKNOWN" and _all_results_written(job):
             return _state_from_results(job)

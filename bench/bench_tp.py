@@ -13,7 +13,7 @@ All multi-rank runs use gloo on CPU with one thread per rank. Memory is the byte
 rank's parameters + gradients + AdamW state after a step (the target is full/(x*y*z))
 and the process's peak RSS (which includes the PyTorch runtime itself).
 
-  python bench/bench_tp.py [--steps 6] [--layers 4] [--hidden 512] [--heads 8] [--seq 128]
+  python bench/bench_tp.py [--steps 5] [--rounds 2] [--layers 4] [--hidden 512] [--seq 128]
 """
 
 from __future__ import annotations
@@ -76,7 +76,9 @@ class PlainGPT(nn.Module):
         super().__init__()
         self.wte = nn.Embedding(spec.vocab_size, spec.d_model)
         self.wpe = nn.Embedding(spec.max_seq_len, spec.d_model)
-        self.blocks = nn.ModuleList(PlainBlock(spec.d_model, spec.n_head) for _ in range(spec.n_layer))
+        self.blocks = nn.ModuleList(
+            PlainBlock(spec.d_model, spec.n_head) for _ in range(spec.n_layer)
+        )
         self.ln_f = nn.LayerNorm(spec.d_model)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -146,6 +148,25 @@ def run_axonn(rank: int, spec: ModelSpec, grid: Grid, batch: int, seq: int, step
     return times, _state_bytes(list(model.parameters()), opt)
 
 
+def _clip_mixed(params, max_norm: float) -> None:
+    """Global-norm clipping over sharded DTensor and replicated plain gradients
+    (``clip_grad_norm_`` refuses a mix of the two)."""
+    sharded, replicated = torch.zeros(()), torch.zeros(())
+    for p in params:
+        grad = p.grad
+        if hasattr(grad, "to_local"):
+            local = grad.to_local()
+            if any(placement.is_shard() for placement in grad.placements):
+                sharded += local.pow(2).sum()
+                continue
+            grad = local
+        replicated += grad.pow(2).sum()
+    dist.all_reduce(sharded)
+    coef = (max_norm / ((sharded + replicated).sqrt() + 1e-6)).clamp(max=1.0)
+    for p in params:
+        (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).mul_(coef)
+
+
 def run_torch_tp(rank: int, spec: ModelSpec, world: int, batch: int, seq: int, steps: int):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (
@@ -168,7 +189,7 @@ def run_torch_tp(rank: int, spec: ModelSpec, world: int, batch: int, seq: int, s
     def step(i: int) -> None:
         idx, targets = _batch(spec, batch, seq, i)
         model(idx, targets).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        _clip_mixed(list(model.parameters()), MAX_NORM)
         opt.step()
         opt.zero_grad(set_to_none=False)
 
@@ -195,6 +216,15 @@ def run_single(spec: ModelSpec, batch: int, seq: int, steps: int):
     return times, _state_bytes(list(model.parameters()), opt)
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident set (VmHWM; unlike ru_maxrss it is not inherited
+    from the parent of a spawned process)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _worker(rank: int, world: int, port: int, out_dir: str, kind: str, args: dict) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -205,8 +235,10 @@ def _worker(rank: int, world: int, port: int, out_dir: str, kind: str, args: dic
     else:
         grid = Grid(**args["grid"])
         times, state = run_axonn(rank, spec, grid, args["batch"], args["seq"], args["steps"])
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    Path(out_dir, f"{rank}.json").write_text(json.dumps({"times": times, "state": state, "rss": rss}))
+    rss = peak_rss_bytes()
+    Path(out_dir, f"{rank}.json").write_text(
+        json.dumps({"times": times, "state": state, "rss": rss})
+    )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -228,13 +260,19 @@ def run_world(kind: str, world: int, args: dict) -> list[dict]:
 # ---------------------------------------------------------------------------------------
 
 
-def _row(label: str, ranks: int, per_rank: list[dict], full_state: int) -> str:
-    step = statistics.median(max(r["times"][i] for r in per_rank) for i in range(len(per_rank[0]["times"])))
-    state = max(r["state"] for r in per_rank)
-    rss = max(r["rss"] for r in per_rank)
+def _step_seconds(per_rank: list[dict]) -> float:
+    """Median over steps of the slowest rank's step time."""
+    steps = range(len(per_rank[0]["times"]))
+    return statistics.median(max(r["times"][i] for r in per_rank) for i in steps)
+
+
+def _row(label: str, ranks: int, rounds: list[list[dict]], full_state: int, shards: int) -> str:
+    step = min(_step_seconds(per_rank) for per_rank in rounds)
+    state = max(r["state"] for r in rounds[-1])
+    rss = max(r["rss"] for r in rounds[-1])
     return (
         f"| {label} | {ranks} | {step * 1000:.0f} | {state / 2**20:.1f} | "
-        f"{state / full_state:.3f} | {rss / 2**20:.0f} |"
+        f"{state / full_state:.3f} | {1 / shards:.3f} | {rss / 2**20:.0f} |"
     )
 
 
@@ -246,22 +284,36 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=2, help="repeat all runs; keep the best")
     parser.add_argument("--out", type=Path, default=RESULTS)
     a = parser.parse_args()
     spec = ModelSpec("bench", n_layer=a.layers, d_model=a.hidden, n_head=a.heads,
                      vocab_size=a.vocab, max_seq_len=a.seq)  # fmt: skip
     args = {"spec": spec.__dict__, "batch": a.batch, "seq": a.seq, "steps": a.steps}
-
     torch.set_num_threads(1)
-    times, full_state = run_single(spec, a.batch, a.seq, a.steps)
-    single = [{"times": times, "state": full_state,
-               "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}]  # fmt: skip
-    rows = [_row("(a) 1 rank", 1, single, full_state)]
-    rows.append(_row("(b) PyTorch TP (Colwise/Rowwise)", 4, run_world("torch_tp", 4, args), full_state))
+
+    def single() -> list[dict]:
+        times, state = run_single(spec, a.batch, a.seq, a.steps)
+        return [{"times": times, "state": state, "rss": peak_rss_bytes()}]
+
+    runs = [
+        ("(a) 1 rank", 1, 1, single),
+        ("(b) PyTorch TP (Colwise/Rowwise)", 4, 4, lambda: run_world("torch_tp", 4, args)),
+    ]
     for grid in (Grid(x=2, y=2), Grid(x=4), Grid(z=4)):
-        per_rank = run_world("axonn", 4, {**args, "grid": grid.as_dict()})
-        rows.append(_row(f"(c) ours {grid.describe()}", 4, per_rank, full_state))
+        grid_args = {**args, "grid": grid.as_dict()}
+        runs.append((f"(c) ours {grid.describe()}", 4, grid.tensor_parallel,
+                     lambda grid_args=grid_args: run_world("axonn", 4, grid_args)))  # fmt: skip
+    load_before = os.getloadavg()[0]
+    results: dict[str, list[list[dict]]] = {label: [] for label, *_ in runs}
+    for _ in range(a.rounds):
+        for label, _, _, run in runs:
+            results[label].append(run())
+    load_after = os.getloadavg()[0]
+    full_state = results[runs[0][0]][-1][0]["state"]
+    rows = [_row(label, ranks, results[label], full_state, shards)
+            for label, ranks, shards, _ in runs]  # fmt: skip
 
     command = "python bench/bench_tp.py " + " ".join(sys.argv[1:])
     report = "\n".join([
@@ -269,12 +321,15 @@ def main() -> None:
         "",
         f"Model: {spec.n_layer} layers, h={spec.d_model}, {spec.n_head} heads, s={a.seq}, "
         f"vocab {spec.vocab_size} ({spec.n_params() / 1e6:.1f}M parameters, fp32); "
-        f"{a.batch} sequences per step; AdamW; median of {a.steps} steps after 2 warm-up steps.",
-        f"Machine: {os.cpu_count()} CPU cores, gloo, one thread per rank, torch {torch.__version__}.",
+        f"{a.batch} sequences per step; AdamW with clipping. Step time: median of {a.steps} "
+        f"steps after 2 warm-up steps (slowest rank), best of {a.rounds} rounds.",
+        f"Machine: {os.cpu_count()} CPU cores, gloo, one thread per rank, "
+        f"torch {torch.__version__}; 1-minute load average {load_before:.1f} before and "
+        f"{load_after:.1f} after (other work on the machine makes step times noisy).",
         "",
         "| run | ranks | step ms | params+grads+AdamW MiB per rank | fraction of 1 rank | "
-        "peak RSS MiB per rank |",
-        "|---|---|---|---|---|---|",
+        "target 1/(x*y*z) | peak RSS MiB per rank |",
+        "|---|---|---|---|---|---|---|",
         *rows,
         "",
         f"Command: `{command.strip()}`",

@@ -5,6 +5,7 @@ as the local launcher does), for each grid given, and reports the wall time incl
 process start-up, the training time, throughput and the loss curve's ends.
 
     .venv/bin/python bench/bench_train_loop.py [--steps 200] [--grids x2z2 data2z2 ...]
+        [--micro-batches 4 16]
 
 Writes a markdown table to bench/results/bench_train_loop.md.
 """
@@ -44,13 +45,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(job_dir: Path, grid: Grid, steps: int) -> dict:
+def run_job(job_dir: Path, grid: Grid, steps: int, micro_batch: int) -> dict:
     spec = JobSpec(
         name="bench",
         job_dir=str(job_dir),
         model=TINY,
         grid=grid,
-        train=TrainConfig(steps=steps, progress=False),
+        train=TrainConfig(steps=steps, micro_batch=micro_batch, progress=False),
         runtime=RuntimeConfig(device="cpu"),
     )
     job_dir.mkdir(parents=True)
@@ -78,6 +79,8 @@ def run_job(job_dir: Path, grid: Grid, steps: int) -> dict:
     summary = json.loads((job_dir / "summary.json").read_text())
     return {
         "grid": grid.describe(),
+        "micro_batch": micro_batch,
+        "accumulation": spec.train.accumulation_steps(grid),
         "wall_s": wall,
         "train_s": rows[-1]["elapsed_s"],
         "tokens_per_s": summary["tokens_per_s"],
@@ -91,27 +94,39 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--grids", nargs="+", default=["x2z2", "data2z2", "x2y2", "data4"])
+    parser.add_argument(
+        "--micro-batches", nargs="+", type=int, default=[4], help="sequences per micro-step"
+    )
     args = parser.parse_args()
-    results = []
+    results, load_start = [], os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        for i, text in enumerate(args.grids):
-            results.append(run_job(Path(tmp) / f"job{i}", parse_grid(text), args.steps))
-            print(results[-1], flush=True)
+        for text in args.grids:
+            for micro in args.micro_batches:
+                grid = parse_grid(text)
+                if 16 % (micro * grid.data):
+                    continue  # global batch 16 must be a multiple of micro_batch * data
+                job = Path(tmp) / f"job{len(results)}"
+                results.append(run_job(job, grid, args.steps, micro))
+                print(results[-1], flush=True)
     lines = [
         f"# Training loop: gpt_tiny, {args.steps} steps, 4 CPU ranks",
         "",
         f"Machine: {os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}; "
         f"global batch 16 x 64 tokens; fp32; gloo.",
         f"Command: `.venv/bin/python bench/bench_train_loop.py --steps {args.steps} "
-        f"--grids {' '.join(args.grids)}`",
+        f"--grids {' '.join(args.grids)} "
+        f"--micro-batches {' '.join(map(str, args.micro_batches))}`",
+        f"Load average (1 min) at start {load_start:.1f}, at end {os.getloadavg()[0]:.1f}; "
+        "other work on the machine inflates the times.",
         "",
-        "| grid | wall s (incl. start-up) | training s | tokens/s | loss step 1 | loss last "
-        "| peak RSS GiB/rank |",
-        "|---|---|---|---|---|---|---|",
+        "| grid | micro-batch x accumulation | wall s (incl. start-up) | training s | tokens/s "
+        "| loss step 1 | loss last | peak RSS GiB/rank |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
-            f"| {r['grid']} | {r['wall_s']:.1f} | {r['train_s']:.1f} | {r['tokens_per_s']:.0f} "
+            f"| {r['grid']} | {r['micro_batch']} x {r['accumulation']} | {r['wall_s']:.1f} "
+            f"| {r['train_s']:.1f} | {r['tokens_per_s']:.0f} "
             f"| {r['first_loss']:.3f} | {r['last_loss']:.3f} | {r['mem_gb']:.2f} |"
         )
     text = "\n".join(lines) + "\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -58,9 +59,11 @@ def test_parameter_state_is_sixteen_bytes_per_local_element():
 
 def test_layer_activation_hand_case():
     # T=128, h=64, f=256, 4 heads, x=y=2, bf16:
-    # x-sharded 4 fp32 tensors: 128*32*16 = 65,536
-    # y-sharded: 128*(5*64*2 + 2*256*4)/2 = 172,032 ; log-sum-exp: 128*2*4 = 1,024
-    assert layer_activation_bytes(MODEL, Grid(x=2, y=2), 128, 2) == 65_536 + 172_032 + 1_024
+    # x-sharded, 8 fp32 tensors (hand-computed LayerNorm with x > 1): 128*32*8*4 = 131,072
+    # y-sharded: 128*(4*64*2 + 2*256*4)/2 = 163,840 ; log-sum-exp: 128*2*4 = 1,024
+    # LayerNorm statistics (mean, variance, inverse deviation): 128*2*3*4 = 3,072
+    expected = 131_072 + 163_840 + 1_024 + 3_072
+    assert layer_activation_bytes(MODEL, Grid(x=2, y=2), 128, 2) == expected
 
 
 def test_activations_scale_with_tokens_per_gpu():
@@ -117,3 +120,86 @@ def test_estimate_api():
     assert est.biggest() == ("b", 3 * GIB)
     assert est.describe() == "4.0 GiB per GPU (largest term: b 3.0 GiB)"
     assert est.fits(0) and est.fits(4) and not est.fits(3.9)
+
+
+@pytest.mark.parametrize(
+    "grid",
+    [Grid(), Grid(x=2, y=2, z=2), Grid(x=4, z=2), Grid(y=4, z=4), Grid(x=2, y=4, z=8, data=2)],
+    ids=lambda g: g.describe(),
+)
+def test_local_parameters_match_the_training_core(grid):
+    """Build one rank's shard of the core's GPT (no process group is needed to shard)."""
+    from axonn_launch.train.groups import Groups
+    from axonn_launch.train.model import GPT
+
+    odd_vocab = dataclasses.replace(MODEL, vocab_size=250)  # padded to a multiple of x*y
+    last = grid.world_size - 1
+    groups = Groups(grid=grid, rank=last, coords=grid.coords(last), x=None, y=None, z=None,
+                    data=None, plane=None)  # fmt: skip
+    model = GPT(odd_vocab, groups=groups, overlap=OverlapConfig())
+    params = list(model.parameters())
+    assert sum(p.numel() for p in params) == local_param_elements(odd_vocab, grid)
+    replicated = sum(p.numel() for p in params if "z" in p.shard_layout.replicated_over)
+    assert replicated == replicated_over_z_elements(odd_vocab, grid)
+
+
+def saved_bytes_of_one_block(grid: Grid, rank: int, bf16: bool) -> int:
+    """Bytes of the tensors block 0 of the core's GPT saves for backward (not parameters)."""
+    import torch
+
+    from axonn_launch.train.groups import build_groups
+    from axonn_launch.train.model import GPT
+
+    model = GPT(MODEL, groups=build_groups(grid, rank=rank), overlap=OverlapConfig())
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    hidden = torch.randn(4, 32, MODEL.d_model // grid.x, requires_grad=True)
+    model.runtime.begin_micro_step(training=True)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+    with autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.blocks[0](hidden)
+    model.runtime.drop_prefetched()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_activation_formula_matches_the_saved_tensors_of_one_process(bf16):
+    saved = saved_bytes_of_one_block(Grid(), 0, bf16)
+    assert saved == layer_activation_bytes(MODEL, Grid(), 4 * 32, 2 if bf16 else 4)
+
+
+def _saved_bytes_worker(rank: int, port: int, grid: dict, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)  # fmt: skip
+    try:
+        saved = saved_bytes_of_one_block(Grid(**grid), rank, bf16=True)
+        if rank == 0:
+            Path(out).write_text(str(saved))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grid", [Grid(x=2), Grid(y=2)], ids=lambda g: g.describe())
+def test_activation_formula_matches_the_saved_tensors_of_a_sharded_layer(grid, tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "saved"
+    mp.spawn(_saved_bytes_worker, args=(port, grid.as_dict(), str(out)), nprocs=2, join=True)
+    assert int(out.read_text()) == layer_activation_bytes(MODEL, grid, 4 * 32, 2)

@@ -1,9 +1,10 @@
-"""The step-time model against hand-computed cases."""
+"""The step-time model against hand-computed cases and the training core's own traffic."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -249,14 +250,21 @@ def test_calibration_layouts_cover_every_placement_once():
     assert Layout(size=4, stride=1, per_node=4).groups(8) == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
-def test_two_timings_recover_the_ring_model():
+def test_timings_recover_the_ring_model():
     from axonn_launch.calibrate import fit_ring
 
+    sizes = (1e5, 1e7, 1e8)
     for collective in (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER):
-        sizes = (1e5, 1e8)
         times = tuple(ring_time(collective, 8, m, 40.0, 7e-6) for m in sizes)
         bus, alpha = fit_ring(collective, 8, sizes, times)
         assert bus == pytest.approx(40.0) and alpha == pytest.approx(7.0)
+    # a noisy point in the middle moves the least-squares line only a little
+    times = [ring_time(ALL_REDUCE, 8, m, 40.0, 7e-6) for m in sizes]
+    times[1] *= 1.2
+    bus, _ = fit_ring(ALL_REDUCE, 8, sizes, tuple(times))
+    assert 35 < bus < 45
+    # no growth with size (noise): the largest message alone, no latency
+    assert fit_ring(ALL_GATHER, 2, (1e3, 1e6), (1.0, 1.0)) == pytest.approx((0.5e-3, 0.0))
 
 
 def test_calibrate_settings_from_the_command_line():
@@ -285,3 +293,65 @@ def test_local_calibration_feeds_the_planner(tmp_path):
     cpu = Hardware(gpus_per_node=2)
     st = step_time(hardware=cpu, model=MODEL, train=train(), grid=Grid(y=2), calibration=cal)
     assert st.total > st.compute > 0 and st.comm["y"] > 0
+
+
+# --------------------------------------------------------------------------- against the core
+
+
+def _record_one_micro_step(rank: int, world: int, port: int, grid: dict, out: str) -> None:
+    """One rank: a forward + backward of the training core's GPT, without and with
+    activation checkpointing, with its collectives recorded; rank 0 writes the elements
+    of block 0's Linears by "op:axis" as JSON."""
+    import torch
+    import torch.distributed as dist
+
+    from axonn_launch.train.groups import build_groups
+    from axonn_launch.train.model import GPT
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)  # fmt: skip
+    try:
+        g = Grid(**grid)
+        groups = build_groups(g, rank=rank)
+        result = {}
+        for ckpt in (False, True):
+            model = GPT(MODEL, groups=groups, overlap=OverlapConfig(),
+                        activation_checkpointing=ckpt)  # fmt: skip
+            tokens = torch.randint(0, MODEL.vocab_size, (4 // g.z, 33))
+            with model.comm.recording() as rec:
+                model(tokens[:, :-1], tokens[:, 1:]).backward()
+                model.runtime.flush_deferred_grads()
+            totals: dict[str, int] = {}
+            for r in rec.records:
+                if r.tag.startswith(("blocks.0.attn.", "blocks.0.mlp.")):
+                    totals[f"{r.op}:{r.axis}"] = totals.get(f"{r.op}:{r.axis}", 0) + r.numel
+            result[str(ckpt)] = totals
+        if rank == 0:
+            Path(out).write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_volumes_match_what_the_training_core_sends(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    grid = Grid(x=2, y=2, z=2)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "records.json"
+    mp.spawn(_record_one_micro_step, args=(8, port, grid.as_dict(), str(out)), nprocs=8, join=True)
+    recorded = json.loads(out.read_text())
+    for ckpt in (False, True):
+        tr = train(micro_batch=4, activation_checkpointing=ckpt)
+        v = comm_volumes_per_layer(MODEL, tr, grid)
+        assert recorded[str(ckpt)] == {
+            "all_reduce:x": v["fwd_ar_x"] + v["bwd_ar_x"],
+            "all_reduce:y": v["fwd_ar_y"] + v["bwd_ar_y"],
+            "all_gather:z": v["ag_z"],
+            "reduce_scatter:z": v["rs_z"],
+        }

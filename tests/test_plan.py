@@ -75,6 +75,17 @@ def test_shape_validity():
     assert "n_head=32 not divisible by y=64" in shape_problem(GPT_5B, Grid(y=64))
     odd = dataclasses.replace(GPT_5B, d_model=4096 + 32, n_head=33)
     assert "d_model" in shape_problem(odd, Grid(x=64, y=1))
+    # z splits flattened blocks: h=24, x*y=1 -> projection 576 = 2^6 * 9 elements
+    small = ModelSpec("s", n_layer=1, d_model=24, n_head=2, vocab_size=64, max_seq_len=8)
+    assert shape_problem(small, Grid(z=64)) is None
+    assert "QKV weight block of 1728 elements not divisible by z=128" in shape_problem(
+        small, Grid(z=128)
+    )
+    # vocab 50 over a plane of 4: 13 rows of h=24 per member = 312 = 2^3 * 39 elements
+    odd_vocab = dataclasses.replace(small, vocab_size=50)
+    assert "token table block of 312 elements not divisible by z=16" in shape_problem(
+        odd_vocab, Grid(x=2, y=2, z=16)
+    )
 
 
 def test_batch_validity_and_micro_batch_candidates():
@@ -235,6 +246,7 @@ def test_main_with_the_shipped_presets(capsys):
 def test_planner_does_not_import_torch():
     code = (
         "import sys, axonn_launch.plan, axonn_launch.perf, axonn_launch.memory;"
+        "import axonn_launch.calibrate;"
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -18,6 +18,19 @@ import torch.distributed as dist
 
 from axonn_launch.spec import JobSpec
 from axonn_launch.train.bootstrap import DistEnv, bootstrap, init_distributed
+from axonn_launch.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from axonn_launch.train.data import Loader, open_source
+from axonn_launch.train.groups import build_groups
+from axonn_launch.train.loop import TrainContext, build_optimizer, compute_dtype, train_loop
+from axonn_launch.train.metrics import MetricsLogger
+from axonn_launch.train.model import GPT
+from axonn_launch.train.sample import decode, default_prompt, generate
 
 __all__ = ["run"]
 
@@ -28,7 +41,7 @@ def run(
     env: DistEnv | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> dict:
-    """Train ``spec`` on this rank; returns the summary (the same on every rank)."""
+    """Train ``spec`` on this rank; returns the summary (losses and steps agree on all ranks)."""
     env = env or bootstrap(spec.runtime)
     if env.world_size != spec.grid.world_size:
         raise ValueError(
@@ -51,13 +64,6 @@ def configure_threads(env: DistEnv) -> None:
 
 
 def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool]) -> dict:
-    from axonn_launch.train.checkpoint import latest_checkpoint
-    from axonn_launch.train.data import Loader, open_source
-    from axonn_launch.train.groups import build_groups
-    from axonn_launch.train.loop import TrainContext, build_optimizer, train_loop
-    from axonn_launch.train.metrics import MetricsLogger
-    from axonn_launch.train.model import GPT
-
     train, grid, device = spec.train, spec.grid, torch.device(env.device)
     validate_shapes(spec)
     torch.manual_seed(train.seed)
@@ -133,9 +139,15 @@ def validate_shapes(spec: JobSpec) -> None:
         )
 
 
-def resume(checkpoint: Path, spec: JobSpec, env: DistEnv, model, optimizer, loader) -> int:
-    from axonn_launch.train.checkpoint import load_checkpoint, set_rng_state
-
+def resume(
+    checkpoint: Path,
+    spec: JobSpec,
+    env: DistEnv,
+    model: GPT,
+    optimizer: torch.optim.Optimizer,
+    loader: Loader,
+) -> int:
+    """Load this rank's state from ``checkpoint``; returns the optimizer steps it had done."""
     device = torch.device(env.device)
     state, meta = load_checkpoint(checkpoint, rank=env.rank, grid=spec.grid, map_location=device)
     model.load_state_dict(state["model"])
@@ -145,9 +157,14 @@ def resume(checkpoint: Path, spec: JobSpec, env: DistEnv, model, optimizer, load
     return int(meta["step"])
 
 
-def save(spec: JobSpec, env: DistEnv, step: int, model, optimizer, loader) -> None:
-    from axonn_launch.train.checkpoint import rng_state, save_checkpoint
-
+def save(
+    spec: JobSpec,
+    env: DistEnv,
+    step: int,
+    model: GPT,
+    optimizer: torch.optim.Optimizer,
+    loader: Loader,
+) -> None:
     state = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
@@ -174,10 +191,7 @@ def truncate_metrics(path: Path, start_step: int) -> None:
     path.write_text("".join(line + "\n" for line in kept))
 
 
-def print_sample(spec: JobSpec, env: DistEnv, model, device: torch.device) -> str:
-    from axonn_launch.train.loop import compute_dtype
-    from axonn_launch.train.sample import decode, default_prompt, generate
-
+def print_sample(spec: JobSpec, env: DistEnv, model: GPT, device: torch.device) -> str:
     tokens = generate(
         model,
         default_prompt(spec.train.data),

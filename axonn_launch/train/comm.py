@@ -49,7 +49,9 @@ class Recorder:
     def add(self, record: CommRecord) -> None:
         self.records.append(record)
 
-    def select(self, op: str | None = None, axis: str | None = None, tag: str | None = None):
+    def select(
+        self, op: str | None = None, axis: str | None = None, tag: str | None = None
+    ) -> list[CommRecord]:
         """Records matching ``op``, ``axis`` and a tag starting with ``tag``."""
         return [
             r
@@ -132,7 +134,9 @@ class Comm:
         self._record("all_reduce" if op == "sum" else f"all_reduce_{op}", axis, tensor.numel(),
                      tensor.dtype, tag)  # fmt: skip
         reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
-        work = dist.all_reduce(tensor, op=reduce_op, group=self.groups.group(axis), async_op=async_op)
+        work = dist.all_reduce(
+            tensor, op=reduce_op, group=self.groups.group(axis), async_op=async_op
+        )
         return Handle(work)
 
     def all_gather(

@@ -56,7 +56,9 @@ def single_process_groups(grid: Grid | None = None) -> Groups:
     grid = grid or Grid()
     if grid.world_size != 1:
         raise ValueError(f"single_process_groups needs a grid of one rank, got {grid.describe()}")
-    return Groups(grid=grid, rank=0, coords=grid.coords(0), x=None, y=None, z=None, data=None, plane=None)
+    return Groups(
+        grid=grid, rank=0, coords=grid.coords(0), x=None, y=None, z=None, data=None, plane=None
+    )
 
 
 def build_groups(grid: Grid, *, rank: int) -> Groups:

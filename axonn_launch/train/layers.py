@@ -55,7 +55,9 @@ class ShardLayout:
 
     def local_from_full(self, full: torch.Tensor, groups: Groups, fill: float = 0) -> torch.Tensor:
         if tuple(full.shape) != self.full_shape:
-            raise ValueError(f"expected a tensor of shape {self.full_shape}, got {tuple(full.shape)}")
+            raise ValueError(
+                f"expected a tensor of shape {self.full_shape}, got {tuple(full.shape)}"
+            )
         if self.row_order is not None:
             full = full.index_select(0, self.row_order.to(full.device))
         if self.pad_rows_to is not None and self.pad_rows_to > full.shape[0]:
@@ -469,7 +471,9 @@ class VocabParallelEmbedding(nn.Module):
         hidden = _PlaneSumToHidden.apply(partial, self.comm)
         return hidden + self.wpe[: idx.shape[1]]
 
-    def loss(self, hidden: torch.Tensor, table: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def loss(
+        self, hidden: torch.Tensor, table: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
         """Mean cross-entropy over the local tokens (same value on every plane member)."""
         full = _HiddenToPlane.apply(hidden, self.comm)
         logits = full.reshape(-1, self.hidden) @ table.t()

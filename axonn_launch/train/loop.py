@@ -21,7 +21,8 @@ from torch import nn
 
 from axonn_launch.spec import TrainConfig
 from axonn_launch.train.data import Loader
-from axonn_launch.train.metrics import MetricsLogger, StepStats
+from axonn_launch.train.groups import Groups
+from axonn_launch.train.metrics import MetricsLogger, StepStats, memory_gib
 from axonn_launch.train.model import clip_grad_norm_, finish_gradients
 
 
@@ -94,7 +95,7 @@ class TrainContext:
     """Everything the loop needs besides the model; built by ``axonn_launch.train.run``."""
 
     train: TrainConfig
-    groups: object  # axonn_launch.train.groups.Groups
+    groups: Groups
     loader: Loader
     optimizer: torch.optim.Optimizer
     logger: MetricsLogger
@@ -117,7 +118,8 @@ def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
         lr = learning_rate(step, train)
         local_loss = run_micro_steps(model, ctx.loader, accumulation, ctx.device, dtype)
         finish_gradients(model, ctx.groups)
-        grad_norm = clip_grad_norm_(model, train.grad_clip, ctx.groups)
+        max_norm = train.grad_clip if train.grad_clip > 0 else math.inf  # 0: measure only
+        grad_norm = clip_grad_norm_(model, max_norm, ctx.groups)
         for group in ctx.optimizer.param_groups:
             group["lr"] = lr
         ctx.optimizer.step()
@@ -184,5 +186,6 @@ def summarize(ctx: TrainContext, step: int, loss: float, timed: list[float], sto
         "tflops_per_gpu": tflops,
         "mfu": tflops / peak if peak > 0 else None,
         "elapsed_s": sum(timed),
+        "mem_gb": memory_gib(ctx.device),
         "stopped": stopped,
     }

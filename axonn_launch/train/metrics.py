@@ -3,6 +3,7 @@
 Throughput follows AxoNN/Megatron: model FLOPs per token from Narayanan et al.'s formula
 (``ModelSpec.flops_per_token``, counting the recompute forward when activation
 checkpointing is on), times tokens per second, divided by the number of GPUs.
+``mem_gb`` is in GiB (2**30 bytes), like ``axonn_launch.memory``.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def progress_line(row: dict, total_steps: int, width: int = 20) -> str:
     return (
         f"[{bar}] {row['step']}/{total_steps} loss {row['loss']:.4f} "
         f"lr {row['lr']:.2e} {row['tokens_per_s']:.0f} tok/s "
-        f"{row['tflops_per_gpu']:.3f} TFLOP/s/gpu {row['elapsed_s']:.0f}s"
+        f"{row['tflops_per_gpu']:.3g} TFLOP/s/gpu {row['elapsed_s']:.0f}s"
     )
 
 
@@ -122,7 +123,7 @@ def summary_line(summary: dict) -> str:
     mfu_text = f" mfu {mfu:.1%}" if mfu is not None else ""
     return (
         f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
-        f"{summary['tokens_per_s']:.0f} tok/s, {summary['tflops_per_gpu']:.3f} TFLOP/s/gpu"
+        f"{summary['tokens_per_s']:.0f} tok/s, {summary['tflops_per_gpu']:.3g} TFLOP/s/gpu"
         f"{mfu_text}, {summary['elapsed_s']:.1f}s"
         + (" (stopped early, checkpoint saved)" if summary.get("stopped") else "")
     )

@@ -233,7 +233,8 @@ def clip_grad_norm_(model: GPT, max_norm: float, groups: Groups) -> float:
     norm = _sum_over_tensor_parallel(model.comm, squares, "grad_norm").sqrt()
     coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
     all_grads = [p.grad for p in model.parameters() if p.grad is not None]
-    torch._foreach_mul_(all_grads, coef.to(all_grads[0].dtype))
+    if all_grads:
+        torch._foreach_mul_(all_grads, coef.to(all_grads[0].dtype))
     return float(norm)
 
 

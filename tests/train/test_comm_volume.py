@@ -103,9 +103,9 @@ def _assert_table_volumes(rec_fwd, rec_bwd, grid, spec, tokens, recompute: bool,
     for layer in range(spec.n_layer):
         linear_tags = [tag for tag, *_ in _linears(spec, layer)]
 
-        def total(records: Counter, op: str, axis: str) -> int:
+        def total(records: Counter, op: str, axis: str, tags=tuple(linear_tags)) -> int:
             return sum(n * count for (o, a, tag, n), count in records.items()
-                       if o == op and a == axis and tag in linear_tags)  # fmt: skip
+                       if o == op and a == axis and tag in tags)  # fmt: skip
 
         def on(axis, value):
             return value if grid.size(axis) > 1 else 0

@@ -84,7 +84,7 @@ def test_summary_line():
         "stopped": False,
     }
     assert summary_line(summary) == (
-        "done: 200 steps, final loss 1.5000, 9000 tok/s, 0.020 TFLOP/s/gpu, 41.0s"
+        "done: 200 steps, final loss 1.5000, 9000 tok/s, 0.02 TFLOP/s/gpu, 41.0s"
     )
     assert "mfu 50.0%" in summary_line({**summary, "mfu": 0.5})
     assert progress_line(
