@@ -18,13 +18,14 @@ f = d_ff, V = vocab, S = max_seq_len, l = layers.
 * embedding buffers: the token table gathered over z, V/(x*y)*h elements, fp32 plus its
   bf16 copy for the LM head; alive for the whole micro-step.
 * reduce-scatter buffers: the full fp32 dW block of a Linear before it is reduce-
-  scattered over z, 12h^2/(x*y) per layer. With ORS the collectives are waited for at the
-  end of the backward, so every layer's block (and its 1/z result) stays alive; without
-  ORS one at a time. Nothing when z == 1.
+  scattered over z, (4h^2 + 2hf)/(x*y) per layer. With ORS the collectives are waited
+  for only at the next micro-step's forward (or in ``finish_gradients``), so every
+  layer's blocks (and their 1/z results) stay alive; without ORS one Linear's at a time
+  (the largest, h*f/(x*y)). Nothing when z == 1.
 * activations: what each layer saves for its backward, counted tensor by tensor
-  (``layer_activation_bytes``, checked against the training core's saved tensors). With full activation checkpointing (one layer per
-  block) the stack keeps each layer's fp32 input (T*h/x*4) and, during the backward,
-  one layer's full set.
+  (``layer_activation_bytes``, checked against the training core's saved tensors).
+  With full activation checkpointing (one layer per block) the stack keeps each
+  layer's fp32 input (T*h/x*4) and, during the backward, one layer's full set.
 * logits: bf16 logits, their fp32 copy, exponentials and softmax, and the fp32 gradient:
   T*V/(x*y)*(2 + 4 + 4 + 4 + 4) bytes.
 * runtime reserve: CUDA/ROCm context, communicator buffers and allocator slack, a fixed
@@ -117,10 +118,10 @@ def _local_vocab(model: ModelSpec, grid: Grid) -> int:
 def _reduce_scatter_buffers(model: ModelSpec, grid: Grid, train: TrainConfig) -> float:
     if grid.z == 1:
         return 0.0
-    block = linear_weight_elements(model) / (grid.x * grid.y) * 4
+    xy = grid.x * grid.y
     if train.overlap.reduce_scatter:
-        return model.n_layer * block * (1 + 1 / grid.z)
-    return block / 2  # the MLP weights, the largest pair, are half of a layer
+        return model.n_layer * linear_weight_elements(model) / xy * 4 * (1 + 1 / grid.z)
+    return model.d_model * model.d_ff / xy * 4
 
 
 def _activations(

@@ -219,14 +219,17 @@ def section(world: int, rows, cals: dict[str, Calibration]) -> tuple[list[str], 
         predicted_best = grids[min(range(len(rows)), key=lambda i: preds[n][i])]
         summary[n] = {"predicted_best": predicted_best.describe()}
         for label, measured in (("best", best_t), ("median", median_t)):
-            top3 = {grids[i] for i in sorted(range(len(rows)), key=lambda i: measured[i])[:3]}
+            order = sorted(range(len(rows)), key=lambda i: measured[i])
             rho = spearman(preds[n], measured)
-            inside = predicted_best in top3
-            summary[n][label] = {"spearman": rho, "in_top3": inside}
+            inside = predicted_best in {grids[i] for i in order[:3]}
+            regret = measured[grids.index(predicted_best)] / measured[order[0]] - 1
+            fastest_rank = p_ranks[n][order[0]]
+            summary[n][label] = {"spearman": rho, "in_top3": inside, "regret": regret}
             lines.append(
                 f"- {n}, measured {label}: Spearman rank correlation {rho:.2f}; predicted best "
                 f"{predicted_best.describe()} is {'inside' if inside else 'outside'} the "
-                "measured top 3."
+                f"measured top 3 and {100 * regret:.0f}% slower than the measured fastest "
+                f"({grids[order[0]].describe()}, predicted rank {fastest_rank:g})."
             )
     return lines + [""], summary
 

@@ -147,8 +147,27 @@ def resume(
     optimizer: torch.optim.Optimizer,
     loader: Loader,
 ) -> int:
-    """Load this rank's state from ``checkpoint``; returns the optimizer steps it had done."""
+    """Load this rank's state from ``checkpoint``; returns the optimizer steps it had done.
+
+    A checkpoint written on another grid is re-sharded (``axonn_launch.train.reshard``).
+    """
     device = torch.device(env.device)
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    if meta.get("grid") != spec.grid.as_dict():
+        from axonn_launch.train.reshard import load_resharded
+
+        loader_state, rng = load_resharded(
+            checkpoint,
+            meta,
+            model=model,
+            optimizer=optimizer,
+            loader=loader,
+            groups=model.groups,
+            device=device,
+        )
+        loader.load_state_dict(loader_state)
+        set_rng_state(rng, device)
+        return int(meta["step"])
     state, meta = load_checkpoint(checkpoint, rank=env.rank, grid=spec.grid, map_location=device)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])

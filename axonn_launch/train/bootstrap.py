@@ -4,12 +4,13 @@ Sources, first match wins:
 
 1. torchrun-style variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
    ``MASTER_PORT``), also what the local launcher sets for each rank process;
-2. Slurm task variables (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``), with the
+2. MPI (``mpirun``/``mpiexec``, detected from Open MPI, PMI or PMIx variables): rank and
+   size from ``mpi4py``'s ``COMM_WORLD``, local rank from a shared-memory split, and the
+   master address broadcast from rank 0's hostname. MPI comes before Slurm because
+   mpirun inside an allocation inherits the batch step's ``SLURM_PROCID``;
+3. Slurm task variables (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``), with the
    master address taken as the first host of the job's node list, expanded here in pure
    Python (no ``scontrol``);
-3. MPI (``mpirun``/``mpiexec``, detected from Open MPI, PMI or PMIx variables): rank and
-   size from ``mpi4py``'s ``COMM_WORLD``, local rank from a shared-memory split, and the
-   master address broadcast from rank 0's hostname;
 4. otherwise a single process.
 
 ``MASTER_ADDR``/``MASTER_PORT`` in the environment override the derived address and port
@@ -79,10 +80,11 @@ def bootstrap(runtime: RuntimeConfig, environ: Mapping[str, str] | None = None) 
 def _ranks_from_environment(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
     if "RANK" in env and "WORLD_SIZE" in env:
         return _from_torchrun(env, runtime)
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        return _from_slurm(env, runtime)
+    # MPI before Slurm: mpirun inside an allocation inherits the batch step's SLURM_PROCID.
     if any(name in env for name in MPI_DETECT_VARS):
         return _from_mpi(env, runtime)
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        return _from_slurm(env, runtime)
     return _Ranks(0, 0, 1, 1, "127.0.0.1", runtime.master_port, "single")
 
 

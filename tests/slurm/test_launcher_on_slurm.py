@@ -130,7 +130,8 @@ def test_mpirun_launch_reaches_the_same_loss(slurm_cluster, local_reference, tmp
     )
     assert result.returncode == 0, result.stderr
     mpirun = (
-        "mpirun --allow-run-as-root --oversubscribe -np 4 -x PATH -x OMP_NUM_THREADS=1 "
+        "mpirun --allow-run-as-root --oversubscribe --mca btl self,tcp -np 4 -x PATH "
+        "-x OMP_NUM_THREADS=1 "
         f"{sys.executable} -m axonn_launch.train {job_dir}"
     )
     submit = subprocess.run(

@@ -133,7 +133,7 @@ def metrics(job_dir: Path) -> list[dict]:
 @pytest.mark.slow
 def test_four_ranks_on_shakespeare_loss_falls(tmp_path):
     job = tmp_path / "job"
-    write_job(job, Grid(x=2, z=2), steps=60, warmup_steps=10, sample_tokens=20)
+    write_job(job, Grid(x=2, z=2), steps=60, warmup_steps=10, micro_batch=16, sample_tokens=20)
     outputs = launch(job, 4, "axonn_launch.train")
     rows = metrics(job)
     assert [r["step"] for r in rows] == list(range(1, 61))

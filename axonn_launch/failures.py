@@ -1,0 +1,340 @@
+"""Why a job ended, and what to do about it: pure functions on sacct fields and log text.
+
+``classify(evidence)`` reads, in this order of trust: the Slurm state (sacct, or squeue
+while the job is queued), the outcome in submitit's result pickles, and signatures in
+the tail of the task logs. Each class maps to one action:
+
+==================  ===============================================================
+class               action
+==================  ===============================================================
+completed           none: the job finished
+running             wait: queued, running or being requeued
+timeout             resume from the latest checkpoint
+preempted           resume from the latest checkpoint
+cancelled           resume from the latest checkpoint (``resubmit`` is the request)
+rank_killed         resume: a rank died from a signal (kill -9, segfault) without
+                    evidence of memory exhaustion
+node_failure        resume, excluding the failed nodes (``--exclude``)
+collective_failure  resume, excluding the nodes whose ranks reported the error
+host_oom            do not retry unchanged; retry only with a new grid or node count
+gpu_oom             do not retry unchanged; retry only with a new grid or node count
+code_error          do not retry: a Python exception or a configuration error
+unknown             report: nothing recognizable; read the logs
+==================  ===============================================================
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+
+COMPLETED = "completed"
+RUNNING = "running"
+TIMEOUT = "timeout"
+PREEMPTED = "preempted"
+CANCELLED = "cancelled"
+RANK_KILLED = "rank_killed"
+NODE_FAILURE = "node_failure"
+COLLECTIVE_FAILURE = "collective_failure"
+HOST_OOM = "host_oom"
+GPU_OOM = "gpu_oom"
+CODE_ERROR = "code_error"
+UNKNOWN = "unknown"
+
+RESUME = "resume"
+RESUME_EXCLUDING = "resume_excluding_nodes"
+RETRY_WITH_NEW_GRID = "retry_only_with_new_grid"
+DO_NOT_RETRY = "do_not_retry"
+WAIT = "wait"
+NONE = "none"
+REPORT = "report"
+
+ACTIONS = {
+    COMPLETED: NONE,
+    RUNNING: WAIT,
+    TIMEOUT: RESUME,
+    PREEMPTED: RESUME,
+    CANCELLED: RESUME,
+    RANK_KILLED: RESUME,
+    NODE_FAILURE: RESUME_EXCLUDING,
+    COLLECTIVE_FAILURE: RESUME_EXCLUDING,
+    HOST_OOM: RETRY_WITH_NEW_GRID,
+    GPU_OOM: RETRY_WITH_NEW_GRID,
+    CODE_ERROR: DO_NOT_RETRY,
+    UNKNOWN: REPORT,
+}
+CLASSES = tuple(ACTIONS)
+
+# sacct/squeue states of a job that is not over yet
+ACTIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "RUNNING",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "COMPLETING",
+        "CONFIGURING",
+        "RESIZING",
+        "SUSPENDED",
+        "STAGE_OUT",
+        "SIGNALING",
+        "RESV_DEL_HOLD",
+        "STOPPED",
+    }
+)
+STATE_CLASSES = {
+    "TIMEOUT": TIMEOUT,
+    "DEADLINE": TIMEOUT,
+    "PREEMPTED": PREEMPTED,
+    "NODE_FAIL": NODE_FAILURE,
+    "BOOT_FAIL": NODE_FAILURE,
+    "OUT_OF_MEMORY": HOST_OOM,
+    "CANCELLED": CANCELLED,
+}
+
+# Log signatures, most specific first. Each is searched case-sensitively in the log tails.
+GPU_OOM_PATTERNS = (
+    r"CUDA out of memory",
+    r"HIP out of memory",
+    r"torch\.(?:cuda\.)?OutOfMemoryError",
+    r"CUDA error: out of memory",
+    r"HIP error: out of memory",
+    r"hipErrorOutOfMemory",
+    r"cudaErrorMemoryAllocation",
+    r"CUBLAS_STATUS_ALLOC_FAILED",
+    r"NCCL WARN .*(?:Cuda|Hip) failure 'out of memory'",
+)
+HOST_OOM_PATTERNS = (
+    r"oom[-_]kill(?:ed)? event",
+    r"Out Of Memory",
+    r"oom-kill",
+    r"Killed process \d+ .*out of memory",
+    r"^MemoryError\b",
+    r"\bMemoryError: ",
+)
+PRIMARY_COLLECTIVE_PATTERNS = (
+    r"NCCL error",
+    r"RCCL error",
+    r"nccl(?:InternalError|SystemError|UnhandledCudaError|RemoteError|InvalidUsage)",
+    r"Watchdog caught collective operation timeout",
+    r"ProcessGroup(?:NCCL|Gloo)\S* .*(?:timeout|timed out|aborted)",
+    r"NCCL communicator was aborted",
+    r"DistBackendError",
+    r"[Gg]loo error",
+    r"Timed out waiting \d+ms for recv operation",
+)
+# what the peers of a dead rank report
+PEER_LOST_PATTERNS = (
+    r"Connection (?:closed|reset) by peer",
+    r"gloo/transport/tcp/pair\.cc",
+    r"Broken pipe",
+)
+NODE_FAILURE_PATTERNS = (
+    r"[Nn]ode failure on (?P<node>[\w.-]+)",
+    r"NODE_FAIL",
+    r"slurmstepd: error: .*(?:node|Node) (?P<node>[\w.-]+) (?:failed|not responding)",
+)
+TIMEOUT_PATTERNS = (
+    r"DUE TO TIME LIMIT",
+    r"Job not requeued because: timed-out",
+)
+PREEMPT_PATTERNS = (r"DUE TO PREEMPTION",)
+# scancel of the whole job (a step-only banner also follows a rank's crash)
+CANCEL_PATTERNS = (r"\*\*\* JOB \w+ ON \S+ CANCELLED AT \S+ \*\*\*",)
+KILLED_TASK = re.compile(
+    r"srun: error: (?P<node>[\w.-]+): tasks? (?P<tasks>[\d,-]+): "
+    r"(?P<reason>Killed|Segmentation fault|Aborted|Bus error)"
+)
+PYTHON_EXCEPTION = re.compile(r"^(?P<name>[A-Za-z_][\w.]*(?:Error|Exception|Exit)): ", re.M)
+TRACEBACK = "Traceback (most recent call last)"
+SUBMITIT_UNCOMPLETED = "UncompletedJobError"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What is known about one job (every field may be empty).
+
+    ``state``: the sacct/squeue state, e.g. ``CANCELLED by 0``; ``exit_code``: sacct's
+    ``rc:signal``; ``results``: submitit result-pickle outcomes (``("success", value)`` or
+    ``("error", traceback)``) of the tasks that wrote one; ``expected_results``: tasks in
+    the job; ``logs``: task index -> tail of that task's stdout+stderr; ``nodes``: the
+    job's nodes in task-block order (task t runs on ``nodes[t // tasks_per_node]``).
+    """
+
+    state: str = ""
+    exit_code: str = ""
+    results: tuple[tuple[str, str], ...] = ()
+    expected_results: int = 0
+    logs: dict[int, str] = field(default_factory=dict)
+    nodes: tuple[str, ...] = ()
+    tasks_per_node: int = 1
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    failure: str  # one of CLASSES
+    reason: str = ""  # the line or state that decided it
+    bad_nodes: tuple[str, ...] = ()  # nodes to exclude on a resubmission
+
+    @property
+    def action(self) -> str:
+        return ACTIONS[self.failure]
+
+
+def base_state(state: str) -> str:
+    """``CANCELLED by 0`` -> ``CANCELLED``; ``RUNNING+`` -> ``RUNNING``."""
+    return state.split(" ")[0].rstrip("+").upper() if state else ""
+
+
+def classify(ev: Evidence) -> Diagnosis:
+    """The failure class of one job; see the module docstring for the actions.
+
+    A state that Slurm decided (time limit, preemption, node failure, out of memory,
+    cancellation) is trusted as it is; a plain FAILED, or no state at all, is explained
+    from the result pickles and the logs.
+    """
+    state = base_state(ev.state)
+    if state in ACTIVE_STATES:
+        return Diagnosis(RUNNING, ev.state)
+    if state == "COMPLETED":  # srun exited 0, so every task did
+        return Diagnosis(COMPLETED, ev.state)
+    if _all_succeeded(ev) and state in ("", "COMPLETED", "UNKNOWN"):
+        return Diagnosis(COMPLETED, ev.state or "all tasks returned")
+    if state in ("NODE_FAIL", "BOOT_FAIL"):
+        return Diagnosis(NODE_FAILURE, ev.state, _failed_nodes(ev) or ev.nodes)
+    if state in STATE_CLASSES:
+        return Diagnosis(STATE_CLASSES[state], ev.state)
+    by_log = classify_text("\n".join(_texts(ev)))
+    if by_log is not None:
+        return _with_nodes(by_log, ev)
+    if _killed_by_signal(ev.exit_code):
+        return Diagnosis(RANK_KILLED, f"exit code {ev.exit_code}")
+    return Diagnosis(UNKNOWN, ev.state or "no state, no result, no recognizable log line")
+
+
+def classify_text(text: str) -> Diagnosis | None:
+    """The class that log/traceback text alone shows, or None.
+
+    Root causes come before their symptoms: when one rank dies, its peers report lost
+    connections, so a peer's closed connection counts only when nothing else explains it.
+    """
+    checks = (
+        (GPU_OOM, GPU_OOM_PATTERNS),
+        (NODE_FAILURE, NODE_FAILURE_PATTERNS),
+        (HOST_OOM, HOST_OOM_PATTERNS),
+        (TIMEOUT, TIMEOUT_PATTERNS),
+        (PREEMPTED, PREEMPT_PATTERNS),
+        (COLLECTIVE_FAILURE, PRIMARY_COLLECTIVE_PATTERNS),
+        (CANCELLED, CANCEL_PATTERNS),
+        (RANK_KILLED, (KILLED_TASK.pattern,)),
+    )
+    for failure, patterns in checks:
+        line = first_match(text, patterns)
+        if line is not None:
+            return Diagnosis(failure, line)
+    exception = first_code_exception(text)
+    if exception is not None:
+        return Diagnosis(CODE_ERROR, exception)
+    line = first_match(text, PEER_LOST_PATTERNS)
+    return Diagnosis(COLLECTIVE_FAILURE, line) if line is not None else None
+
+
+def first_code_exception(text: str) -> str | None:
+    """The first ``SomethingError: ...`` line that is not a lost peer or submitit's own."""
+    for found in PYTHON_EXCEPTION.finditer(text):
+        line = _line_at(text, found.start())
+        if SUBMITIT_UNCOMPLETED in found.group("name"):
+            continue
+        if first_match(line, PEER_LOST_PATTERNS + PRIMARY_COLLECTIVE_PATTERNS) is None:
+            return line
+    return None
+
+
+def first_match(text: str, patterns: tuple[str, ...]) -> str | None:
+    """The line of ``text`` holding the earliest match of any of ``patterns``, or None."""
+    found = _union(patterns).search(text)
+    return _line_at(text, found.start()) if found else None
+
+
+@functools.lru_cache(maxsize=64)
+def _union(patterns: tuple[str, ...]) -> re.Pattern:
+    """One compiled alternation (named groups made anonymous so names may repeat)."""
+    anonymous = (re.sub(r"\(\?P<\w+>", "(?:", p) for p in patterns)
+    return re.compile("|".join(f"(?:{p})" for p in anonymous), flags=re.M)
+
+
+def nodes_of_tasks(
+    tasks: list[int], nodes: tuple[str, ...], tasks_per_node: int
+) -> tuple[str, ...]:
+    """Nodes running ``tasks`` under Slurm's default block distribution."""
+    picked = {nodes[t // tasks_per_node] for t in tasks if t // tasks_per_node < len(nodes)}
+    return tuple(n for n in nodes if n in picked)
+
+
+def expand_nodelist(nodelist: str) -> tuple[str, ...]:
+    """``n[1-3,7],gpu01`` -> ``('n1', 'n2', 'n3', 'n7', 'gpu01')``."""
+    names: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist or ""):
+        found = re.fullmatch(r"(?P<pre>[^\[]*)\[(?P<ranges>[^\]]*)\](?P<post>.*)", part)
+        if not found:
+            if part and part not in ("None", "(null)", "None assigned"):
+                names.append(part)
+            continue
+        for item in found["ranges"].split(","):
+            low, _, high = item.partition("-")
+            width = len(low)
+            for number in range(int(low), int(high or low) + 1):
+                names.append(f"{found['pre']}{number:0{width}d}{found['post']}")
+    return tuple(names)
+
+
+def _all_succeeded(ev: Evidence) -> bool:
+    if not ev.results or (ev.expected_results and len(ev.results) < ev.expected_results):
+        return False
+    return all(outcome == "success" for outcome, _ in ev.results)
+
+
+def _texts(ev: Evidence) -> list[str]:
+    errors = [str(value) for outcome, value in ev.results if outcome == "error"]
+    return errors + [ev.logs[t] for t in sorted(ev.logs)]
+
+
+def _with_nodes(diagnosis: Diagnosis, ev: Evidence) -> Diagnosis:
+    """Attach the nodes to exclude for the classes whose action excludes nodes."""
+    if diagnosis.action != RESUME_EXCLUDING:
+        return diagnosis
+    if diagnosis.failure == NODE_FAILURE:
+        return Diagnosis(diagnosis.failure, diagnosis.reason, _failed_nodes(ev) or ev.nodes)
+    tasks = [t for t, text in ev.logs.items() if _primary_collective_error(text)]
+    nodes = nodes_of_tasks(tasks, ev.nodes, max(ev.tasks_per_node, 1))
+    return Diagnosis(diagnosis.failure, diagnosis.reason, nodes)
+
+
+def _primary_collective_error(text: str) -> bool:
+    """A rank that saw the error itself, not only a peer's closed connection."""
+    return first_match(text, PRIMARY_COLLECTIVE_PATTERNS) is not None
+
+
+def _failed_nodes(ev: Evidence) -> tuple[str, ...]:
+    found = []
+    for text in _texts(ev):
+        for pattern in NODE_FAILURE_PATTERNS:
+            for match in re.finditer(pattern, text, flags=re.M):
+                node = match.groupdict().get("node")
+                if node and node not in found:
+                    found.append(node)
+    return tuple(found)
+
+
+def _killed_by_signal(exit_code: str) -> bool:
+    """sacct's ``rc:signal``: a signal, or rc 128+n from a shell or srun."""
+    rc, _, sig = (exit_code or "").partition(":")
+    return (sig.isdigit() and int(sig) > 0) or (rc.isdigit() and int(rc) > 128)
+
+
+def _line_at(text: str, index: int) -> str:
+    start = text.rfind("\n", 0, index) + 1
+    end = text.find("\n", index)
+    return text[start : end if end >= 0 else len(text)].strip()

@@ -1,0 +1,648 @@
+"""``python -m axonn_launch.jobs status|resubmit``: what happened to my jobs, and bring back
+the ones worth bringing back.
+
+``status [PATH...] [--json]``: one row per job directory (a folder holding ``job.json``,
+found anywhere under each PATH; default ``jobs/``): job id, name, machine, model, grid,
+nodes, state, step reached / total (``metrics.jsonl``), last loss, failure class
+(``axonn_launch.failures``) and attempts. States come from one batched ``sacct`` call for
+all jobs; without accounting, from ``squeue`` for queued jobs and from submitit's result
+pickles and the logs for ended ones.
+
+``resubmit [PATH...] [--dry-run] [--only CLASS...] [--max-attempts N] [KEY=VALUE...]``:
+for each failed job whose class allows it, submit a new attempt in a sibling directory
+``<job_dir>_attempt<N>`` that starts from a hard-linked copy of the latest checkpoint,
+with the job's original overrides plus the given ones (validated like any launch), and
+``--exclude`` for the nodes a node or collective failure points at. Both records are
+updated: the old one gets ``resubmitted_as``, the new one ``attempt``, ``parent`` and
+``lineage``. A per-job lock and the ``resubmitted_as`` mark, written before submitting,
+make it idempotent: a job that is completed, still queued or running, or already
+resubmitted is never submitted again, also when two commands run at once.
+
+Login-node code: never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from axonn_launch import failures
+from axonn_launch.failures import Diagnosis, Evidence
+
+DEFAULT_ROOT = "jobs"
+SKIP_DIRS = frozenset({"slurm", "checkpoints", "logs", ".hydra", ".submitit"})
+LOG_TAIL_BYTES = 16384
+RETRIABLE = (failures.RESUME, failures.RESUME_EXCLUDING)
+# overrides that change what a job needs per GPU: with one, an out-of-memory job may retry
+RESHAPING_KEYS = ("grid", "nodes", "train.micro_batch", "train.activation_checkpointing")
+EXCLUDE_KEY = "+machine.slurm.extra_sbatch.exclude"
+SACCT_FIELDS = "JobID,State,ExitCode,NodeList"
+
+
+@dataclass(frozen=True)
+class SchedulerInfo:
+    state: str = ""
+    exit_code: str = ""
+    nodelist: str = ""
+
+
+@dataclass
+class JobStatus:
+    job_dir: str
+    job_id: str
+    name: str
+    machine: str
+    model: str
+    grid: str
+    nodes: int
+    state: str
+    step: int | None
+    steps: int
+    loss: float | None
+    failure: str
+    action: str
+    reason: str
+    attempt: int
+    bad_nodes: list[str] = field(default_factory=list)
+    resubmitted_as: str = ""
+
+
+# --- finding and reading job directories -------------------------------------------------
+
+
+def find_job_dirs(paths: list[str]) -> list[Path]:
+    """Every directory holding a job.json at or below ``paths``, in a stable order."""
+    found: list[Path] = []
+    for path in paths:
+        _walk(Path(path), found)
+    return sorted(set(found))
+
+
+def _walk(path: Path, found: list[Path]) -> None:
+    try:
+        entries = list(os.scandir(path))
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return
+    if any(e.name == "job.json" for e in entries):
+        found.append(path)
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False) and entry.name not in SKIP_DIRS:
+            _walk(Path(entry.path), found)
+
+
+def read_record(job_dir: Path) -> dict:
+    return json.loads((job_dir / "job.json").read_text())
+
+
+def last_metrics(job_dir: Path) -> dict | None:
+    """The last row of metrics.jsonl, reading only the end of the file."""
+    path = job_dir / "metrics.jsonl"
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 4096))
+            tail = handle.read().decode(errors="replace")
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        with contextlib.suppress(ValueError):
+            return json.loads(line)
+    return None
+
+
+def current_job_id(record: dict) -> str:
+    ids = record.get("job_ids") or []
+    return str(ids[-1]) if ids else ""
+
+
+# --- the scheduler's view ------------------------------------------------------------------
+
+
+def scheduler_states(job_ids: list[str]) -> dict[str, SchedulerInfo]:
+    """State of every Slurm job in ``job_ids``: one sacct call, or squeue without accounting."""
+    ids = sorted({j for j in job_ids if j and not j.startswith("local-")})
+    if not ids:
+        return {}
+    states = sacct_states(ids)
+    return states if states is not None else squeue_states(ids)
+
+
+def sacct_states(job_ids: list[str]) -> dict[str, SchedulerInfo] | None:
+    """None when sacct is missing or fails (no accounting)."""
+    command = ["sacct", "-X", "-n", "-P", "-o", SACCT_FIELDS, "-j", ",".join(job_ids)]
+    out = _run(command)
+    if out is None:
+        return None
+    states = {}
+    for line in out.splitlines():
+        parts = line.split("|")
+        if len(parts) == 4:
+            states[parts[0]] = SchedulerInfo(parts[1], parts[2], parts[3])
+    return states
+
+
+def squeue_states(job_ids: list[str]) -> dict[str, SchedulerInfo]:
+    """Queued and running jobs only; a job squeue does not list has ended."""
+    out = _run(["squeue", "-h", "-o", "%i|%T|%N"]) or ""
+    wanted, states = set(job_ids), {}
+    for line in out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[0] in wanted:
+            states[parts[0]] = SchedulerInfo(parts[1], "", parts[2])
+    return states
+
+
+def _run(command: list[str]) -> str | None:
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+# --- evidence from the job directory -------------------------------------------------------
+
+
+def slurm_task_files(job_dir: Path, job_id: str) -> dict[str, dict[int, str]]:
+    """``<job_dir>/slurm/<id>/<id>_<task>_<kind>`` as kind -> task -> path, one listing.
+
+    Kinds: ``result.pkl``, ``log.out``, ``log.err``.
+    """
+    folder = os.path.join(job_dir, "slurm", job_id)
+    prefix = job_id + "_"
+    files: dict[str, dict[int, str]] = {"result.pkl": {}, "log.out": {}, "log.err": {}}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            task, _, kind = entry.name[len(prefix) :].partition("_")
+            if entry.name.startswith(prefix) and kind in files and task.isdigit():
+                files[kind][int(task)] = entry.path
+    return files
+
+
+def read_results(paths: dict[int, str]) -> tuple[tuple[str, str], ...]:
+    """submitit result pickles: ("success", value) or ("error", traceback) per task."""
+    results = []
+    for task in sorted(paths):
+        try:
+            with open(paths[task], "rb") as handle:
+                outcome, value = pickle.load(handle)
+        except Exception as exc:  # unreadable or truncated: report, do not crash
+            outcome, value = "error", f"unreadable result pickle {paths[task]}: {exc}"
+        results.append((str(outcome), value if outcome == "error" else ""))
+    return tuple(results)
+
+
+def tail(path: Path | str, size: int = LOG_TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - size))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def task_logs(job_dir: Path, job_id: str, files: dict[str, dict[int, str]]) -> dict[int, str]:
+    """Tail of each task's stderr (tracebacks; srun and slurmstepd write into task 0's),
+    and of task 0's stdout (Slurm: submitit's files; machine=local: logs/)."""
+    if job_id.startswith("local-"):
+        logs = {0: tail(job_dir / "axonn_launch.log")}
+        for path in (job_dir / "logs").glob("rank_*.log"):
+            logs[int(path.stem.split("_")[1])] = tail(path)
+        return logs
+    logs = {task: tail(path) for task, path in files["log.err"].items()}
+    if 0 in files["log.out"]:
+        logs[0] = tail(files["log.out"][0]) + "\n" + logs.get(0, "")
+    return logs
+
+
+def evidence(job_dir: Path, record: dict, info: SchedulerInfo | None) -> Evidence:
+    job_id = current_job_id(record)
+    state = info.state if info else ""
+    expected = int(record.get("nodes", 1)) * int(record.get("tasks_per_node", 1))
+    base = failures.base_state(state)
+    if base in failures.ACTIVE_STATES or base == "COMPLETED":
+        return Evidence(state=state, exit_code=info.exit_code if info else "")
+    if job_id.startswith("local-"):
+        state = local_state(record)
+        if state == "RUNNING":
+            return Evidence(state=state)
+        results: tuple[tuple[str, str], ...] = ()
+        if record.get("status") == "completed":
+            results = tuple(("success", "") for _ in range(expected))
+        exit_code = str(record.get("exit_code", ""))
+        done = record.get("status") == "completed"
+        logs = {} if done else task_logs(job_dir, job_id, {})
+        return Evidence(state="", exit_code=exit_code, results=results, logs=logs)
+    nodelist = failures.expand_nodelist(info.nodelist if info else "")
+    files = slurm_task_files(job_dir, job_id)
+    results = read_results(files["result.pkl"])
+    succeeded = len(results) == expected and all(outcome == "success" for outcome, _ in results)
+    if succeeded and base in ("", "UNKNOWN"):
+        return Evidence(state=state, results=results, expected_results=expected)
+    return Evidence(
+        state=state,
+        exit_code=info.exit_code if info else "",
+        results=results,
+        expected_results=expected,
+        logs=task_logs(job_dir, job_id, files),
+        nodes=nodelist,
+        tasks_per_node=int(record.get("tasks_per_node", 1)),
+    )
+
+
+def local_state(record: dict) -> str:
+    """machine=local: the record's status, checking that a "running" job's process lives."""
+    if record.get("status") != "running":
+        return ""
+    pid = int(current_job_id(record).split("-", 1)[1])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return ""
+    except PermissionError:
+        pass
+    return "RUNNING"
+
+
+def diagnose(job_dir: Path, record: dict, info: SchedulerInfo | None) -> tuple[str, Diagnosis]:
+    """(state to show, diagnosis) of one job."""
+    if record.get("dry_run") or record.get("status") == "dry_run":
+        return "DRY_RUN", Diagnosis(failures.UNKNOWN, "dry run: never submitted")
+    if not current_job_id(record):
+        return "NOT_SUBMITTED", Diagnosis(failures.UNKNOWN, "no job id in job.json")
+    ev = evidence(job_dir, record, info)
+    diagnosis = failures.classify(ev)
+    shown = ev.state or _state_from_class(diagnosis.failure)
+    return shown, diagnosis
+
+
+def _state_from_class(failure: str) -> str:
+    if failure == failures.COMPLETED:
+        return "COMPLETED"
+    return "RUNNING" if failure == failures.RUNNING else "ENDED"
+
+
+def job_status(job_dir: Path, record: dict, info: SchedulerInfo | None) -> JobStatus:
+    state, diagnosis = diagnose(job_dir, record, info)
+    metrics = last_metrics(job_dir)
+    grid = record.get("grid") or {}
+    return JobStatus(
+        job_dir=str(job_dir),
+        job_id=current_job_id(record),
+        name=str(record.get("name", "")),
+        machine=str(record.get("machine", "")),
+        model=str(record.get("model", "")),
+        grid=" ".join(f"{a}={grid[a]}" for a in ("data", "x", "y", "z") if a in grid),
+        nodes=int(record.get("nodes", 0)),
+        state=state,
+        step=int(metrics["step"]) if metrics else None,
+        steps=int(record.get("steps", 0)),
+        loss=float(metrics["loss"]) if metrics and "loss" in metrics else None,
+        failure=diagnosis.failure,
+        action=diagnosis.action,
+        reason=diagnosis.reason[:300],
+        attempt=int(record.get("attempt", 1)),
+        bad_nodes=list(diagnosis.bad_nodes),
+        resubmitted_as=str(record.get("resubmitted_as", "")),
+    )
+
+
+def collect(paths: list[str]) -> list[JobStatus]:
+    """Status of every job under ``paths``, with one scheduler query for all of them."""
+    records = []
+    for job_dir in find_job_dirs(paths):
+        with contextlib.suppress(OSError, ValueError):
+            records.append((job_dir, read_record(job_dir)))
+    infos = scheduler_states([current_job_id(r) for _, r in records])
+    return [job_status(d, r, infos.get(current_job_id(r))) for d, r in records]
+
+
+# --- status output -------------------------------------------------------------------------
+
+COLUMNS = (
+    ("JOB ID", lambda s: s.job_id or "-"),
+    ("NAME", lambda s: s.name),
+    ("MACHINE", lambda s: s.machine),
+    ("MODEL", lambda s: s.model),
+    ("GRID", lambda s: s.grid.replace("data=", "d").replace(" ", "").replace("=", "")),
+    ("NODES", lambda s: str(s.nodes)),
+    ("STATE", lambda s: s.state),
+    ("STEP", lambda s: f"{s.step if s.step is not None else '-'}/{s.steps}"),
+    ("LOSS", lambda s: f"{s.loss:.4f}" if s.loss is not None else "-"),
+    ("CLASS", lambda s: s.failure),
+    ("ATTEMPT", lambda s: str(s.attempt)),
+    (
+        "ACTION",
+        lambda s: f"resubmitted as {Path(s.resubmitted_as).name}" if s.resubmitted_as else s.action,
+    ),
+    ("DIR", lambda s: s.job_dir),
+)
+
+
+def format_table(rows: list[JobStatus]) -> str:
+    cells = [[name for name, _ in COLUMNS]] + [[get(r) for _, get in COLUMNS] for r in rows]
+    widths = [max(len(row[c]) for row in cells) for c in range(len(COLUMNS) - 1)]
+    return "\n".join(
+        "  ".join([c.ljust(w) for c, w in zip(row, widths)] + [row[-1]]) for row in cells
+    )
+
+
+def status_main(args: argparse.Namespace) -> int:
+    rows = collect(args.paths or [DEFAULT_ROOT])
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=2))
+    elif rows:
+        print(format_table(rows))
+    else:
+        print(f"no job directories (with job.json) under {' '.join(args.paths or [DEFAULT_ROOT])}")
+    return 0
+
+
+# --- resubmission --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def job_lock(job_dir: Path) -> Iterator[None]:
+    """Exclusive per-job lock across processes (flock on ``.resubmit.lock``)."""
+    with open(job_dir / ".resubmit.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def update_record(job_dir: Path, **updates) -> dict:
+    """Re-read job.json, apply ``updates`` and replace the file atomically."""
+    record = read_record(job_dir)
+    record.update(updates)
+    tmp = job_dir / f"job.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
+    tmp.replace(job_dir / "job.json")
+    return record
+
+
+def refusal(status: JobStatus, record: dict, args: argparse.Namespace) -> str | None:
+    """Why this job must not be resubmitted now, or None."""
+    if record.get("resubmitted_as"):
+        return f"already resubmitted as {record['resubmitted_as']}"
+    if status.failure in (failures.COMPLETED, failures.RUNNING):
+        return f"{status.failure}: nothing to do"
+    if args.only and status.failure not in args.only:
+        return f"{status.failure}: not in --only {' '.join(args.only)}"
+    if status.attempt >= args.max_attempts:
+        return f"attempt {status.attempt} reached --max-attempts {args.max_attempts}"
+    if status.action == failures.RETRY_WITH_NEW_GRID and not reshapes(args.overrides):
+        return f"{status.failure}: would fail again; resubmit with a new grid or node count"
+    if status.action not in RETRIABLE + (failures.RETRY_WITH_NEW_GRID,):
+        return f"{status.failure}: {status.action} ({status.reason})"
+    return None
+
+
+def reshapes(overrides: list[str]) -> bool:
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+    return any(k == r or k.startswith(r + ".") for k in keys for r in RESHAPING_KEYS)
+
+
+def original_overrides(job_dir: Path, record: dict) -> list[str]:
+    """The launch's KEY=VALUE overrides; a sweep's value lists become this point's value.
+
+    A ``--config-dir`` (site settings) becomes the ``hydra.searchpath`` override that
+    composes the same tree.
+    """
+    from axonn_launch.cli import split_argv
+
+    overrides, valued, _ = split_argv(list(record.get("command_line") or [])[1:])
+    kept = [o for o in overrides if not o.startswith(("hydra.", "+hydra."))]
+    kept += [o for o in overrides if o.startswith("hydra.searchpath")]
+    config_dir = valued.get("--config-dir") or valued.get("-cd")
+    if config_dir:
+        kept.append(f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]")
+    config = _load_yaml(job_dir / "config.yaml")
+    return [_point_value(o, config) for o in kept]
+
+
+def _point_value(override: str, config: dict | None) -> str:
+    key, value = override.split("=", 1)
+    if config is None or not _is_sweep(value):
+        return override
+    node: object = config
+    for part in key.lstrip("+~").split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node = node.get("name")
+    return override if node is None else f"{key}={node}"
+
+
+def _is_sweep(value: str) -> bool:
+    return (
+        "," in value
+        and not value.startswith(("[", "{", "'", '"'))
+        or value.startswith(("range(", "choice(", "glob("))
+    )
+
+
+def _load_yaml(path: Path) -> dict | None:
+    try:
+        import yaml
+
+        return yaml.safe_load(path.read_text())
+    except Exception:
+        return None
+
+
+def new_overrides(old: list[str], given: list[str], exclude: tuple[str, ...]) -> list[str]:
+    """Old overrides, replaced key by key by the given ones, plus exclusions and no wait."""
+    given_keys = {_key(o) for o in given}
+    merged = [o for o in old if _key(o) not in given_keys | {"wait", "dry_run", _key(EXCLUDE_KEY)}]
+    previous = [o.split("=", 1)[1] for o in old if _key(o) == _key(EXCLUDE_KEY)]
+    nodes = sorted({n for p in previous for n in p.split(",") if n} | set(exclude))
+    merged += given
+    if nodes and _key(EXCLUDE_KEY) not in given_keys:
+        merged.append(f"{EXCLUDE_KEY}={','.join(nodes)}")
+    return [*merged, "wait=false"]
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def attempt_dir(job_dir: Path, attempt: int) -> Path:
+    base = re.sub(r"_attempt\d+$", "", job_dir.name)
+    return job_dir.with_name(f"{base}_attempt{attempt}")
+
+
+def seed_from_checkpoint(old: Path, new: Path) -> str:
+    """Give the new attempt the old one's latest checkpoint (hard links) and metrics."""
+    new.mkdir(parents=True, exist_ok=False)
+    pointer = old / "checkpoints" / "latest"
+    copied = ""
+    if pointer.exists():
+        name = pointer.read_text().strip()
+        source = old / "checkpoints" / name
+        if (source / "meta.json").exists():
+            shutil.copytree(source, new / "checkpoints" / name, copy_function=_link_or_copy)
+            (new / "checkpoints" / "latest").write_text(name)
+            copied = name
+    if (old / "metrics.jsonl").exists():
+        shutil.copyfile(old / "metrics.jsonl", new / "metrics.jsonl")
+    return copied
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def resubmit_one(status: JobStatus, args: argparse.Namespace, out) -> str:
+    """Resubmit one job under its lock; returns a one-line outcome."""
+    job_dir = Path(status.job_dir)
+    with job_lock(job_dir):
+        record = read_record(job_dir)
+        why_not = refusal(status, record, args)
+        if why_not:
+            return f"skip  {status.job_id or '-'} {job_dir}: {why_not}"
+        attempt = int(record.get("attempt", 1)) + 1
+        target = attempt_dir(job_dir, attempt)
+        overrides = new_overrides(
+            original_overrides(job_dir, record), args.overrides, tuple(status.bad_nodes)
+        )
+        if args.dry_run:
+            return f"would resubmit {status.job_id} ({status.failure}) as {target}: " + " ".join(
+                overrides
+            )
+        update_record(job_dir, resubmitted_as=str(target))  # the mark comes before the job
+        try:
+            new_id = submit_attempt(job_dir, target, record, status, overrides, attempt, out)
+        except BaseException:
+            update_record(job_dir, resubmitted_as="")
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        update_record(
+            job_dir, resubmitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), resubmitted_job=new_id
+        )
+        return f"resubmitted {status.job_id} ({status.failure}) as job {new_id} in {target}"
+
+
+def submit_attempt(
+    job_dir: Path,
+    target: Path,
+    record: dict,
+    status: JobStatus,
+    overrides: list[str],
+    attempt: int,
+    out,
+) -> str:
+    from omegaconf import OmegaConf
+
+    from axonn_launch.config import compose, to_launch_config
+    from axonn_launch.launch import launch
+    from axonn_launch.validate import resolve
+
+    composed = compose(overrides)
+    cfg = to_launch_config(composed)
+    resolve(cfg)  # a bad override fails here, before anything is written
+    resumed_from = seed_from_checkpoint(job_dir, target)
+    argv0 = (record.get("command_line") or ["axonn_launch"])[0]
+    outcome = launch(
+        cfg,
+        job_dir=target,
+        config=OmegaConf.to_container(composed, resolve=True),
+        command_line=[argv0, *overrides],
+        out=out,
+    )
+    lineage = [
+        *record.get("lineage", []),
+        {
+            "job_dir": str(job_dir),
+            "job_ids": record.get("job_ids", []),
+            "attempt": int(record.get("attempt", 1)),
+            "failure": status.failure,
+            "reason": status.reason,
+            "step": status.step,
+        },
+    ]
+    update_record(
+        target,
+        attempt=attempt,
+        parent=str(job_dir),
+        lineage=lineage,
+        resumed_from=resumed_from,
+        excluded_nodes=status.bad_nodes,
+    )
+    return outcome.job_id
+
+
+def resubmit_main(args: argparse.Namespace) -> int:
+    bad = [c for c in args.only or [] if c not in failures.CLASSES]
+    if bad:
+        print(f"error: --only {' '.join(bad)}: valid classes: {', '.join(failures.CLASSES)}")
+        return 2
+    failed = 0
+    for status in collect(args.paths or [DEFAULT_ROOT]):
+        try:
+            print(resubmit_one(status, args, sys.stdout), flush=True)
+        except Exception as exc:  # bad override, sbatch refusal: report, go on with the rest
+            failed += 1
+            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            print(f"error {status.job_id} {status.job_dir}: {reason}", flush=True)
+    return 1 if failed else 0
+
+
+# --- command line --------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="python -m axonn_launch.jobs", description=__doc__.split("\n")[0]
+    )
+    commands = top.add_subparsers(dest="command", required=True)
+    status = commands.add_parser("status", help="one row per job")
+    status.add_argument(
+        "paths", nargs="*", help=f"job dirs or folders of them (default {DEFAULT_ROOT}/)"
+    )
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    again = commands.add_parser("resubmit", help="resubmit retriable failed jobs")
+    again.add_argument("paths", nargs="*", help="job dirs or folders of them")
+    again.add_argument("--dry-run", action="store_true", help="say what would be submitted")
+    again.add_argument("--only", nargs="+", metavar="CLASS", help="only jobs of these classes")
+    again.add_argument("--max-attempts", type=int, default=5, help="attempts per job, all told")
+    return top
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """KEY=VALUE words are overrides; everything else goes to argparse."""
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    return [a for a in argv if a not in overrides], overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    rest, overrides = split_overrides(list(sys.argv[1:] if argv is None else argv))
+    args = parser().parse_args(rest)
+    args.overrides = overrides
+    if args.command == "status":
+        if overrides:
+            print(f"error: status takes no overrides: {' '.join(overrides)}", file=sys.stderr)
+            return 2
+        return status_main(args)
+    return resubmit_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

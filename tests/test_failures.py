@@ -1,0 +1,519 @@
+"""Failure classification on literal sacct/log texts, ``jobs status`` on synthetic job
+directories (with and without accounting), resubmission decisions, fault-injection
+parsing, and checkpoints that survive a rank killed while writing them."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from axonn_launch import failures, jobs
+from axonn_launch.failures import Evidence, classify
+from axonn_launch.train import faults
+
+# --- literal texts, as Slurm, submitit, torch and the kernel write them ---------------------
+
+GLOO_PEER_CLOSED = (
+    "[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553]"
+    " Connection closed by peer [127.0.0.1]:47015. This is typically caused by a remote worker"
+    " crashing. Check the logs of the remote worker before reporting an error."
+)
+SRUN_TERMINATED = (
+    "srun: error: n1: task 1: Exited with exit code 1\n"
+    "srun: launch/slurm: _step_signal: Terminating StepId=53.0\n"
+    "slurmstepd-n1: error: *** STEP 53.0 ON n1 CANCELLED AT 2026-11-29T15:51:05 ***\n"
+    "srun: error: n1: task 0: Terminated\n"
+)
+NCCL_ERROR = (
+    "[rank1]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356,"
+    " unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n"
+    "[rank1]: ncclSystemError: System call (e.g. socket, malloc) or external library call failed"
+)
+WATCHDOG = (
+    "[rank3]:[E1129 10:02:11.123 ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective"
+    " operation timeout: WorkNCCL(SeqNum=9021, OpType=ALLREDUCE, NumelIn=1, Timeout(ms)=600000)"
+    " ran for 600012 milliseconds before timing out."
+)
+RCCL_ERROR = "RuntimeError: RCCL error in: ProcessGroupNCCL.cpp:1269, remote process exited"
+CUDA_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total"
+    " capacity of 79.15 GiB of which 1.06 GiB is free."
+)
+HIP_OOM = "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 1.50 GiB. GPU 3 has a"
+HOST_OOM = (
+    "slurmstepd: error: Detected 1 oom_kill event in StepId=812.0. Some of the step tasks have"
+    " been OOM Killed."
+)
+TIME_LIMIT = (
+    "slurmstepd: error: *** JOB 77 ON n1 CANCELLED AT 2026-11-29T10:00:00 DUE TO TIME LIMIT ***"
+)
+SUBMITIT_TIMEOUT = (
+    "submitit.core.utils.UncompletedJobError: Job not requeued because: timed-out too many times."
+)
+PREEMPTION = (
+    "slurmstepd: error: *** JOB 80 ON n2 CANCELLED AT 2026-11-29T10:00:00 DUE TO PREEMPTION ***"
+)
+NODE_FAIL_LOG = "srun: error: Node failure on n2\nsrun: error: Nodes n2 are still not responding"
+KILLED = (
+    "srun: error: n1: task 1: Killed\n"
+    "srun: launch/slurm: _step_signal: Terminating StepId=55.0\n"
+    "srun: error: n2: tasks 2-3: Killed\n"
+)
+VALUE_ERROR = (
+    "Traceback (most recent call last):\n"
+    '  File "/work/main/axonn_launch/train/__init__.py", line 60, in run\n'
+    "ValueError: seq_len=128 > model max_seq_len=64\n"
+)
+SCANCEL = "slurmstepd-n1: error: *** JOB 34 ON n1 CANCELLED AT 2026-11-29T15:40:01 ***"
+
+CASES = [
+    # (case, state, exit code, log text, expected class)
+    ("completed", "COMPLETED", "0:0", "", failures.COMPLETED),
+    ("pending", "PENDING", "0:0", "", failures.RUNNING),
+    ("running", "RUNNING", "0:0", "", failures.RUNNING),
+    ("requeued", "REQUEUED", "0:0", "", failures.RUNNING),
+    ("sacct timeout", "TIMEOUT", "0:0", TIME_LIMIT, failures.TIMEOUT),
+    ("time limit in the log", "FAILED", "1:0", TIME_LIMIT, failures.TIMEOUT),
+    ("out of requeues", "FAILED", "1:0", SUBMITIT_TIMEOUT, failures.TIMEOUT),
+    ("sacct preempted", "PREEMPTED", "0:0", "", failures.PREEMPTED),
+    ("preemption in the log", "", "", PREEMPTION, failures.PREEMPTED),
+    ("sacct node fail", "NODE_FAIL", "0:0", "", failures.NODE_FAILURE),
+    ("node failure in the log", "FAILED", "1:0", NODE_FAIL_LOG, failures.NODE_FAILURE),
+    ("sacct out of memory", "OUT_OF_MEMORY", "0:125", "", failures.HOST_OOM),
+    ("oom kill in the log", "FAILED", "0:9", HOST_OOM, failures.HOST_OOM),
+    ("python MemoryError", "FAILED", "1:0", "MemoryError: Unable to allocate", failures.HOST_OOM),
+    ("CUDA OOM", "FAILED", "1:0", CUDA_OOM + "\n" + GLOO_PEER_CLOSED, failures.GPU_OOM),
+    ("HIP OOM", "FAILED", "1:0", HIP_OOM, failures.GPU_OOM),
+    (
+        "NCCL error",
+        "FAILED",
+        "1:0",
+        NCCL_ERROR + "\n" + GLOO_PEER_CLOSED,
+        failures.COLLECTIVE_FAILURE,
+    ),
+    ("watchdog", "FAILED", "6:0", WATCHDOG, failures.COLLECTIVE_FAILURE),
+    ("RCCL error", "FAILED", "1:0", RCCL_ERROR, failures.COLLECTIVE_FAILURE),
+    ("only a lost peer", "FAILED", "1:0", GLOO_PEER_CLOSED, failures.COLLECTIVE_FAILURE),
+    ("scancel", "CANCELLED by 0", "0:0", GLOO_PEER_CLOSED, failures.CANCELLED),
+    ("scancel banner only", "", "", SCANCEL, failures.CANCELLED),
+    ("kill -9 of a rank", "FAILED", "9:0", KILLED + GLOO_PEER_CLOSED, failures.RANK_KILLED),
+    ("killed, no logs", "FAILED", "0:9", "", failures.RANK_KILLED),
+    ("code error", "FAILED", "1:0", VALUE_ERROR + SRUN_TERMINATED, failures.CODE_ERROR),
+    (
+        "code error, peers lost",
+        "FAILED",
+        "1:0",
+        VALUE_ERROR + GLOO_PEER_CLOSED,
+        failures.CODE_ERROR,
+    ),
+    ("nothing known", "FAILED", "1:0", "", failures.UNKNOWN),
+    ("no state at all", "", "", "", failures.UNKNOWN),
+]
+
+
+@pytest.mark.parametrize(
+    "state, exit_code, text, expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_classification_table(state, exit_code, text, expected):
+    ev = Evidence(state=state, exit_code=exit_code, logs={0: text} if text else {})
+    assert classify(ev).failure == expected
+
+
+def test_every_class_has_a_documented_action():
+    assert set(failures.ACTIONS) == set(failures.CLASSES)
+    for failure in failures.CLASSES:
+        assert f"\n{failure} " in failures.__doc__, failure
+    assert failures.ACTIONS[failures.CODE_ERROR] == failures.DO_NOT_RETRY
+    assert failures.ACTIONS[failures.GPU_OOM] == failures.RETRY_WITH_NEW_GRID
+    assert failures.ACTIONS[failures.UNKNOWN] == failures.REPORT
+    for failure in (failures.NODE_FAILURE, failures.COLLECTIVE_FAILURE):
+        assert failures.ACTIONS[failure] == failures.RESUME_EXCLUDING
+
+
+def test_result_pickles_decide_success_and_errors():
+    ok = (("success", ""),) * 4
+    assert classify(Evidence(state="", results=ok, expected_results=4)).failure == "completed"
+    partial = Evidence(state="", results=ok[:3], expected_results=4)
+    assert classify(partial).failure == failures.UNKNOWN
+    errored = Evidence(state="", results=(("error", CUDA_OOM),), expected_results=1)
+    assert classify(errored).failure == failures.GPU_OOM
+
+
+def test_nodes_to_exclude():
+    node_fail = classify(Evidence(state="FAILED", logs={0: NODE_FAIL_LOG}, nodes=("n1", "n2")))
+    assert node_fail.bad_nodes == ("n2",)
+    sacct_only = classify(Evidence(state="NODE_FAIL", nodes=("n1", "n2")))
+    assert sacct_only.bad_nodes == ("n1", "n2")  # no log names the node: all of the job's
+    logs = {0: GLOO_PEER_CLOSED, 1: GLOO_PEER_CLOSED, 2: NCCL_ERROR, 3: GLOO_PEER_CLOSED}
+    ev = Evidence(state="FAILED", logs=logs, nodes=("n1", "n2", "n3"), tasks_per_node=2)
+    collective = classify(ev)
+    assert collective.failure == failures.COLLECTIVE_FAILURE
+    assert collective.bad_nodes == ("n2",)  # task 2 saw the error itself; tasks 2,3 on n2
+
+
+def test_nodelist_expansion():
+    assert failures.expand_nodelist("n[1-3,7]") == ("n1", "n2", "n3", "n7")
+    assert failures.expand_nodelist("nid[000098-000100],login1") == (
+        "nid000098",
+        "nid000099",
+        "nid000100",
+        "login1",
+    )
+    assert failures.expand_nodelist("None assigned") == ()
+
+
+# --- status on synthetic job directories -------------------------------------------------
+
+
+def make_job(
+    root: Path,
+    name: str,
+    job_id: str,
+    *,
+    results: list[tuple[str, object]] = (),
+    logs: dict[int, str] | None = None,
+    steps_done: int = 0,
+    total: int = 20,
+    **record,
+) -> Path:
+    job_dir = root / name
+    folder = job_dir / "slurm" / job_id
+    folder.mkdir(parents=True)
+    base = {
+        "name": name,
+        "job_dir": str(job_dir),
+        "job_ids": [job_id],
+        "machine": "slurm_local",
+        "scheduler": "slurm",
+        "model": "gpt_tiny",
+        "grid": {"data": 1, "x": 2, "y": 1, "z": 1},
+        "nodes": 1,
+        "tasks_per_node": 2,
+        "steps": total,
+        "attempt": 1,
+        "lineage": [],
+        "command_line": ["axonn_launch", "machine=slurm_local", "grid.x=2", "train.steps=20"],
+        "status": "submitted",
+    }
+    (job_dir / "job.json").write_text(json.dumps({**base, **record}))
+    for task, result in enumerate(results):
+        with open(folder / f"{job_id}_{task}_result.pkl", "wb") as handle:
+            pickle.dump(result, handle)
+    for task, text in (logs or {}).items():
+        (folder / f"{job_id}_{task}_log.err").write_text(text)
+        (folder / f"{job_id}_{task}_log.out").write_text("")
+    rows = [{"step": s, "loss": 5.0 - 0.1 * s} for s in range(1, steps_done + 1)]
+    (job_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return job_dir
+
+
+def fake_tools(tmp_path: Path, *, sacct: str | None, squeue: str = "") -> dict[str, str]:
+    """PATH with a sacct that prints ``sacct`` (or fails when None) and a squeue."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    calls = tmp_path / "calls"
+    scripts = {
+        "sacct": f"echo sacct >> {calls}\n"
+        + (
+            "echo 'sacct: error: Slurm accounting storage is disabled' >&2; exit 1"
+            if sacct is None
+            else f"cat <<'EOF'\n{sacct}\nEOF"
+        ),  # fmt: skip
+        "squeue": f"echo squeue >> {calls}\ncat <<'EOF'\n{squeue}\nEOF",
+    }
+    for tool, body in scripts.items():
+        (bindir / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (bindir / tool).chmod(0o755)
+    return {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.fixture
+def job_root(tmp_path):
+    root = tmp_path / "jobs"
+    make_job(root / "sweep", "done", "101", results=[("success", {})] * 2, steps_done=20)
+    make_job(root / "sweep", "oom", "102", results=[("error", CUDA_OOM)], steps_done=3,
+             logs={0: CUDA_OOM, 1: GLOO_PEER_CLOSED})  # fmt: skip
+    make_job(root, "queued", "103")
+    make_job(root, "killed", "104", logs={0: KILLED}, steps_done=7)
+    make_job(root, "timeout", "105", steps_done=12, logs={0: TIME_LIMIT})
+    return root
+
+
+SACCT = "\n".join(
+    [
+        "101|COMPLETED|0:0|n1",
+        "102|FAILED|1:0|n1",
+        "103|PENDING|0:0|None assigned",
+        "104|FAILED|9:0|n2",
+        "105|TIMEOUT|0:0|n1",
+    ]
+)
+
+
+def by_name(rows: list[jobs.JobStatus]) -> dict[str, jobs.JobStatus]:
+    return {row.name: row for row in rows}
+
+
+def test_status_with_sacct_one_call_for_all_jobs(job_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", fake_tools(tmp_path, sacct=SACCT)["PATH"])
+    rows = by_name(jobs.collect([str(job_root)]))
+    assert (tmp_path / "calls").read_text().split() == ["sacct"]
+    expected = {
+        "done": ("COMPLETED", failures.COMPLETED, 20),
+        "oom": ("FAILED", failures.GPU_OOM, 3),
+        "queued": ("PENDING", failures.RUNNING, None),
+        "killed": ("FAILED", failures.RANK_KILLED, 7),
+        "timeout": ("TIMEOUT", failures.TIMEOUT, 12),
+    }
+    assert {n: (r.state, r.failure, r.step) for n, r in rows.items()} == expected
+    assert rows["killed"].loss == pytest.approx(5.0 - 0.7)
+    assert rows["oom"].grid == "data=1 x=2 y=1 z=1" and rows["oom"].steps == 20
+
+
+def test_status_without_accounting_uses_squeue_results_and_logs(job_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", fake_tools(tmp_path, sacct=None, squeue="103|PENDING|")["PATH"])
+    rows = by_name(jobs.collect([str(job_root)]))
+    assert (tmp_path / "calls").read_text().split() == ["sacct", "squeue"]
+    assert {n: r.failure for n, r in rows.items()} == {
+        "done": failures.COMPLETED,  # all result pickles say success
+        "oom": failures.GPU_OOM,  # the error pickle's traceback
+        "queued": failures.RUNNING,  # squeue lists it
+        "killed": failures.RANK_KILLED,  # srun's line in the log
+        "timeout": failures.TIMEOUT,  # slurmstepd's line in the log
+    }
+
+
+def test_status_command_prints_rows_and_json(job_root, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", fake_tools(tmp_path, sacct=SACCT)["PATH"])
+    assert jobs.main(["status", str(job_root)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:4] == ["JOB", "ID", "NAME", "MACHINE"]
+    assert len(table) == 6 and any("gpu_oom" in line and "3/20" in line for line in table)
+    assert jobs.main(["status", str(job_root / "sweep"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert sorted(r["job_id"] for r in rows) == ["101", "102"]
+
+
+def test_resubmit_dry_run_decisions(job_root, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", fake_tools(tmp_path, sacct=SACCT)["PATH"])
+    assert jobs.main(["resubmit", str(job_root), "--dry-run"]) == 0
+    lines = {line.split()[1] if line.startswith("skip") else line.split()[2]: line
+             for line in capsys.readouterr().out.splitlines()}  # fmt: skip
+    assert lines["101"].startswith("skip") and "completed" in lines["101"]
+    assert lines["102"].startswith("skip") and "new grid" in lines["102"]
+    assert lines["103"].startswith("skip") and "running" in lines["103"]
+    assert lines["104"].startswith("would resubmit") and "killed_attempt2" in lines["104"]
+    assert lines["105"].startswith("would resubmit") and "wait=false" in lines["105"]
+    assert not (job_root / "killed_attempt2").exists()  # a dry run writes nothing
+    # with a new grid, the out-of-memory job may retry; --only narrows to one class
+    assert jobs.main(["resubmit", str(job_root), "--dry-run", "--only", "gpu_oom", "grid.x=1"]) == 0
+    out = capsys.readouterr().out
+    assert "would resubmit 102" in out and "grid.x=1" in out and "grid.x=2" not in out
+    assert "would resubmit 104" not in out
+
+
+def test_resubmit_twice_submits_once(job_root, tmp_path, monkeypatch, capsys, fake_sbatch):
+    bindir, marker = fake_sbatch
+    tools = fake_tools(tmp_path, sacct=SACCT)["PATH"]
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{tools}")
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        jobs.main(["resubmit", str(job_root), "--only", "rank_killed"])
+    out = capsys.readouterr().out
+    assert len(marker.read_text().splitlines()) == 1
+    assert "already resubmitted" in out
+    new = json.loads((job_root / "killed_attempt2" / "job.json").read_text())
+    old = json.loads((job_root / "killed" / "job.json").read_text())
+    assert old["resubmitted_as"] == str(job_root / "killed_attempt2")
+    assert new["attempt"] == 2 and new["parent"] == str(job_root / "killed")
+    assert new["lineage"][0]["failure"] == failures.RANK_KILLED
+    assert new["job_ids"] == ["1"]
+
+
+def test_new_overrides_merge_and_exclude():
+    old = ["machine=slurm_local", "grid.x=2", "+machine.slurm.extra_sbatch.exclude=n3", "wait=true"]
+    merged = jobs.new_overrides(old, ["grid.x=1", "grid.data=2"], ("n1",))
+    assert merged == [
+        "machine=slurm_local",
+        "grid.x=1",
+        "grid.data=2",
+        "+machine.slurm.extra_sbatch.exclude=n1,n3",
+        "wait=false",
+    ]
+
+
+# --- fault injection ---------------------------------------------------------------------
+
+
+def test_fault_specs_parse_and_reject():
+    assert faults.parse("") == []
+    assert faults.parse("collective@step5:rank1, pause@step9:30") == [
+        faults.Fault("collective", 5, 1, None),
+        faults.Fault("pause", 9, None, 30),
+    ]
+    with pytest.raises(ValueError, match="KIND@stepN"):
+        faults.parse("segfault@step3")
+
+
+def test_fault_hook_fires_once_on_its_step_and_rank():
+    calls = []
+    hook = faults.step_hook(lambda: calls.append(1) or False, rank=1, start_step=2,
+                            environ={"AXONN_FAULT": "gpu_oom@step4:rank1"})  # fmt: skip
+    assert hook() is False  # after step 3
+    with pytest.raises(Exception, match="CUDA out of memory") as raised:
+        hook()  # after step 4
+    assert (
+        failures.classify_text(f"{type(raised.value).__name__}: {raised.value}").failure
+        == "gpu_oom"
+    )
+    assert hook() is False and len(calls) == 2
+    quiet = faults.step_hook(lambda: False, rank=0, start_step=0, environ={})
+    assert all(quiet() is False for _ in range(10))
+
+
+# --- checkpoints survive a rank killed while writing them ---------------------------------
+
+
+def _saver(rank: int, world: int, store_path: str, job_dir: str) -> None:
+    """Save checkpoints in a loop until killed; each rank's payload encodes the step."""
+    import torch
+    import torch.distributed as dist
+
+    from axonn_launch.train.checkpoint import save_checkpoint
+
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    payload = torch.zeros(4_000_000)
+    for step in range(1, 10_000):
+        payload.fill_(step * 10 + rank)
+        meta = {"grid": {"data": world, "x": 1, "y": 1, "z": 1}}
+        save_checkpoint(job_dir, step=step, rank=rank, state={"w": payload}, meta=meta, keep=2)
+
+
+@pytest.mark.slow
+def test_rank_killed_while_saving_leaves_a_loadable_latest_checkpoint(tmp_path):
+    import multiprocessing as mp
+    import random
+
+    import torch
+
+    from axonn_launch.train.checkpoint import latest_checkpoint
+
+    rng = random.Random(2026)
+    # forkserver: children fork from a clean process (forking a process whose OpenMP pool
+    # is running, like this one after other torch tests, can hang the child)
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "axonn_launch.train.checkpoint"])
+    checked = 0
+    for point in range(10):
+        job_dir = tmp_path / f"job{point}"
+        procs = [
+            context.Process(
+                target=_saver, args=(r, 2, str(tmp_path / f"store{point}"), str(job_dir))
+            )
+            for r in range(2)
+        ]
+        for proc in procs:
+            proc.start()
+        deadline = time.time() + 60
+        while not (job_dir / "checkpoints" / "latest").exists():
+            assert time.time() < deadline, "no checkpoint written within 60 s"
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 1.5))  # somewhere inside one of the following saves
+        victim = procs[rng.randrange(2)]
+        os.kill(victim.pid, signal.SIGKILL)
+        for proc in procs:
+            if proc is not victim:
+                proc.kill()
+            proc.join()
+        latest = latest_checkpoint(job_dir)
+        step = json.loads((latest / "meta.json").read_text())["step"]
+        for rank in range(2):
+            state = torch.load(latest / f"rank_{rank:05d}.pt", weights_only=True)
+            assert torch.equal(state["w"], torch.full((4_000_000,), float(step * 10 + rank)))
+        checked += 1
+    assert checked == 10
+
+
+# --- a checkpoint written on one grid loads on another ------------------------------------
+
+
+def _full_tensors(model, seed: int) -> dict[str, object]:
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        n: torch.randn(p.shard_layout.full_shape, generator=generator)
+        for n, p in model.named_parameters()
+    }
+
+
+def _sharded_model(grid, rank: int):
+    from axonn_launch.models import ModelSpec
+    from axonn_launch.spec import OverlapConfig, TrainConfig
+    from axonn_launch.train.loop import build_optimizer
+    from axonn_launch.train.model import GPT
+    from axonn_launch.train.reshard import grid_position
+
+    spec = ModelSpec(name="t", n_layer=2, d_model=64, n_head=4, vocab_size=65, max_seq_len=32)
+    groups = grid_position(grid, rank)
+    model = GPT(spec, groups=groups, overlap=OverlapConfig(), seed=7)
+    return model, build_optimizer(model, TrainConfig()), groups
+
+
+@pytest.mark.parametrize(
+    "new_grid, new_rank", [({}, 0), ({"data": 2}, 1), ({"y": 2}, 1), ({"x": 4}, 3)]
+)
+def test_checkpoint_of_one_grid_loads_on_another(tmp_path, new_grid, new_rank):
+    import torch
+
+    from axonn_launch.grid import Grid
+    from axonn_launch.train.reshard import load_resharded
+
+    old_grid = Grid(x=2, z=2)
+    weights = moments = None
+    for rank in range(old_grid.world_size):
+        model, optimizer, groups = _sharded_model(old_grid, rank)
+        weights = weights or _full_tensors(model, seed=1)
+        moments = moments or {k: _full_tensors(model, seed=s) for k, s in (("m", 2), ("v", 3))}
+        for name, param in model.named_parameters():
+            layout = param.shard_layout
+            with torch.no_grad():
+                param.copy_(layout.local_from_full(weights[name], groups))
+            optimizer.state[param] = {
+                "step": torch.tensor(5.0),
+                "exp_avg": layout.local_from_full(moments["m"][name], groups),
+                "exp_avg_sq": layout.local_from_full(moments["v"][name], groups),
+            }
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "loader": {"step": 5, "rank": rank},
+            "rng": {"rank": rank},
+        }
+        torch.save(state, tmp_path / f"rank_{rank:05d}.pt")
+
+    model, optimizer, groups = _sharded_model(Grid(**new_grid), new_rank)
+    loader, rng = load_resharded(
+        tmp_path,
+        {"grid": old_grid.as_dict()},
+        model=model,
+        optimizer=optimizer,
+        loader=None,
+        groups=groups,
+        device=torch.device("cpu"),
+    )
+    assert loader["step"] == 5 and rng["rank"] == (new_rank if new_rank < 4 else 0)
+    for name, param in model.named_parameters():
+        layout = param.shard_layout
+        assert torch.equal(param.detach(), layout.local_from_full(weights[name], groups)), name
+        entry = optimizer.state[param]
+        assert float(entry["step"]) == 5.0
+        assert torch.equal(entry["exp_avg"], layout.local_from_full(moments["m"][name], groups))
+        assert torch.equal(entry["exp_avg_sq"], layout.local_from_full(moments["v"][name], groups))
