@@ -215,21 +215,30 @@ def tail(path: Path | str, size: int = LOG_TAIL_BYTES) -> str:
         return ""
 
 
-def task_logs(job_dir: Path, job_id: str, files: dict[str, dict[int, str]]) -> dict[int, str]:
+def task_logs(
+    job_dir: Path, job_id: str, files: dict[str, dict[int, str]], every_task: bool = True
+) -> dict[int, str]:
     """Tail of each task's stderr (tracebacks; srun and slurmstepd write into task 0's),
-    and of task 0's stdout (Slurm: submitit's files; machine=local: logs/)."""
+    and of task 0's stdout (Slurm: submitit's files; machine=local: logs/).
+
+    ``every_task=False`` reads task 0 only: with the result pickles that settles most
+    classes; the other tasks' logs matter to find the node of a collective error.
+    """
     if job_id.startswith("local-"):
         logs = {0: tail(job_dir / "axonn_launch.log")}
         for path in (job_dir / "logs").glob("rank_*.log"):
             logs[int(path.stem.split("_")[1])] = tail(path)
         return logs
-    logs = {task: tail(path) for task, path in files["log.err"].items()}
+    errs = files["log.err"] if every_task else {0: files["log.err"].get(0, "")}
+    logs = {task: tail(path) for task, path in errs.items() if path}
     if 0 in files["log.out"]:
         logs[0] = tail(files["log.out"][0]) + "\n" + logs.get(0, "")
     return logs
 
 
-def evidence(job_dir: Path, record: dict, info: SchedulerInfo | None) -> Evidence:
+def evidence(
+    job_dir: Path, record: dict, info: SchedulerInfo | None, every_task: bool = False
+) -> Evidence:
     job_id = current_job_id(record)
     state = info.state if info else ""
     expected = int(record.get("nodes", 1)) * int(record.get("tasks_per_node", 1))
@@ -258,7 +267,7 @@ def evidence(job_dir: Path, record: dict, info: SchedulerInfo | None) -> Evidenc
         exit_code=info.exit_code if info else "",
         results=results,
         expected_results=expected,
-        logs=task_logs(job_dir, job_id, files),
+        logs=task_logs(job_dir, job_id, files, every_task),
         nodes=nodelist,
         tasks_per_node=int(record.get("tasks_per_node", 1)),
     )
@@ -286,6 +295,9 @@ def diagnose(job_dir: Path, record: dict, info: SchedulerInfo | None) -> tuple[s
         return "NOT_SUBMITTED", Diagnosis(failures.UNKNOWN, "no job id in job.json")
     ev = evidence(job_dir, record, info)
     diagnosis = failures.classify(ev)
+    if diagnosis.failure in (failures.COLLECTIVE_FAILURE, failures.UNKNOWN):
+        ev = evidence(job_dir, record, info, every_task=True)
+        diagnosis = failures.classify(ev)
     shown = ev.state or _state_from_class(diagnosis.failure)
     return shown, diagnosis
 

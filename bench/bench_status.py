@@ -149,8 +149,9 @@ def write_report(path: Path, n: int, results: list[tuple[str, float, float, Coun
         "",
         "Each job has 8 tasks; completed jobs have 8 result pickles. With sacct, completed and",
         "queued jobs need only job.json and the end of metrics.jsonl; failed ones also read",
-        "their result pickles and the last 16 KiB of each task log. Without accounting every",
-        "ended job is read that way.",
+        "their result pickles and the last 16 KiB of task 0's logs (all tasks' logs only for",
+        "a collective failure or an unknown cause). Without accounting every ended job is",
+        "read that way, including the 8 result pickles of each completed job.",
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")

@@ -140,16 +140,27 @@ class Comm:
         return Handle(work)
 
     def all_gather(
-        self, shard: torch.Tensor, axis: str, *, tag: str = "", async_op: bool = False
+        self,
+        shard: torch.Tensor,
+        axis: str,
+        *,
+        tag: str = "",
+        async_op: bool = False,
+        group_name: str | None = None,
     ) -> tuple[torch.Tensor, Handle]:
-        """Concatenate every member's ``shard`` along dim 0, in group order."""
+        """Concatenate every member's ``shard`` along dim 0, in group order.
+
+        ``group_name`` picks another communicator with the same members as ``axis``
+        (``"z_gather"``); the record still names ``axis``.
+        """
         p = self.size(axis)
         if p == 1:
             return shard, _done()
         shard = shard.contiguous()
         out = shard.new_empty((p * shard.shape[0], *shard.shape[1:]))
         self._record("all_gather", axis, out.numel(), shard.dtype, tag)
-        work = _all_gather_single(out, shard, group=self.groups.group(axis), async_op=async_op)
+        group = self.groups.group(group_name or axis)
+        work = _all_gather_single(out, shard, group=group, async_op=async_op)
         return out, Handle(work)
 
     def reduce_scatter(

@@ -23,6 +23,8 @@ class Groups:
     ``plane`` is the x*y plane (fixed z and data) that holds one vocab-parallel
     embedding / LM head / cross-entropy. Within the plane a rank's index is
     ``x + grid.x * y`` (the group's ranks are in ascending global order).
+    ``z_gather`` has the same members as ``z``; the weight all-gathers run on it so that
+    prefetched all-gathers do not queue behind reduce-scatters on one communicator.
     """
 
     grid: Grid
@@ -33,6 +35,7 @@ class Groups:
     z: dist.ProcessGroup | None
     data: dist.ProcessGroup | None
     plane: dist.ProcessGroup | None
+    z_gather: dist.ProcessGroup | None = None
 
     def size(self, axis: str) -> int:
         if axis == "plane":
@@ -46,6 +49,8 @@ class Groups:
         return getattr(self.coords, axis)
 
     def group(self, axis: str) -> dist.ProcessGroup | None:
+        if axis == "z_gather":
+            return self.z_gather if self.z_gather is not None else self.z
         if axis not in GROUP_AXES:
             raise ValueError(f"unknown axis {axis!r}; valid: {', '.join(GROUP_AXES)}")
         return getattr(self, axis)
@@ -71,7 +76,8 @@ def build_groups(grid: Grid, *, rank: int) -> Groups:
     if grid.world_size == 1:
         return single_process_groups(grid)
     mine = {axis: _create_axis_groups(grid, axis, rank) for axis in GROUP_AXES}
-    return Groups(grid=grid, rank=rank, coords=grid.coords(rank), **mine)
+    z_gather = _create_axis_groups(grid, "z", rank)
+    return Groups(grid=grid, rank=rank, coords=grid.coords(rank), z_gather=z_gather, **mine)
 
 
 def _create_axis_groups(grid: Grid, axis: str, rank: int) -> dist.ProcessGroup | None:

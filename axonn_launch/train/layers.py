@@ -245,7 +245,9 @@ class TPLinear(nn.Module):
             )
 
     def gather_weight(self, *, async_op: bool) -> tuple[torch.Tensor, Handle]:
-        return self.comm.all_gather(self.weight.detach(), "z", tag=self.name, async_op=async_op)
+        return self.comm.all_gather(
+            self.weight.detach(), "z", tag=self.name, async_op=async_op, group_name="z_gather"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = _TPLinearFunction.apply(x, self.weight, self)

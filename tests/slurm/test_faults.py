@@ -286,7 +286,13 @@ def test_out_of_memory_and_code_errors_are_not_resubmitted(submitted, reference,
     assert "resubmitted_as" not in json.loads((job.job_dir / "job.json").read_text())
     if name == "gpu_oom":  # with a new grid it is worth another try: x=2 -> data=2
         new_dir = resubmit_and_finish(
-            job, reference, "grid.x=1", "grid.data=2", resumed_step=4, rel=1e-4
+            job,
+            reference,
+            "grid.x=1",
+            "grid.data=2",
+            "train.micro_batch=8",  # the same global batch, split over two replicas
+            resumed_step=4,
+            rel=1e-4,
         )
         assert json.loads((new_dir / "job.json").read_text())["grid"]["data"] == 2
 

@@ -223,23 +223,35 @@ def test_single_process_chain_and_groups():
     _check_embedding_and_loss(comm, "[single]")
 
 
-def _groups_match_grid(rank: int, world: int) -> list:
+def _group_members(rank: int, grid: Grid) -> dict:
     import torch.distributed as dist
 
-    grid = Grid(x=2, y=2)
     groups = build_groups(grid, rank=rank)
     members = {}
-    for axis in ("x", "y", "plane"):
-        ranks = [0] * groups.size(axis)
-        dist.all_gather_object(ranks, rank, group=groups.group(axis))
+    for axis in ("x", "y", "z", "z_gather", "data", "plane"):
+        group = groups.group(axis)
+        if group is None:
+            members[axis] = None
+            continue
+        ranks = [0] * dist.get_world_size(group)
+        dist.all_gather_object(ranks, rank, group=group)
         members[axis] = ranks
-    return [groups.group("z") is None, groups.group("data") is None, members]
+    members["separate_z_gather"] = groups.z_gather is not None and groups.z_gather is not groups.z
+    return members
+
+
+def _groups_match_grid(rank: int, world: int, grids: list[Grid]) -> list[dict]:
+    return [_group_members(rank, grid) for grid in grids]
 
 
 def test_build_groups_follow_the_grid_layout():
-    grid = Grid(x=2, y=2)
-    for rank, (no_z, no_data, members) in enumerate(run_world(_groups_match_grid, 4)):
-        assert no_z and no_data
-        for axis in ("x", "y"):
-            assert members[axis] == next(g for g in grid.groups(axis) if rank in g)
-        assert members["plane"] == [0, 1, 2, 3]
+    grids = [Grid(x=2, y=2), Grid(y=2, z=2), Grid(data=2, x=2)]
+    for rank, per_grid in enumerate(run_world(_groups_match_grid, 4, grids)):
+        for grid, members in zip(grids, per_grid):
+            for axis in ("x", "y", "z", "data"):
+                expected = next(g for g in grid.groups(axis) if rank in g)
+                assert members[axis] == (expected if len(expected) > 1 else None), (grid, axis)
+            plane = next(g for g in grid.plane_groups() if rank in g)
+            assert members["plane"] == (plane if len(plane) > 1 else None), grid
+            assert members["z_gather"] == members["z"], grid
+            assert members["separate_z_gather"] == (grid.z > 1), grid
