@@ -34,6 +34,7 @@ class GridRequest:
     y: int | None = None
     z: int | None = None
     auto: bool = False
+    pick: int = 0  # with auto: 0 = the planner's best, k = its (k+1)-th best
 
     def given(self) -> bool:
         return any(getattr(self, a) is not None for a in ("data", "x", "y", "z"))

@@ -143,6 +143,11 @@ def summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
     )
 
 
+def planner_note(pick: int, micro_batch: int) -> str:
+    which = "best" if pick == 0 else f"choice {pick + 1}"
+    return f" (planner's {which}; micro_batch={micro_batch})"
+
+
 def job_record(
     cfg: LaunchConfig, resolved: Resolved, job_dir: Path, command_line: list[str]
 ) -> dict:

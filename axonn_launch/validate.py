@@ -122,6 +122,8 @@ def wants_planner(cfg: LaunchConfig) -> bool:
     request: GridRequest = cfg.grid
     if request.auto and request.given():
         raise ConfigError("grid=auto: do not also set grid.data/x/y/z")
+    if request.pick and not request.auto:
+        raise ConfigError(f"grid.pick={request.pick}: only with grid=auto")
     return request.auto or (not request.given() and not cfg.machine.default_grid)
 
 
@@ -130,21 +132,33 @@ AUTO_NODE_COUNTS = tuple(2**k for k in range(15))
 
 
 def auto_grid(cfg: LaunchConfig) -> tuple[Grid, TrainConfig]:
-    """The planner's fastest grid (and its micro-batch) on ``nodes``, or on the
-    smallest power-of-two node count where any grid fits."""
+    """The planner's fastest grid (and its micro-batch) on ``nodes``, or on the smallest
+    power-of-two node count where any grid fits; ``grid.pick=k`` takes its (k+1)-th best."""
     from axonn_launch import plan  # the planner, only when asked for
 
+    pick = cfg.grid.pick
+    if pick < 0:
+        raise ConfigError(f"grid.pick={pick}: must be 0 (the best) or more")
     counts = [cfg.nodes] if cfg.nodes else list(AUTO_NODE_COUNTS)
     if cfg.machine.scheduler == "local":
         counts = [1]
-    error = None
+    error: Exception | None = None
     for nodes in counts:
         try:
-            row = plan.best_grid(machine=cfg.machine, model=cfg.model, train=cfg.train, nodes=nodes)
+            rows = plan.plan(
+                machine=cfg.machine, model=cfg.model, train=cfg.train, nodes=nodes, top=pick + 1
+            )
         except plan.PlanError as exc:
             error = exc
             continue
-        return row.grid, replace(cfg.train, micro_batch=row.micro_batch)
+        if len(rows) > pick:
+            row = rows[pick]
+            return row.grid, replace(cfg.train, micro_batch=row.micro_batch)
+        error = plan.PlanError(
+            f"grid.pick={pick}: the planner found {len(rows)} runnable grid(s) on {nodes} nodes"
+        )
+        if rows:
+            break
     raise ConfigError(f"grid=auto: {error}")
 
 

@@ -45,3 +45,27 @@ def test_a_typo_in_any_point_stops_the_sweep_before_anything_runs(tmp_path, fake
         " slurm_local"
     ]
     assert not (tmp_path / "jobs").exists()
+
+
+def test_sweeping_grid_pick_runs_the_planners_top_candidates_as_separate_jobs(tmp_path):
+    from axonn_launch.config import load
+    from axonn_launch.plan import plan
+
+    sweep_dir = tmp_path / "sweep"
+    args = [
+        "-m",
+        "machine=frontier",
+        "model=gpt_80b",
+        "grid=auto",
+        "grid.pick=0,1,2",
+        "nodes=128",
+        "dry_run=true",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    result = run_launcher(args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/job.json"))]
+    cfg = load(["machine=frontier", "model=gpt_80b"])
+    top = plan(machine=cfg.machine, model=cfg.model, train=cfg.train, nodes=128, top=3)
+    assert [r["grid"] for r in records] == [row.grid.as_dict() for row in top]
+    assert all(r["nodes"] == 128 for r in records)
