@@ -90,7 +90,11 @@ def save_checkpoint(
 def load_checkpoint(
     path: Path, *, rank: int, grid: Grid, map_location: torch.device
 ) -> tuple[dict, dict]:
-    """(this rank's state, meta) of the checkpoint at ``path``; refuses another grid."""
+    """(this rank's state, meta) of the checkpoint at ``path``, written on this same grid.
+
+    A checkpoint of another grid goes through ``axonn_launch.train.reshard`` instead
+    (``axonn_launch.train.resume`` picks the path).
+    """
     meta = json.loads((path / "meta.json").read_text())
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path}: unknown checkpoint format {meta.get('format')!r}")
@@ -98,7 +102,7 @@ def load_checkpoint(
     if saved != grid:
         raise ValueError(
             f"{path} was written on grid {saved.describe()}, this job runs on "
-            f"{grid.describe()}; loading onto another grid is not supported yet"
+            f"{grid.describe()}; load it with axonn_launch.train.reshard"
         )
     state = torch.load(path / f"rank_{rank:05d}.pt", map_location=map_location, weights_only=False)
     return state, meta
