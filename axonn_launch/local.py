@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -17,9 +18,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def rank_env(*, rank: int, world_size: int, port: int, extra: dict[str, str]) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(extra)
+def rank_env(
+    *,
+    rank: int,
+    world_size: int,
+    port: int,
+    extra: Mapping[str, str] | None = None,
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of one local rank process: ``base`` (default: this process's),
+    ``extra``, then the torchrun-style rendezvous variables."""
+    env = dict(os.environ if base is None else base)
+    env.update(extra or {})
     env.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),

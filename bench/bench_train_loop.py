@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from axonn_launch.grid import Grid  # noqa: E402
+from axonn_launch.local import free_port, rank_env  # noqa: E402
 from axonn_launch.models import ModelSpec  # noqa: E402
 from axonn_launch.spec import JobSpec, RuntimeConfig, TrainConfig  # noqa: E402
 
@@ -37,12 +37,6 @@ TINY = ModelSpec("gpt_tiny", n_layer=2, d_model=64, n_head=4, vocab_size=256, ma
 def parse_grid(text: str) -> Grid:
     sizes = {axis: int(n) for axis, n in re.findall(r"(data|x|y|z)(\d+)", text)}
     return Grid(**sizes)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_job(job_dir: Path, grid: Grid, steps: int, micro_batch: int) -> dict:
@@ -60,16 +54,7 @@ def run_job(job_dir: Path, grid: Grid, steps: int, micro_batch: int) -> dict:
     started = time.perf_counter()
     procs = []
     for rank in range(world):
-        env = dict(
-            os.environ,
-            PYTHONPATH=str(REPO),
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(world),
-            LOCAL_WORLD_SIZE=str(world),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-        )
+        env = rank_env(rank=rank, world_size=world, port=port, extra={"PYTHONPATH": str(REPO)})
         command = [sys.executable, "-m", "axonn_launch.train", str(job_dir)]
         procs.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL))
     if any(p.wait() != 0 for p in procs):

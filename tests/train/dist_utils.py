@@ -10,7 +10,6 @@ ranks are stopped; a world that runs past ``timeout`` seconds is stopped as well
 from __future__ import annotations
 
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -21,15 +20,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from axonn_launch.local import free_port
+
 
 class WorldFailure(AssertionError):
     """A rank raised, died, or the world timed out."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_world(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -15,6 +14,7 @@ import pytest
 import torch
 
 from axonn_launch.grid import Grid
+from axonn_launch.local import free_port, rank_env
 from axonn_launch.models import ModelSpec
 from axonn_launch.spec import JobSpec, OverlapConfig, RuntimeConfig, TrainConfig
 from axonn_launch.train import run
@@ -75,12 +75,6 @@ def test_weight_decay_applies_to_matrices_only():
 # Multi-process runs: one process per rank, started the way the local launcher does
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def write_job(job_dir: Path, grid: Grid, **train) -> JobSpec:
     base = TrainConfig(steps=12, warmup_steps=4, global_batch=16, micro_batch=4, seq_len=64)
     spec = JobSpec(
@@ -103,15 +97,7 @@ def launch(job_dir: Path, world_size: int, module: str, *args: str) -> list[str]
     base["PYTHONPATH"] = str(REPO)
     procs = []
     for rank in range(world_size):
-        env = dict(
-            base,
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(world_size),
-            LOCAL_WORLD_SIZE=str(world_size),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-        )
+        env = rank_env(rank=rank, world_size=world_size, port=port, base=base)
         command = [sys.executable, "-m", module, str(job_dir), *args]
         procs.append(
             subprocess.Popen(
