@@ -7,6 +7,7 @@ and a summary (also written to ``<job_dir>/summary.json`` by rank 0).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from collections.abc import Callable
@@ -54,6 +55,9 @@ def run(
         return _run_initialized(spec, env, should_stop or (lambda: False))
     finally:
         dist.destroy_process_group()
+        # Groups held in reference cycles (model <-> runtime) are freed here, joining
+        # their gloo worker threads while the interpreter is still whole (groups.py).
+        gc.collect()
 
 
 def configure_threads(env: DistEnv) -> None:
@@ -219,6 +223,7 @@ def print_sample(spec: JobSpec, env: DistEnv, model: GPT, device: torch.device) 
         device=device,
         dtype=compute_dtype(spec.train, device),
         seed=spec.train.seed,
+        group=model.groups.world,
     )
     text = decode(tokens, spec.train.data)
     if env.rank == 0:

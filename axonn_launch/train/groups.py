@@ -25,6 +25,12 @@ class Groups:
     ``x + grid.x * y`` (the group's ranks are in ascending global order).
     ``z_gather`` has the same members as ``z``; the weight all-gathers run on it so that
     prefetched all-gathers do not queue behind reduce-scatters on one communicator.
+    ``world`` has every rank: the once-per-step loss average and the sample's token
+    broadcast run on it rather than on the default group, because some torch modules
+    (``torch._dynamo``, imported by the optimizers) keep the default group alive after
+    ``destroy_process_group``. A group that outlives it still runs its worker threads
+    when the interpreter shuts down, and a gloo worker that releases a tensor then
+    aborts the process ("terminate called without an active exception").
     """
 
     grid: Grid
@@ -36,6 +42,7 @@ class Groups:
     data: dist.ProcessGroup | None
     plane: dist.ProcessGroup | None
     z_gather: dist.ProcessGroup | None = None
+    world: dist.ProcessGroup | None = None
 
     def size(self, axis: str) -> int:
         if axis == "plane":
@@ -77,7 +84,10 @@ def build_groups(grid: Grid, *, rank: int) -> Groups:
         return single_process_groups(grid)
     mine = {axis: _create_axis_groups(grid, axis, rank) for axis in GROUP_AXES}
     z_gather = _create_axis_groups(grid, "z", rank)
-    return Groups(grid=grid, rank=rank, coords=grid.coords(rank), z_gather=z_gather, **mine)
+    world = dist.new_group(list(range(grid.world_size)))
+    return Groups(
+        grid=grid, rank=rank, coords=grid.coords(rank), z_gather=z_gather, world=world, **mine
+    )
 
 
 def _create_axis_groups(grid: Grid, axis: str, rank: int) -> dist.ProcessGroup | None:

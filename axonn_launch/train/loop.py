@@ -124,7 +124,9 @@ def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
             group["lr"] = lr
         ctx.optimizer.step()
         ctx.optimizer.zero_grad(set_to_none=True)
-        loss, stop = average_loss_and_stop(local_loss, ctx.should_stop(), ctx.device)
+        loss, stop = average_loss_and_stop(
+            local_loss, ctx.should_stop(), ctx.device, group=ctx.groups.world
+        )
         step += 1
         elapsed = time.perf_counter() - started
         timed.append(elapsed)
@@ -158,14 +160,15 @@ def run_micro_steps(
 
 
 def average_loss_and_stop(
-    local_loss: torch.Tensor, stop: bool, device: torch.device
+    local_loss: torch.Tensor, stop: bool, device: torch.device, *, group=None
 ) -> tuple[float, bool]:
-    """World mean of the loss, and whether any rank wants to stop (one all-reduce)."""
+    """World mean of the loss, and whether any rank wants to stop (one all-reduce over
+    ``group``, which holds every rank; None: the default group)."""
     packed = torch.stack([local_loss.float(), torch.tensor(float(stop), device=device)])
     world = 1
     if dist.is_initialized() and dist.get_world_size() > 1:
         world = dist.get_world_size()
-        dist.all_reduce(packed)
+        dist.all_reduce(packed, group=group)
     loss_sum, stops = packed.tolist()
     return loss_sum / world, stops > 0
 

@@ -25,8 +25,11 @@ def generate(
     dtype: torch.dtype = torch.float32,
     temperature: float = 0.8,
     seed: int = 0,
+    group=None,
 ) -> list[int]:
-    """``prompt`` followed by ``n_tokens`` new tokens; ``temperature=0`` is greedy."""
+    """``prompt`` followed by ``n_tokens`` new tokens; ``temperature=0`` is greedy.
+
+    Rank 0's choice is broadcast over ``group`` (every rank; None: the default group)."""
     generator = torch.Generator(device="cpu").manual_seed(seed)
     tokens = list(prompt)
     was_training = model.training
@@ -36,7 +39,7 @@ def generate(
         with autocast(device, dtype):
             logits = model(context)
         choice = torch.tensor([pick_token(logits[0].float().cpu(), temperature, generator)])
-        tokens.append(int(_broadcast_from_rank0(choice.to(device)).item()))
+        tokens.append(int(_broadcast_from_rank0(choice.to(device), group).item()))
     model.train(was_training)
     return tokens
 
@@ -48,9 +51,9 @@ def pick_token(logits: torch.Tensor, temperature: float, generator: torch.Genera
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def _broadcast_from_rank0(value: torch.Tensor) -> torch.Tensor:
+def _broadcast_from_rank0(value: torch.Tensor, group) -> torch.Tensor:
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast(value, src=0)
+        dist.broadcast(value, src=0, group=group)
     return value
 
 

@@ -1,12 +1,15 @@
 """Run by the bootstrap tests in each launched process: bootstrap, join gloo, all-reduce.
 
-Usage: python -m tests.train.bootstrap_worker <master_port>; prints one JSON line.
+Usage: python -m tests.train.bootstrap_worker <master_port> [<out_dir>]; prints one JSON
+line, or writes it to ``<out_dir>/rank<r>.json`` (mpirun merges the ranks' stdout, and two
+ranks' lines can arrive joined into one).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -31,7 +34,10 @@ def main() -> None:
         "master_addr": env.master_addr,
         "sum": value.item(),
     }
-    print(json.dumps(report), flush=True)
+    if len(sys.argv) > 2:
+        (Path(sys.argv[2]) / f"rank{env.rank}.json").write_text(json.dumps(report))
+    else:
+        print(json.dumps(report), flush=True)
     dist.destroy_process_group()
 
 

@@ -190,7 +190,7 @@ def test_slurm_variables_rendezvous_with_gloo():
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
-def test_mpirun_with_mpi4py_rendezvous_with_gloo():
+def test_mpirun_with_mpi4py_rendezvous_with_gloo(tmp_path):
     pytest.importorskip("mpi4py")
     command = [
         "mpirun",
@@ -202,12 +202,13 @@ def test_mpirun_with_mpi4py_rendezvous_with_gloo():
         "-m",
         "tests.train.bootstrap_worker",
         str(free_port()),
+        str(tmp_path),
     ]
     proc = subprocess.run(
         command, env=clean_environment(), cwd=REPO, capture_output=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr.decode()
-    lines = [json.loads(line) for line in proc.stdout.decode().splitlines() if line.startswith("{")]
+    lines = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("rank*.json"))]
     assert sorted(r["rank"] for r in lines) == [0, 1]
     assert all(r["sum"] == 3.0 and r["source"] == "mpi" for r in lines)
     assert sorted(r["local_rank"] for r in lines) == [0, 1]
