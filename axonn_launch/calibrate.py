@@ -13,8 +13,10 @@ groups do in training, at three message sizes. Each timing is the best of ``reps
 (other programs only ever add time) on the slowest rank; a least-squares line through
 them fits the ring model of ``perf.ring_time``: t = steps * alpha + factor * M / B,
 giving the bus bandwidth B and the per-step latency alpha of that (size, ranks per
-node) layout. GEMMs of a few square sizes run on every rank at once, best of ``reps``;
-the slowest rank's throughput is kept.
+node) layout. GEMMs of a few square sizes run on every rank at once, in blocks long enough
+that each rank computes while its neighbours do, best of ``reps``; the slowest rank's
+throughput is kept. Last, the overlap efficiency: how much of an all-reduce a GEMM running
+at the same time hides (``measure_overlap``).
 
 torch is imported only inside the measuring functions: the module itself is safe to
 import on a login node.
@@ -22,6 +24,7 @@ import on a login node.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -47,6 +50,7 @@ class Settings:
     large_bytes: int = 0  # 0: 64 MiB on GPUs, 4 MiB on CPUs
     reps: int = 5
     warmup: int = 2
+    gemm_seconds: float = 0.05  # length of one timed block of GEMM calls
     gpus_per_node: int = 0  # 0: the machine profile's (local: nproc)
 
     def output_path(self) -> Path:
@@ -139,6 +143,7 @@ def measure(settings: Settings, gpus_per_node: int) -> dict[str, Any] | None:
                 }  # fmt: skip
             )
     gemm = measure_gemm(device, settings)
+    overlap = measure_overlap(device, settings, large) if world > 1 else None
     if rank != 0:
         return None
     return {
@@ -150,6 +155,7 @@ def measure(settings: Settings, gpus_per_node: int) -> dict[str, Any] | None:
         "torch": torch.__version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "gemm": gemm,
+        **({"overlap": overlap} if overlap else {}),
         "collectives": results,
     }
 
@@ -214,9 +220,15 @@ def _time_collective(
 
 
 def measure_gemm(device, settings: Settings) -> list[list[float]]:
-    """[(FLOPs per call, TFLOP/s)] of square GEMMs run on every rank at once; slowest rank."""
+    """[(FLOPs per call, TFLOP/s)] of square GEMMs run on every rank at once; slowest rank.
+
+    Each timing is a block of calls long enough (``gemm_seconds``) that every rank
+    computes through the whole of it while the others do too: the rate a rank keeps
+    during a training step, when its neighbours on the node are busy as well. (A single
+    short call, timed alone, catches a moment when the rank has a core or the memory
+    bus to itself, and on a node whose ranks share cores that overstates it.)
+    """
     import torch
-    import torch.distributed as dist
 
     on_gpu = device.type == "cuda"
     dtype = torch.bfloat16 if on_gpu else torch.float32
@@ -224,21 +236,101 @@ def measure_gemm(device, settings: Settings) -> list[list[float]]:
     for n in GPU_GEMM_SIZES if on_gpu else CPU_GEMM_SIZES:
         a = torch.randn(n, n, dtype=dtype, device=device)
         b = torch.randn(n, n, dtype=dtype, device=device)
-        for _ in range(settings.warmup):
-            a @ b
-        dist.barrier()
-        best = float("inf")
-        for _ in range(settings.reps):  # best of reps blocks of two calls
-            _sync(device)
-            start = time.perf_counter()
-            a @ b
-            a @ b
-            _sync(device)
-            best = min(best, (time.perf_counter() - start) / 2)
-        rate = torch.tensor([2 * n**3 / best / 1e12])
-        dist.all_reduce(rate, op=dist.ReduceOp.MIN)
-        points.append([float(2 * n**3), float(rate.item())])
+        gemm = functools.partial(torch.matmul, a, b)
+        calls = _calls_for(gemm, device, settings)
+        block = functools.partial(_repeat, gemm, calls)
+        seconds = _best_seconds(block, device, settings) / calls
+        points.append([float(2 * n**3), 2 * n**3 / seconds / 1e12])
     return points
+
+
+def measure_overlap(device, settings: Settings, nbytes: int) -> dict[str, Any]:
+    """How much of a collective a GEMM running at the same time hides, on every rank.
+
+    Times, on the slowest rank and best of ``reps``: a block of GEMMs (t_gemm), about as
+    long a run of all-reduces of ``nbytes`` over the whole world (t_comm), and both at once
+    (the all-reduces issued asynchronously, then the GEMMs, then a wait: t_both). The
+    efficiency is (t_gemm + t_comm - t_both) / min(t_gemm, t_comm), clamped to [0, 1]:
+    1 when communication runs on its own engines, 0 when it takes the GEMMs' cores.
+    """
+    import torch
+    import torch.distributed as dist
+
+    on_gpu = device.type == "cuda"
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    n = GPU_GEMM_SIZES[-2] if on_gpu else CPU_GEMM_SIZES[-2]
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    gemm = functools.partial(torch.matmul, a, b)
+    calls = _calls_for(gemm, device, settings)
+    buffer = torch.ones(max(1, nbytes // a.element_size()), dtype=dtype, device=device)
+    reduce = functools.partial(dist.all_reduce, buffer)
+    t_gemm = _best_seconds(functools.partial(_repeat, gemm, calls), device, settings)
+    t_one = _best_seconds(reduce, device, settings)
+    count = torch.tensor([max(1, round(t_gemm / t_one))])
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    k = int(count.item())
+    t_comm = _best_seconds(functools.partial(_repeat, reduce, k), device, settings)
+
+    def both() -> None:
+        works = [dist.all_reduce(buffer, async_op=True) for _ in range(k)]
+        _repeat(gemm, calls)
+        for work in works:
+            work.wait()
+
+    t_both = _best_seconds(both, device, settings)
+    hidden = (t_gemm + t_comm - t_both) / min(t_gemm, t_comm)
+    return {
+        "efficiency": min(1.0, max(0.0, hidden)),
+        "collective": ALL_REDUCE,
+        "size": dist.get_world_size(),
+        "bytes": int(buffer.numel() * buffer.element_size()),
+        "count": k,
+        "gemm_seconds": t_gemm,
+        "comm_seconds": t_comm,
+        "both_seconds": t_both,
+    }
+
+
+def _repeat(fn, times: int) -> None:
+    for _ in range(times):
+        fn()
+
+
+def _best_seconds(fn, device, settings: Settings) -> float:
+    """Seconds of ``fn()`` started together on every rank: best of reps, slowest rank."""
+    import torch
+    import torch.distributed as dist
+
+    fn()  # warm-up
+    best = float("inf")
+    for _ in range(settings.reps):
+        _sync(device)
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    slowest = torch.tensor([best], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return float(slowest.item())
+
+
+def _calls_for(gemm, device, settings: Settings) -> int:
+    """Calls per timed block, agreed by all ranks: enough to last ``gemm_seconds``."""
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(settings.warmup):
+        gemm()
+    _sync(device)
+    start = time.perf_counter()
+    gemm()
+    _sync(device)
+    one = max(time.perf_counter() - start, 1e-7)
+    calls = torch.tensor([max(2, min(100_000, int(settings.gemm_seconds / one) + 1))])
+    dist.all_reduce(calls, op=dist.ReduceOp.MAX)
+    return int(calls.item())
 
 
 def _sync(device) -> None:

@@ -11,7 +11,12 @@ of Megatron-AxoNN's ``comm_model.py`` (§4.1) with
   down-projection (its forward all-reduce runs over y with T*h/x elements, its backward
   all-reduce over x with T*4h/y elements);
 * bandwidths that follow where an axis's ranks sit (x innermost, then y, z, data);
-* the three overlaps of §3.1 (OAR, ORS, OAG) subtracting what they hide;
+* the three overlaps of §3.1 (OAR, ORS, OAG) subtracting what they hide, scaled by the
+  overlap efficiency e that calibration measures (``Calibration.overlap_efficiency``:
+  the fraction of the shorter of a collective and a GEMM that disappears when they run
+  at the same time; 1 where communication has its own engines, near 0 where it needs
+  the same cores as the GEMMs, as with gloo on a CPU with more ranks than cores):
+  exposed = raw - e * (raw - exposed with perfect overlap);
 * the traffic around the blocks: vocab-parallel embedding and loss over the x*y plane,
   LayerNorm statistics over x, and the once-per-step z and data gradient all-reduces.
 
@@ -57,6 +62,7 @@ COMM_AXES = ("x", "y", "z", "data", "xy")
 
 DEFAULT_GEMM_EFFICIENCY = 0.75  # fraction of dense peak a large bf16 GEMM reaches
 DEFAULT_KERNEL_OVERHEAD_US = 2.0  # fixed cost per GEMM call (launch, tail effects)
+DEFAULT_OVERLAP_EFFICIENCY = 1.0  # communication overlaps compute fully (own engines)
 NOMINAL_CPU_TFLOPS = 0.05  # used only when the hardware has no peak and nothing was measured
 
 
@@ -89,6 +95,7 @@ class Calibration:
 
     gemm_efficiency: float = DEFAULT_GEMM_EFFICIENCY
     kernel_overhead_us: float = DEFAULT_KERNEL_OVERHEAD_US
+    overlap_efficiency: float = DEFAULT_OVERLAP_EFFICIENCY
     gemm: tuple[tuple[float, float], ...] = ()
     collectives: tuple[BandwidthSample, ...] = ()
     source: str = ""  # where the numbers come from (a file path), for reports
@@ -142,6 +149,9 @@ def load_calibration(path: str | Path) -> Calibration:
     return Calibration(
         gemm_efficiency=float(raw.get("gemm_efficiency", DEFAULT_GEMM_EFFICIENCY)),
         kernel_overhead_us=float(raw.get("kernel_overhead_us", DEFAULT_KERNEL_OVERHEAD_US)),
+        overlap_efficiency=float(
+            raw.get("overlap", {}).get("efficiency", DEFAULT_OVERLAP_EFFICIENCY)
+        ),
         gemm=gemm,
         collectives=samples,
         source=str(path),
@@ -333,6 +343,11 @@ class _Ledger:
             self.exposed[a] += other.exposed[a]
 
 
+def partly_hidden(raw: float, exposed_if_perfect: float, efficiency: float) -> float:
+    """Exposed time when overlap hides only ``efficiency`` of what it could hide."""
+    return raw - efficiency * (raw - exposed_if_perfect)
+
+
 def pipelined_exposed(chunk_comm: float, chunk_compute: float, n: int) -> float:
     """Exposed time of n collectives, each overlapping the compute chunk that follows it.
 
@@ -443,7 +458,8 @@ def _micro_step(
         elems = tokens * lin.fan_in / grid.size(lin.inner)
         t = costs.coll(ALL_REDUCE, lin.outer, elems * prec.act_bwd)
         bwd_raw[lin.outer] += t
-        bwd_exposed[lin.outer] += max(0.0, t - gemm) if ov.all_reduce else t
+        hidden_ok = partly_hidden(t, max(0.0, t - gemm), costs.cal.overlap_efficiency)
+        bwd_exposed[lin.outer] += hidden_ok if ov.all_reduce else t
     bwd_raw["x"] += norm_ar
     bwd_exposed["x"] += norm_ar
 
@@ -477,16 +493,18 @@ def _weight_traffic(costs, model, linears, ledger, ov, passes, fwd_busy, bwd_bus
     rs = sum(costs.coll(REDUCE_SCATTER, "z", b) for b in block_bytes) / n
     gathers_fwd, gathers_bwd = n * layers, n * layers * passes
     bwd_phase = bwd_busy + (passes - 1) * fwd_busy  # backward + recompute, per layer
+    e = costs.cal.overlap_efficiency
+    ag_fwd, ag_bwd = ag * gathers_fwd, ag * gathers_bwd
     if ov.all_gather:
-        ag_fwd = pipelined_exposed(ag, fwd_busy / n, gathers_fwd)
-        ag_bwd = pipelined_exposed(ag, bwd_phase * layers / gathers_bwd, gathers_bwd)
-    else:
-        ag_fwd, ag_bwd = ag * gathers_fwd, ag * gathers_bwd
+        ag_fwd = partly_hidden(ag_fwd, pipelined_exposed(ag, fwd_busy / n, gathers_fwd), e)
+        perfect = pipelined_exposed(ag, bwd_phase * layers / gathers_bwd, gathers_bwd)
+        ag_bwd = partly_hidden(ag_bwd, perfect, e)
     ledger.add("z", ag * (gathers_fwd + gathers_bwd), ag_fwd + ag_bwd)
-    rs_exposed = (
-        pipelined_exposed(rs, bwd_phase / n, n * layers) if ov.reduce_scatter else rs * n * layers
-    )
-    ledger.add("z", rs * n * layers, rs_exposed)
+    rs_raw = rs * n * layers
+    rs_exposed = rs_raw
+    if ov.reduce_scatter:
+        rs_exposed = partly_hidden(rs_raw, pipelined_exposed(rs, bwd_phase / n, n * layers), e)
+    ledger.add("z", rs_raw, rs_exposed)
 
 
 def _embedding_and_head(costs, model, grid, tokens, ledger, prec) -> float:

@@ -24,6 +24,7 @@ from axonn_launch.perf import (
     comm_volumes_per_layer,
     gemm_seconds,
     load_calibration,
+    partly_hidden,
     pipelined_exposed,
     placement,
     ring_time,
@@ -116,6 +117,7 @@ def test_load_calibration_round_trip(tmp_path):
         json.dumps(
             {
                 "gemm": [[1e9, 50.0], [1e11, 150.0]],
+                "overlap": {"efficiency": 0.25},
                 "collectives": [
                     {
                         "collective": "all_gather",
@@ -132,12 +134,41 @@ def test_load_calibration_round_trip(tmp_path):
     assert cal.gemm == ((1e9, 50.0), (1e11, 150.0))
     assert cal.collectives == (BandwidthSample(ALL_GATHER, 8, 2, 40.0, 12.0),)
     assert cal.source == str(path)
+    assert cal.overlap_efficiency == 0.25
+    path.write_text(json.dumps({"gemm": []}))
+    assert load_calibration(path).overlap_efficiency == 1.0  # older files: full overlap
 
 
 def test_pipelined_exposure():
     assert pipelined_exposed(1.0, 2.0, 4) == 1.0  # compute hides all but the first
     assert pipelined_exposed(3.0, 1.0, 4) == pytest.approx(3 + 3 * 2)
     assert pipelined_exposed(0.0, 1.0, 4) == 0.0
+
+
+def test_partly_hidden_scales_what_overlap_hides():
+    assert partly_hidden(4.0, 1.0, 1.0) == 1.0  # perfect: only the exposed part remains
+    assert partly_hidden(4.0, 1.0, 0.0) == 4.0  # none: the whole collective
+    assert partly_hidden(4.0, 1.0, 0.5) == 2.5  # half of the 3 s that could hide
+
+
+def test_overlap_efficiency_hand_case_for_the_backward_all_reduces():
+    slow = dataclasses.replace(HW, peak_tflops_per_gpu=1e-6, latency_us=0.0)  # GEMMs dominate
+    grid, tr = Grid(y=2), train()
+    full = step_time(hardware=slow, model=MODEL, train=tr, grid=grid)
+    none = step_time(hardware=slow, model=MODEL, train=tr, grid=grid,
+                     calibration=Calibration(overlap_efficiency=0.0))  # fmt: skip
+    half = step_time(hardware=slow, model=MODEL, train=tr, grid=grid,
+                     calibration=Calibration(overlap_efficiency=0.5))  # fmt: skip
+    raw = full.comm_raw["y"]
+    assert none.comm["y"] == pytest.approx(raw)  # nothing hidden
+    assert full.comm["y"] == pytest.approx(raw / 3)  # the backward two thirds hidden
+    assert half.comm["y"] == pytest.approx(raw - 0.5 * (2 * raw / 3))
+    # OAG and ORS on a z grid: with e = 0 every gather and reduce-scatter is exposed.
+    z_full = step_time(hardware=slow, model=MODEL, train=tr, grid=Grid(z=2))
+    z_none = step_time(hardware=slow, model=MODEL, train=tr, grid=Grid(z=2),
+                       calibration=Calibration(overlap_efficiency=0.0))  # fmt: skip
+    assert z_none.comm["z"] == pytest.approx(z_none.comm_raw["z"])
+    assert z_full.comm["z"] < z_none.comm["z"]
 
 
 # --------------------------------------------------------------------------- volumes
@@ -290,6 +321,9 @@ def test_local_calibration_feeds_the_planner(tmp_path):
     assert {c.collective for c in cal.collectives} == {ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER}
     assert all(c.size == 2 and c.per_node == 2 and c.bus_gbps > 0 for c in cal.collectives)
     assert len(cal.gemm) == 4 and all(rate > 0 for _, rate in cal.gemm)
+    overlap = raw["overlap"]
+    assert 0.0 <= cal.overlap_efficiency == overlap["efficiency"] <= 1.0
+    assert overlap["both_seconds"] > 0 and overlap["count"] >= 1 and overlap["size"] == 2
     cpu = Hardware(gpus_per_node=2)
     st = step_time(hardware=cpu, model=MODEL, train=train(), grid=Grid(y=2), calibration=cal)
     assert st.total > st.compute > 0 and st.comm["y"] > 0
