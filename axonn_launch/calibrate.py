@@ -347,11 +347,11 @@ def run_in_allocation(settings: Settings) -> None:
     """Join the job's world (srun / torchrun / mpirun variables) and measure."""
     import torch.distributed as dist
 
-    from axonn_launch.plan import load_machine
+    from axonn_launch.config import load
     from axonn_launch.spec import RuntimeConfig
     from axonn_launch.train.bootstrap import bootstrap, init_distributed
 
-    machine = load_machine(settings.machine)
+    machine = load([f"machine={settings.machine}"]).machine
     env = bootstrap(RuntimeConfig(backend=machine.backend, device_index=machine.device_index))
     init_distributed(env)
     try:
@@ -405,7 +405,11 @@ def parse_args(argv: list[str]) -> Settings:
         key, sep, value = arg.partition("=")
         if not sep or key not in fields:
             raise ValueError(f"{arg!r}: expected key=value with key in {', '.join(fields)}")
-        values[key] = int(value) if isinstance(fields[key].default, int) else value
+        kind = type(fields[key].default)  # str, int or float
+        try:
+            values[key] = kind(value)
+        except ValueError:
+            raise ValueError(f"{key}={value!r}: expected {kind.__name__}") from None
     return Settings(**values)
 
 

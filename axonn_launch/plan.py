@@ -4,9 +4,9 @@ ones that do not fit in memory, rank the rest by the predicted step time (perf.p
 CLI (login node, no torch):
     python -m axonn_launch.plan machine=frontier model=gpt_320b nodes=1024 top=5 \
         [train.global_batch=2048] [train.micro_batch=8] [calibration=cal.json] [output=json]
-The CLI reads conf/machine/<name>.yaml and conf/model/<name>.yaml as plain YAML; the
-training settings are conf/config.yaml's ``train``, then the model preset's, then the
-command line's ``train.*``. ``calibration=`` is a file from ``axonn_launch.calibrate``.
+Everything but ``top``, ``output`` and ``calibration`` is a Hydra override, composed as the
+launcher composes it (``config.load``): ``machine.hardware.*``, ``model.*`` and
+``train.*`` can be changed too. ``calibration=`` is a file from ``axonn_launch.calibrate``.
 
 Micro-batch: unless it is pinned (``fixed_micro_batch``, or ``train.micro_batch=`` on the
 command line), each grid gets the largest micro-batch that is a multiple of z, divides the
@@ -22,17 +22,14 @@ import dataclasses
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from axonn_launch.grid import Grid
-from axonn_launch.machine import Hardware, MachineProfile, SlurmSettings
+from axonn_launch.machine import Hardware, MachineProfile
 from axonn_launch.memory import GIB, estimate_memory
 from axonn_launch.models import ModelSpec
 from axonn_launch.perf import COMM_AXES, Calibration, load_calibration, step_time
-from axonn_launch.spec import OverlapConfig, TrainConfig
-
-CONF_DIR = Path(__file__).parent / "conf"
+from axonn_launch.spec import TrainConfig
 
 
 class PlanError(ValueError):
@@ -304,57 +301,9 @@ def explain_empty(ranking: Ranking, machine: MachineProfile, model: ModelSpec, n
     )
 
 
-# --------------------------------------------------------------------------- config loading
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    if not path.is_file():
-        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise PlanError(
-            f"{path.parent.name}={path.stem}: no such preset; valid: {', '.join(known)}"
-        )
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=False)  # type: ignore[return-value]
-
-
-def _only_fields(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in raw.items() if k in names}
-
-
-def load_machine(name: str, conf_dir: Path = CONF_DIR) -> MachineProfile:
-    """Read conf/machine/<name>.yaml as plain YAML (interpolations are left unresolved)."""
-    raw = _read_yaml(conf_dir / "machine" / f"{name}.yaml")
-    fields = _only_fields(MachineProfile, raw)
-    fields["hardware"] = Hardware(**_only_fields(Hardware, raw.get("hardware") or {}))
-    fields["slurm"] = SlurmSettings(**_only_fields(SlurmSettings, raw.get("slurm") or {}))
-    return MachineProfile(**fields)
-
-
-def load_model(name: str, conf_dir: Path = CONF_DIR) -> tuple[ModelSpec, dict[str, Any]]:
-    """Read conf/model/<name>.yaml: the ModelSpec and the preset's ``train`` refinements."""
-    raw = _read_yaml(conf_dir / "model" / f"{name}.yaml")
-    spec = raw.get("model", raw)
-    return ModelSpec(**_only_fields(ModelSpec, spec)), dict(raw.get("train") or {})
-
-
-def build_train(layers: list[dict[str, Any]]) -> TrainConfig:
-    """TrainConfig from dicts applied in order (later wins); ``overlap`` may be nested."""
-    merged: dict[str, Any] = {}
-    overlap: dict[str, Any] = {}
-    for layer in layers:
-        for key, value in layer.items():
-            if key == "overlap" and isinstance(value, dict):
-                overlap.update(value)
-            else:
-                merged[key] = value
-    fields = _only_fields(TrainConfig, merged)
-    fields["overlap"] = OverlapConfig(**_only_fields(OverlapConfig, overlap))
-    return TrainConfig(**fields)
-
-
 # --------------------------------------------------------------------------- CLI
+
+PLAN_KEYS = ("top", "output", "calibration")
 
 
 @dataclass(frozen=True)
@@ -369,57 +318,39 @@ class PlanArgs:
     fixed_micro_batch: bool
 
 
-def _scalar(text: str) -> Any:
-    """A command-line value as YAML reads it: 8 -> int, 1e-3 -> float, false -> bool."""
-    import yaml
+def parse_args(argv: list[str]) -> PlanArgs:
+    """``top=``, ``output=`` and ``calibration=`` are the planner's own; everything else is
+    a Hydra override composed exactly as the launcher composes it."""
+    from axonn_launch.config import ConfigError, load
 
-    try:
-        return yaml.safe_load(text) if text else text
-    except yaml.YAMLError:
-        return text
-
-
-def parse_args(argv: list[str], conf_dir: Path = CONF_DIR) -> PlanArgs:
-    """key=value arguments: machine, model, nodes, top, output, calibration, train.*"""
-    opts: dict[str, str] = {}
-    train_over: dict[str, Any] = {}
+    own: dict[str, str] = {}
+    overrides: list[str] = []
     for arg in argv:
         key, sep, value = arg.partition("=")
         if not sep:
             raise PlanError(f"{arg!r}: expected key=value")
-        if key.startswith("train.overlap."):
-            train_over.setdefault("overlap", {})[key.split(".", 2)[2]] = _scalar(value)
-        elif key.startswith("train."):
-            train_over[key[len("train.") :]] = _scalar(value)
-        elif key in ("machine", "model", "nodes", "top", "output", "calibration"):
-            opts[key] = value
+        if key in PLAN_KEYS:
+            own[key] = value
         else:
-            valid = "machine, model, nodes, top, output, calibration, train.*"
-            raise PlanError(f"unknown key {key!r}; valid: {valid}")
-    bad = [k for k in train_over if k not in {f.name for f in dataclasses.fields(TrainConfig)}]
-    if bad:
-        raise PlanError(f"unknown train key(s) {', '.join(bad)}")
-    machine = load_machine(opts.get("machine", "local"), conf_dir)
-    model, preset_train = load_model(opts.get("model", "gpt_tiny"), conf_dir)
-    base = (
-        _read_yaml(conf_dir / "config.yaml").get("train", {})
-        if (conf_dir / "config.yaml").is_file()
-        else {}
-    )
-    train = build_train([base, preset_train, train_over])
-    output = opts.get("output", "table")
+            overrides.append(arg)
+    try:
+        cfg = load(overrides)
+    except ConfigError as exc:
+        raise PlanError(str(exc)) from exc
+    output = own.get("output", "table")
     if output not in ("table", "json"):
         raise PlanError(f"output={output!r}; valid: table, json")
-    cal = load_calibration(opts["calibration"]) if opts.get("calibration") else None
+    cal = load_calibration(own["calibration"]) if own.get("calibration") else None
+    pinned = any(o.lstrip("+").partition("=")[0] == "train.micro_batch" for o in overrides)
     return PlanArgs(
-        machine=machine,
-        model=model,
-        train=train,
-        nodes=_positive_int("nodes", opts.get("nodes", "1")),
-        top=_positive_int("top", opts.get("top", "5")),
+        machine=cfg.machine,
+        model=cfg.model,
+        train=cfg.train,
+        nodes=_positive_int("nodes", str(1 if cfg.nodes is None else cfg.nodes)),
+        top=_positive_int("top", own.get("top", "5")),
         output=output,
         calibration=cal,
-        fixed_micro_batch="micro_batch" in train_over,
+        fixed_micro_batch=pinned,
     )
 
 

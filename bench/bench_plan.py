@@ -16,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from axonn_launch.plan import build_train, enumerate_grids, load_machine, load_model, rank_grids
+from axonn_launch.config import load
+from axonn_launch.plan import enumerate_grids, rank_grids
 
 RESULTS = Path(__file__).parent / "results" / "bench_plan.md"
 CASES = [  # machine, model, GPUs, global batch (sequences of 2048 tokens)
@@ -29,9 +30,9 @@ REPEATS = 5
 
 
 def time_case(machine: str, model: str, world: int, global_batch: int) -> dict:
-    hw = load_machine(machine).hardware
-    spec, preset = load_model(model)
-    train = build_train([preset, {"global_batch": global_batch, "seq_len": 2048}])
+    cfg = load([f"machine={machine}", f"model={model}", f"train.global_batch={global_batch}",
+                "train.seq_len=2048"])  # fmt: skip
+    hw, spec, train = cfg.machine.hardware, cfg.model, cfg.train
     enum_s, rank_s, cpu_s = [], [], []
     for _ in range(REPEATS):
         t0 = time.perf_counter()

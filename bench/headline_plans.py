@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from axonn_launch.config import load
 from axonn_launch.perf import (
     COLLECTIVES,
     DEFAULT_GEMM_EFFICIENCY,
@@ -22,7 +23,7 @@ from axonn_launch.perf import (
     BandwidthSample,
     Calibration,
 )
-from axonn_launch.plan import best_grid, build_train, load_machine, load_model
+from axonn_launch.plan import best_grid
 
 RESULTS = Path(__file__).parent / "results" / "headline_plans.md"
 RUNS = [  # machine, nodes, reported PF/s
@@ -76,11 +77,10 @@ def axonn_calibration(machine_name: str, gpus_per_node: int, latency_us: float) 
 def plan_row(
     machine_name: str, nodes: int, model_name: str, global_batch: int, cal: Calibration, ors: bool
 ):
-    machine = load_machine(machine_name)
-    model, preset = load_model(model_name)
-    overrides = {"global_batch": global_batch, "seq_len": 2048}
-    overrides["overlap"] = {"reduce_scatter": ors}
-    train = build_train([preset, overrides])
+    overrides = [f"machine={machine_name}", f"model={model_name}", "train.seq_len=2048"]
+    overrides += [f"train.global_batch={global_batch}", f"train.overlap.reduce_scatter={ors}"]
+    cfg = load(overrides)
+    machine, model, train = cfg.machine, cfg.model, cfg.train
     try:
         row = best_grid(machine=machine, model=model, train=train, nodes=nodes, calibration=cal)
     except ValueError as exc:
@@ -124,7 +124,7 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for machine_name, nodes, reported in RUNS:
-        hw = load_machine(machine_name).hardware
+        hw = load([f"machine={machine_name}"]).machine.hardware
         world = nodes * hw.gpus_per_node
         cals = {"yaml": Calibration()}
         if machine_name in AXONN_TABLES:

@@ -304,6 +304,9 @@ def test_calibrate_settings_from_the_command_line():
     s = parse_args(["machine=frontier", "nproc=2", "output=x.json"])
     assert (s.machine, s.nproc, s.output_path().name) == ("frontier", 2, "x.json")
     assert parse_args(["machine=alps"]).output_path().name == "calibration-alps.json"
+    assert parse_args(["gemm_seconds=0.2", "reps=3"]).gemm_seconds == 0.2
+    with pytest.raises(ValueError, match="reps='many': expected int"):
+        parse_args(["reps=many"])
     with pytest.raises(ValueError, match="expected key=value"):
         parse_args(["colour=red"])
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -171,42 +172,22 @@ def test_smallest_node_count_that_fits():
 # --------------------------------------------------------------------------- CLI
 
 
-def write_conf(root):
-    (root / "machine").mkdir()
-    (root / "model").mkdir()
-    (root / "machine" / "testbox.yaml").write_text(
-        "name: testbox\nscheduler: slurm\nbackend: nccl\n"
-        "hardware: {gpus_per_node: 4, gpu_model: A100, mem_per_gpu_gb: 40,\n"
-        "  peak_tflops_per_gpu: 312, intra_node_gbps: 100, inter_node_gbps: 25, latency_us: 8}\n"
-        "slurm: {account: \"${oc.select:site.accounts.testbox,''}\", time_min: 30}\n"
-        "unknown_future_key: 1\n"
-    )
-    (root / "model" / "gpt_5b.yaml").write_text(
-        "# @package _global_\nmodel: {name: gpt_5b, n_layer: 24, d_model: 4096, n_head: 32,\n"
-        "  vocab_size: 50304, max_seq_len: 2048}\n"
-        "train: {seq_len: 2048, global_batch: 512, micro_batch: 16,"
-        " activation_checkpointing: true}\n"
-    )
-    (root / "config.yaml").write_text("train: {global_batch: 16, seq_len: 64, lr: 0.003}\n")
-    return root
-
-
-def test_cli_json_output(tmp_path):
-    conf = write_conf(tmp_path)
+def test_cli_json_output():
     args = parse_args(
         [
-            "machine=testbox",
+            "machine=perlmutter",
             "model=gpt_5b",
             "nodes=16",
             "top=4",
             "output=json",
             "train.global_batch=1024",
             "train.overlap.all_gather=false",
+            "machine.hardware.intra_node_gbps=100",  # any Hydra override, as in the launcher
         ],  # fmt: skip
-        conf_dir=conf,
     )
-    assert args.train.global_batch == 1024 and args.train.seq_len == 2048
+    assert args.train.global_batch == 1024 and args.train.seq_len == 2048  # preset's
     assert args.train.overlap.all_gather is False and not args.fixed_micro_batch
+    assert args.machine.hardware.intra_node_gbps == 100
     text, found = run(args)
     payload = json.loads(text)
     assert found and payload["world_size"] == 64 and payload["considered"] == 84
@@ -217,21 +198,26 @@ def test_cli_json_output(tmp_path):
     assert first["step_time_s"] <= payload["plans"][1]["step_time_s"]
 
 
-def test_cli_table_and_errors(tmp_path, capsys):
-    conf = write_conf(tmp_path)
-    args = parse_args(["machine=testbox", "model=gpt_5b", "nodes=2", "train.micro_batch=4"], conf)
-    assert args.fixed_micro_batch
+def test_cli_table_and_errors():
+    args = parse_args(["machine=perlmutter", "model=gpt_5b", "nodes=2", "train.micro_batch=4"])
+    assert args.fixed_micro_batch and args.nodes == 2
     text, found = run(args)
     assert found and "grid (data,x,y,z)" in text and "TFLOP/s/GPU" in text
+    assert all(row.micro_batch == 4 for row in plan(
+        machine=args.machine, model=args.model, train=args.train, nodes=2, top=3,
+        fixed_micro_batch=True))  # fmt: skip
     for bad, message in [
         (["nodes=zero"], "nodes='zero'"),
-        (["machine=nowhere"], "no such preset"),
-        (["train.bogus=1"], "unknown train key"),
-        (["colour=red"], "unknown key 'colour'"),
-        (["output=xml"], "output='xml'"),
+        (["nodes=0"], "nodes='0': must be a positive integer"),
+        (["top=0"], "top='0': must be a positive integer"),
+        (["machine=nowhere"], "machine='nowhere': no such machine; valid: alps, frontier"),
+        (["train.bogus=1"], "train.bogus: unknown key"),
+        (["colour=red"], "colour: unknown key"),
+        (["output=xml"], "output='xml'; valid: table, json"),
+        (["nodes"], "'nodes': expected key=value"),
     ]:
-        with pytest.raises(PlanError, match=message):
-            parse_args(["machine=testbox", "model=gpt_5b", *bad], conf)
+        with pytest.raises(PlanError, match=re.escape(message)):
+            parse_args(["machine=perlmutter", "model=gpt_5b", *bad])
 
 
 def test_main_with_the_shipped_presets(capsys):

@@ -3,24 +3,34 @@
 The launcher starts one such process per rank with ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set (or under srun / mpirun, which
 ``bootstrap`` understands too); ``<job_dir>/spec.json`` holds the ``JobSpec``.
+``AXONN_FAULT`` injects faults here as in Slurm jobs (``axonn_launch.train.faults``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from axonn_launch.spec import JobSpec
+
+# Where this process's rank is, in bootstrap's order (MPI before Slurm: mpirun inside an
+# allocation inherits the batch step's SLURM_PROCID).
+RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m axonn_launch.train")
     parser.add_argument("job_dir", type=Path, help="directory holding spec.json")
     args = parser.parse_args(argv)
+    from axonn_launch.job import checkpointed_step
     from axonn_launch.train import run
+    from axonn_launch.train.faults import step_hook
 
-    run(JobSpec.load(args.job_dir / "spec.json"))
+    rank = int(next((os.environ[k] for k in RANK_VARS if os.environ.get(k)), "0"))
+    hook = step_hook(lambda: False, rank=rank, start_step=checkpointed_step(str(args.job_dir)))
+    run(JobSpec.load(args.job_dir / "spec.json"), should_stop=hook)
     return 0
 
 

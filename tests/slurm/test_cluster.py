@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import submitit
 
-from .conftest import SlurmCluster
+from .conftest import REPO, SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(90)]
 
@@ -131,6 +132,7 @@ def test_submitit_two_node_job_returns_every_rank_and_completes(
 
 
 MPI_PROGRAM = """
+import json
 import os
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
@@ -154,3 +156,31 @@ def test_srun_pmix_starts_an_mpi4py_job_across_both_nodes(slurm_cluster: SlurmCl
         ("0", "4", "10", "n1"), ("1", "4", "10", "n1"),
         ("2", "4", "10", "n2"), ("3", "4", "10", "n2"),
     ]  # fmt: skip
+
+
+def test_calibrate_inside_a_two_node_allocation_feeds_the_planner(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """``calibrate`` as users run it on a cluster: one task per "GPU" under srun, ranks and
+    the master address from Slurm, groups inside a node and across the two nodes."""
+    out = tmp_path / "cal.json"
+    cmd = [
+        "srun", f"--partition={slurm_cluster.partition}", "--nodes=2", "--ntasks-per-node=2",
+        "--time=2", sys.executable, "-m", "axonn_launch.calibrate", "machine=slurm_local",
+        f"output={out}", "reps=2", "warmup=1", f"large_bytes={1 << 20}", "gemm_seconds=0.01",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    raw = json.loads(out.read_text())
+    assert (raw["world_size"], raw["gpus_per_node"], raw["backend"]) == (4, 2, "gloo")
+    layouts = {(c["size"], c["per_node"]) for c in raw["collectives"]}
+    assert layouts == {(2, 2), (2, 1), (4, 2)}  # inside a node, across nodes, the world
+    assert 0.0 <= raw["overlap"]["efficiency"] <= 1.0 and raw["overlap"]["size"] == 4
+    plan = subprocess.run(
+        [sys.executable, "-m", "axonn_launch.plan", "machine=slurm_local", "model=gpt_tiny",
+         "nodes=2", "top=3", "output=json", f"calibration={out}"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert plan.returncode == 0, plan.stderr
+    payload = json.loads(plan.stdout)
+    assert payload["calibration"] == str(out) and len(payload["plans"]) == 3
