@@ -124,12 +124,14 @@ def local_command_text(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> 
 def summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
     params = cfg.model.n_params()
     memory = resolved.memory
-    mem = f"{memory.total / GIB:.2f} GiB per GPU (largest: {memory.biggest()[0]})"
+    per = "rank" if cfg.machine.hardware.gpu_model == "cpu" else "GPU"
+    mem = f"{memory.total / GIB:.2f} GiB per {per} (largest: {memory.biggest()[0]})"
+    scale = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.2f} M"
     return "\n".join(
         [
             f"job        {cfg.name}",
             f"machine    {cfg.machine.name} ({cfg.machine.hardware.gpu_model})",
-            f"model      {cfg.model.name}: {params:,} parameters ({params / 1e9:.2f} B)",
+            f"model      {cfg.model.name}: {params:,} parameters ({scale})",
             f"grid       {resolved.grid.describe()} = {resolved.grid.world_size} ranks"
             + (
                 f" (planner's best; micro_batch={resolved.train.micro_batch})"
