@@ -9,14 +9,14 @@ Then: ``python -m axonn_launch.plan ... calibration=cal-frontier.json``.
 For every power-of-two group size p and every placement the grid axes can have (members
 one apart, as an inner axis, or ``stride`` apart, as an outer one), all groups of that
 layout run all-reduce, all-gather and reduce-scatter at the same time, as the grid's
-groups do in training, at three message sizes. Each timing is the best of ``reps``
-(other programs only ever add time) on the slowest rank; a least-squares line through
-them fits the ring model of ``perf.ring_time``: t = steps * alpha + factor * M / B,
-giving the bus bandwidth B and the per-step latency alpha of that (size, ranks per
-node) layout. GEMMs of a few square sizes run on every rank at once, in blocks long enough
-that each rank computes while its neighbours do, best of ``reps``; the slowest rank's
-throughput is kept. Last, the overlap efficiency: how much of an all-reduce a GEMM running
-at the same time hides (``measure_overlap``).
+groups do in training, at three message sizes; a least-squares line through the times
+fits the ring model of ``perf.ring_time``: t = steps * alpha + factor * M / B, giving the
+bus bandwidth B and the per-step latency alpha of that (size, ranks per node) layout.
+GEMMs of a few square sizes run on every rank at once, in blocks long enough that each
+rank computes while its neighbours do. Last, the overlap efficiency: how much of an
+all-reduce a GEMM running at the same time hides (``measure_overlap``). Every timing is
+the slowest rank's in each repetition, then the best of ``reps`` repetitions (other
+programs only ever add time): ``_best_seconds``.
 
 torch is imported only inside the measuring functions: the module itself is safe to
 import on a login node.
@@ -183,7 +183,7 @@ def _own_group(layout: Layout, world: int, rank: int):
 def _time_collective(
     collective: str, group, p: int, nbytes: int, device, settings: Settings
 ) -> float:
-    """Seconds of one collective of ``nbytes`` (gathered size): best of reps, slowest rank."""
+    """Seconds of one collective of ``nbytes`` (gathered size), as ``_best_seconds``."""
     import torch
     import torch.distributed as dist
 
@@ -205,18 +205,7 @@ def _time_collective(
 
     for _ in range(settings.warmup):
         once()
-    samples = []
-    for _ in range(settings.reps):
-        _sync(device)
-        dist.barrier()
-        start = time.perf_counter()
-        once()
-        _sync(device)
-        samples.append(time.perf_counter() - start)
-    # best of the repetitions (load from elsewhere only adds time), then the slowest rank
-    slowest = torch.tensor([min(samples)], dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return float(slowest.item())
+    return _best_seconds(once, device, settings)
 
 
 def measure_gemm(device, settings: Settings) -> list[list[float]]:
@@ -298,7 +287,14 @@ def _repeat(fn, times: int) -> None:
 
 
 def _best_seconds(fn, device, settings: Settings) -> float:
-    """Seconds of ``fn()`` started together on every rank: best of reps, slowest rank."""
+    """Seconds of ``fn()`` started together on every rank: the slowest rank of each
+    repetition, then the best repetition.
+
+    In this order because ranks that share cores are not slowed alike in each repetition:
+    one may have a core to itself while the others queue. The best time of each rank on
+    its own would pick every rank's lucky repetition and report the speed of a rank with
+    no neighbours.
+    """
     import torch
     import torch.distributed as dist
 
@@ -310,10 +306,10 @@ def _best_seconds(fn, device, settings: Settings) -> float:
         start = time.perf_counter()
         fn()
         _sync(device)
-        best = min(best, time.perf_counter() - start)
-    slowest = torch.tensor([best], dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return float(slowest.item())
+        slowest = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        best = min(best, float(slowest.item()))
+    return best
 
 
 def _calls_for(gemm, device, settings: Settings) -> int:
