@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 START_SCRIPT = REPO / "machines" / "slurm_local" / "start.sh"
 PARTITION = "debug"
 NODES = ("n1", "n2")
-USABLE_STATES = ("idle", "mix", "alloc")
+USABLE_STATES = ("idle", "mix", "alloc", "plnd")  # plnd: idle, held for a pending job
 
 
 @dataclass(frozen=True)

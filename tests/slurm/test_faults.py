@@ -354,3 +354,37 @@ def test_node_failure(slurm_cluster, reference, tmp_path):
     assert row["failure"] == "node_failure" and row["bad_nodes"] == [node], row
     new_dir = resubmit_and_finish(job, reference, resumed_step=8)
     assert f"--exclude={node}" in (new_dir / "submission.sh").read_text()
+
+
+def test_node_failure_then_resume_on_the_surviving_node_with_half_the_ranks(
+    slurm_cluster, reference, tmp_path
+):
+    """A 2-node, 4-rank job (x=2, z=2) loses a node; it comes back on the other node
+    alone as 2 ranks (data=2) from the same checkpoint, resharded."""
+    job_dir = tmp_path / "shrink"
+    result = run_launcher(
+        [*TRAIN, "grid.z=2", "+machine.slurm.exclusive=true", f"hydra.run.dir={job_dir}"],
+        cwd=tmp_path,
+        env={"AXONN_FAULT": PAUSED, "SBATCH_NO_REQUEUE": "1"},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    record = json.loads((job_dir / "job.json").read_text())
+    assert (record["nodes"], record["grid"]["z"]) == (2, 2)
+    job = Job("shrink", job_dir, record["job_ids"][0])
+    wait_until(lambda: paused_at_step_9(job), 300, "shrink job to pause after step 9")
+    subprocess.run(["bash", str(NODE_SH), "stop", "n2"], check=True, timeout=60)
+    try:
+        assert wait_ended(job.job_id, timeout_s=120) == "NODE_FAIL"
+    finally:
+        subprocess.run(["bash", str(NODE_SH), "start", "n2"], check=True, timeout=120)
+    row = status_of(job_dir)
+    assert row["failure"] == "node_failure" and row["bad_nodes"] == ["n2"], row
+    new_dir = resubmit_and_finish(
+        job, reference, "grid.x=1", "grid.z=1", "grid.data=2", "train.micro_batch=8",
+        resumed_step=8, rel=1e-4,
+    )  # fmt: skip
+    new = json.loads((new_dir / "job.json").read_text())
+    assert new["nodes"] == 1 and new["grid"]["data"] == 2
+    assert "--exclude=n2" in (new_dir / "submission.sh").read_text()
+    assert sacct_state(new["job_ids"][0])[1] == "n1"
