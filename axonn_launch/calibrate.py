@@ -12,8 +12,9 @@ layout run all-reduce, all-gather and reduce-scatter at the same time, as the gr
 groups do in training, at three message sizes; a least-squares line through the times
 fits the ring model of ``perf.ring_time``: t = steps * alpha + factor * M / B, giving the
 bus bandwidth B and the per-step latency alpha of that (size, ranks per node) layout.
-GEMMs of a few square sizes run on every rank at once, in blocks long enough that each
-rank computes while its neighbours do. Last, the overlap efficiency: how much of an
+GEMMs of a few square sizes, and element-wise adds of a few sizes (memory bandwidth), run
+on every rank at once, in blocks long enough that each rank computes while its neighbours
+do. Last, the overlap efficiency: how much of an
 all-reduce a GEMM running at the same time hides (``measure_overlap``). Every timing is
 the slowest rank's in each repetition, then the best of ``reps`` repetitions (other
 programs only ever add time): ``_best_seconds``.
@@ -39,6 +40,8 @@ from axonn_launch.perf import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTE
 
 GPU_GEMM_SIZES = (1024, 2048, 4096, 8192)
 CPU_GEMM_SIZES = (64, 128, 256, 512)
+GPU_ADD_ELEMENTS = (1 << 18, 1 << 22, 1 << 26)
+CPU_ADD_ELEMENTS = (1 << 14, 1 << 17, 1 << 20)
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ class Settings:
     large_bytes: int = 0  # 0: 64 MiB on GPUs, 4 MiB on CPUs
     reps: int = 5
     warmup: int = 2
-    gemm_seconds: float = 0.05  # length of one timed block of GEMM calls
+    block_seconds: float = 0.05  # length of one timed block of GEMM or element-wise calls
     gpus_per_node: int = 0  # 0: the machine profile's (local: nproc)
 
     def output_path(self) -> Path:
@@ -143,6 +146,7 @@ def measure(settings: Settings, gpus_per_node: int) -> dict[str, Any] | None:
                 }  # fmt: skip
             )
     gemm = measure_gemm(device, settings)
+    elementwise = measure_elementwise(device, settings)
     overlap = measure_overlap(device, settings, large) if world > 1 else None
     if rank != 0:
         return None
@@ -155,6 +159,7 @@ def measure(settings: Settings, gpus_per_node: int) -> dict[str, Any] | None:
         "torch": torch.__version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "gemm": gemm,
+        "elementwise": elementwise,
         **({"overlap": overlap} if overlap else {}),
         "collectives": results,
     }
@@ -211,7 +216,7 @@ def _time_collective(
 def measure_gemm(device, settings: Settings) -> list[list[float]]:
     """[(FLOPs per call, TFLOP/s)] of square GEMMs run on every rank at once; slowest rank.
 
-    Each timing is a block of calls long enough (``gemm_seconds``) that every rank
+    Each timing is a block of calls long enough (``block_seconds``) that every rank
     computes through the whole of it while the others do too: the rate a rank keeps
     during a training step, when its neighbours on the node are busy as well. (A single
     short call, timed alone, catches a moment when the rank has a core or the memory
@@ -230,6 +235,24 @@ def measure_gemm(device, settings: Settings) -> list[list[float]]:
         block = functools.partial(_repeat, gemm, calls)
         seconds = _best_seconds(block, device, settings) / calls
         points.append([float(2 * n**3), 2 * n**3 / seconds / 1e12])
+    return points
+
+
+def measure_elementwise(device, settings: Settings) -> list[list[float]]:
+    """[(bytes per kernel, GB/s)] of an element-wise add (two reads, one write) at a few
+    sizes, on every rank at once (ranks on one node share its memory bandwidth)."""
+    import torch
+
+    on_gpu = device.type == "cuda"
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    points = []
+    for n in GPU_ADD_ELEMENTS if on_gpu else CPU_ADD_ELEMENTS:
+        a, b, out = (torch.ones(n, dtype=dtype, device=device) for _ in range(3))
+        add = functools.partial(torch.add, a, b, out=out)
+        calls = _calls_for(add, device, settings)
+        seconds = _best_seconds(functools.partial(_repeat, add, calls), device, settings) / calls
+        nbytes = 3 * n * a.element_size()
+        points.append([float(nbytes), nbytes / seconds / 1e9])
     return points
 
 
@@ -312,19 +335,19 @@ def _best_seconds(fn, device, settings: Settings) -> float:
     return best
 
 
-def _calls_for(gemm, device, settings: Settings) -> int:
-    """Calls per timed block, agreed by all ranks: enough to last ``gemm_seconds``."""
+def _calls_for(kernel, device, settings: Settings) -> int:
+    """Calls per timed block, agreed by all ranks: enough to last ``block_seconds``."""
     import torch
     import torch.distributed as dist
 
     for _ in range(settings.warmup):
-        gemm()
+        kernel()
     _sync(device)
     start = time.perf_counter()
-    gemm()
+    kernel()
     _sync(device)
     one = max(time.perf_counter() - start, 1e-7)
-    calls = torch.tensor([max(2, min(100_000, int(settings.gemm_seconds / one) + 1))])
+    calls = torch.tensor([max(2, min(100_000, int(settings.block_seconds / one) + 1))])
     dist.all_reduce(calls, op=dist.ReduceOp.MAX)
     return int(calls.item())
 

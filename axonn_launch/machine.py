@@ -14,6 +14,7 @@ class Hardware:
     intra_node_gbps: float = 0.0  # GB/s per GPU, between GPUs of one node (planner)
     inter_node_gbps: float = 0.0  # GB/s per GPU across nodes (injection / GPUs per node)
     latency_us: float = 5.0  # per collective step (planner)
+    memory_gbps: float = 0.0  # GPU memory GB/s, for element-wise kernels (planner); 0 = unknown
 
 
 @dataclass(frozen=True)

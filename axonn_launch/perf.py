@@ -6,6 +6,10 @@ of Megatron-AxoNN's ``comm_model.py`` (§4.1) with
 
 * a compute term: the per-GPU FLOPs of every GEMM at a throughput that calibration sets
   (``Calibration``; default: a fraction of the dense peak plus a fixed cost per call);
+* an element-wise term: the bytes LayerNorm, residual adds, GeLU, layout copies and the
+  loss's softmax read and write (``elementwise_elements``) at the memory bandwidth
+  (measured per kernel size by calibration, else ``Hardware.memory_gbps``; without
+  either the term is left out);
 * a latency term per ring step (alpha);
 * the exact per-GEMM volumes of §2.7, i.e. with the §4.3 correction for the MLP
   down-projection (its forward all-reduce runs over y with T*h/x elements, its backward
@@ -31,10 +35,9 @@ Ring costs (axonn.md §2.7): for p ranks and a message of M bytes (the full, gat
     all-gather, reduce-scatter:      (p-1) * alpha +  (p-1)/p * M / B
 with B the bus bandwidth of the group (``bus_bandwidth``).
 
-Left out: the optimizer update, element-wise kernels (they lower the achievable GEMM
-fraction instead), contention between collectives running at the same time on
-different axes, network congestion beyond the per-node injection share, and NCCL's
-tree algorithms (everything is a ring).
+Left out: the optimizer update, per-kernel launch and dispatch costs, contention between
+collectives running at the same time on different axes, network congestion beyond the
+per-node injection share, and NCCL's tree algorithms (everything is a ring).
 
 Pure Python: the planner runs on login nodes and must not import torch.
 """
@@ -97,23 +100,17 @@ class Calibration:
     kernel_overhead_us: float = DEFAULT_KERNEL_OVERHEAD_US
     overlap_efficiency: float = DEFAULT_OVERLAP_EFFICIENCY
     gemm: tuple[tuple[float, float], ...] = ()
+    elementwise: tuple[tuple[float, float], ...] = ()  # (bytes per kernel, GB/s)
     collectives: tuple[BandwidthSample, ...] = ()
     source: str = ""  # where the numbers come from (a file path), for reports
 
     def gemm_tflops(self, flops: float) -> float | None:
         """Achieved TFLOP/s for a GEMM of ``flops``, interpolated from measurements."""
-        if not self.gemm:
-            return None
-        points = sorted(self.gemm)
-        if flops <= points[0][0]:
-            return points[0][1]
-        if flops >= points[-1][0]:
-            return points[-1][1]
-        for (f0, r0), (f1, r1) in zip(points, points[1:], strict=False):
-            if f0 <= flops <= f1:
-                w = (math.log(flops) - math.log(f0)) / (math.log(f1) - math.log(f0))
-                return r0 + w * (r1 - r0)
-        return points[-1][1]
+        return log_interpolate(self.gemm, flops)
+
+    def memory_gbps(self, kernel_bytes: float) -> float | None:
+        """Element-wise GB/s for kernels moving ``kernel_bytes``, from measurements."""
+        return log_interpolate(self.elementwise, kernel_bytes)
 
     def bandwidth_sample(self, collective: str, size: int, per_node: int) -> BandwidthSample | None:
         """The measured sample closest to this group layout.
@@ -130,6 +127,20 @@ class Calibration:
         if not alike:
             return None
         return min(alike, key=lambda c: abs(math.log2(c.size) - math.log2(size)))
+
+
+def log_interpolate(points: tuple[tuple[float, float], ...], x: float) -> float | None:
+    """y at ``x`` from (x, y) points, linear in log(x) between them, clamped at the ends."""
+    if not points:
+        return None
+    points = tuple(sorted(points))
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+        if x0 <= x <= x1:
+            w = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + w * (y1 - y0)
+    return points[-1][1]
 
 
 def load_calibration(path: str | Path) -> Calibration:
@@ -152,6 +163,7 @@ def load_calibration(path: str | Path) -> Calibration:
         overlap_efficiency=float(
             raw.get("overlap", {}).get("efficiency", DEFAULT_OVERLAP_EFFICIENCY)
         ),
+        elementwise=tuple((float(b), float(r)) for b, r in raw.get("elementwise", [])),
         gemm=gemm,
         collectives=samples,
         source=str(path),
@@ -238,6 +250,31 @@ def gemm_seconds(flops: float, hw: Hardware, cal: Calibration) -> float:
         return flops / (measured * 1e12)
     peak = hw.peak_tflops_per_gpu if hw.peak_tflops_per_gpu > 0 else NOMINAL_CPU_TFLOPS
     return flops / (peak * cal.gemm_efficiency * 1e12) + cal.kernel_overhead_us * 1e-6
+
+
+# Element passes (one read or one write of an element) per token of the element-wise
+# kernels of one transformer layer's forward, as the training core runs them. A fused
+# LayerNorm reads and writes once (2); the x-exact LayerNorm of x > 1 squares, sums twice,
+# subtracts, scales, multiplies by the weight and adds the bias (12). A residual add reads
+# two and writes one (3). GeLU reads and writes (2). Q, K, V and the attention output are
+# copied between layouts (2 each). The attention core is fused (flash attention).
+LN_FUSED_PASSES, LN_EXACT_PASSES, ADD_PASSES, GELU_PASSES, COPY_PASSES = 2, 12, 3, 2, 2
+BACKWARD_FACTOR = 2  # a backward kernel reads the output gradient and the saved input
+LOSS_PASSES = 6  # softmax cross-entropy: max, exp, sum, normalize; its gradient
+
+
+def elementwise_elements(model: ModelSpec, grid: Grid) -> tuple[float, float]:
+    """(per layer forward, head forward + backward) element passes per token.
+
+    The residual stream is split over x (h/x per token), the attention heads and the MLP's
+    hidden over y (3h/y, h/y, f/y), the vocabulary over the x*y plane.
+    """
+    h, f = model.d_model, model.d_ff
+    ln = LN_FUSED_PASSES if grid.x == 1 else LN_EXACT_PASSES
+    per_layer = (2 * ln + 2 * ADD_PASSES) * h / grid.x
+    per_layer += COPY_PASSES * 4 * h / grid.y + GELU_PASSES * f / grid.y
+    head = LOSS_PASSES * model.vocab_size / (grid.x * grid.y)
+    return per_layer, head
 
 
 @dataclass(frozen=True)
@@ -385,6 +422,12 @@ class _Costs:
     def gemm(self, flops: float) -> float:
         return gemm_seconds(flops, self.hw, self.cal)
 
+    def memory(self, nbytes: float, kernel_bytes: float) -> float:
+        """Seconds to stream ``nbytes`` through element-wise kernels that each move about
+        ``kernel_bytes`` (measured bandwidth, else the hardware's; 0 if unknown)."""
+        gbps = self.cal.memory_gbps(kernel_bytes) or self.hw.memory_gbps
+        return nbytes / (gbps * 1e9) if gbps > 0 else 0.0
+
 
 def step_time(
     *,
@@ -436,8 +479,11 @@ def _micro_step(
     # FLOPs forward (the s/(6h) term of Narayanan's formula), twice that backward.
     fwd_gemm = [costs.gemm(2 * tokens * lin.fan_in * lin.fan_out / xy) for lin in linears]
     attn = costs.gemm(4 * tokens * s * h / grid.y)
-    fwd_compute = sum(fwd_gemm) + attn
-    bwd_compute = 2 * sum(fwd_gemm) + 2 * attn
+    per_layer, head_passes = elementwise_elements(model, grid)
+    kernel = 3 * tokens * h / grid.x * prec.act_fwd  # a residual add
+    fwd_ew = costs.memory(tokens * per_layer * prec.act_fwd, kernel)
+    fwd_compute = sum(fwd_gemm) + attn + fwd_ew
+    bwd_compute = 2 * sum(fwd_gemm) + 2 * attn + BACKWARD_FACTOR * fwd_ew
 
     # Forward all-reduces (blocking, §3.1): each Linear's output, T*fan_out/outer elements,
     # over its inner axis: 7Th/y over x and 2Th/x over y per layer (§2.7, §4.3 corrected).
@@ -471,6 +517,8 @@ def _micro_step(
     bwd_busy = bwd_compute + sum(bwd_exposed.values())
     _weight_traffic(costs, model, linears, ledger, ov, passes, fwd_busy, bwd_busy, prec)
     head = _embedding_and_head(costs, model, grid, tokens, ledger, prec)
+    logits = tokens * model.vocab_size / (grid.x * grid.y) * 4  # the loss runs in fp32
+    head += costs.memory(tokens * head_passes * 4, 2 * logits)
     compute = layers * (passes * fwd_compute + bwd_compute) + head
     return compute, ledger
 

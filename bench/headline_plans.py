@@ -100,8 +100,8 @@ def main() -> None:
         "Assumptions:",
         "",
         "- hardware numbers from `axonn_launch/conf/machine/*.yaml` (peak bf16, per-GPU "
-        "intra-node and inter-node bandwidth, latency); no calibration file measured on "
-        "the machines;",
+        "intra-node and inter-node bandwidth, latency, HBM bandwidth for the element-wise "
+        "kernels); no calibration file measured on the machines; full overlap;",
         f"- GEMMs at {DEFAULT_GEMM_EFFICIENCY:.0%} of peak plus {DEFAULT_KERNEL_OVERHEAD_US:g} us "
         "per call;",
         "- sequence length 2048, full activation checkpointing, OAR and OAG on (ORS as "

@@ -22,8 +22,10 @@ from axonn_launch.perf import (
     Precision,
     bus_bandwidth,
     comm_volumes_per_layer,
+    elementwise_elements,
     gemm_seconds,
     load_calibration,
+    log_interpolate,
     partly_hidden,
     pipelined_exposed,
     placement,
@@ -118,6 +120,7 @@ def test_load_calibration_round_trip(tmp_path):
             {
                 "gemm": [[1e9, 50.0], [1e11, 150.0]],
                 "overlap": {"efficiency": 0.25},
+                "elementwise": [[1e3, 5.0], [1e6, 20.0]],
                 "collectives": [
                     {
                         "collective": "all_gather",
@@ -135,6 +138,8 @@ def test_load_calibration_round_trip(tmp_path):
     assert cal.collectives == (BandwidthSample(ALL_GATHER, 8, 2, 40.0, 12.0),)
     assert cal.source == str(path)
     assert cal.overlap_efficiency == 0.25
+    assert cal.memory_gbps(1e3) == 5.0 and cal.memory_gbps(10**4.5) == pytest.approx(12.5)
+    assert log_interpolate((), 1.0) is None and cal.memory_gbps(1e9) == 20.0  # clamped
     path.write_text(json.dumps({"gemm": []}))
     assert load_calibration(path).overlap_efficiency == 1.0  # older files: full overlap
 
@@ -198,6 +203,36 @@ def test_compute_equals_model_flops_without_tensor_parallelism():
         st = step_time(hardware=HW, model=MODEL, train=tr, grid=Grid(data=2), calibration=EXACT)
         assert st.compute == pytest.approx(st.model_flops_per_gpu / 1e12, rel=1e-12)
         assert all(st.comm[a] == 0 for a in ("x", "y", "z", "xy"))
+
+
+def test_elementwise_passes_per_token():
+    h, f, v = 64, 256, 256
+    per_layer, head = elementwise_elements(MODEL, Grid(data=2))
+    # fused LayerNorms 2*2, residual adds 2*3 (x h); Q, K, V, output copies 4*2*h; GeLU 2*f
+    assert per_layer == (4 + 6) * h + 8 * h + 2 * f and head == 6 * v
+    per_layer, head = elementwise_elements(MODEL, Grid(x=2, y=2))
+    # the x-exact LayerNorm takes 12 passes each; h/x, h/y, f/y, V/(x*y) per token
+    assert per_layer == (24 + 6) * h / 2 + 8 * h / 2 + 2 * f / 2 and head == 6 * v / 4
+
+
+def test_elementwise_time_hand_case_at_the_memory_bandwidth():
+    # data=2, fp32 on a CPU-like profile at 1 GB/s: T = 4*32 = 128 tokens, one micro-step
+    # (8 sequences / (4 * 2)); per layer forward 26h passes of 4 bytes, backward twice
+    # that; the loss 6V passes of 4 bytes.
+    hw = dataclasses.replace(HW, gpu_model="cpu", peak_tflops_per_gpu=1.0, memory_gbps=1.0)
+    tr = train(dtype="fp32")
+    with_bw = step_time(hardware=hw, model=MODEL, train=tr, grid=Grid(data=2), calibration=EXACT)
+    plain = dataclasses.replace(hw, memory_gbps=0.0)
+    without = step_time(hardware=plain, model=MODEL, train=tr, grid=Grid(data=2),
+                        calibration=EXACT)  # fmt: skip
+    t, h, v = 128, 64, 256
+    per_micro = (2 * 3 * t * 26 * h * 4 + t * 6 * v * 4) / 1e9
+    assert with_bw.accumulation == 1
+    assert with_bw.compute - without.compute == pytest.approx(per_micro)
+    measured = Calibration(gemm_efficiency=1.0, kernel_overhead_us=0.0,
+                           elementwise=((1e3, 2.0), (1e9, 2.0)))  # fmt: skip
+    faster = step_time(hardware=hw, model=MODEL, train=tr, grid=Grid(data=2), calibration=measured)
+    assert faster.compute - without.compute == pytest.approx(per_micro / 2)  # measured wins
 
 
 def test_compute_hand_case_with_attention_repeated_over_x():
@@ -304,7 +339,7 @@ def test_calibrate_settings_from_the_command_line():
     s = parse_args(["machine=frontier", "nproc=2", "output=x.json"])
     assert (s.machine, s.nproc, s.output_path().name) == ("frontier", 2, "x.json")
     assert parse_args(["machine=alps"]).output_path().name == "calibration-alps.json"
-    assert parse_args(["gemm_seconds=0.2", "reps=3"]).gemm_seconds == 0.2
+    assert parse_args(["block_seconds=0.2", "reps=3"]).block_seconds == 0.2
     with pytest.raises(ValueError, match="reps='many': expected int"):
         parse_args(["reps=many"])
     with pytest.raises(ValueError, match="expected key=value"):
@@ -324,6 +359,7 @@ def test_local_calibration_feeds_the_planner(tmp_path):
     assert {c.collective for c in cal.collectives} == {ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER}
     assert all(c.size == 2 and c.per_node == 2 and c.bus_gbps > 0 for c in cal.collectives)
     assert len(cal.gemm) == 4 and all(rate > 0 for _, rate in cal.gemm)
+    assert len(cal.elementwise) == 3 and all(gbps > 0 for _, gbps in cal.elementwise)
     overlap = raw["overlap"]
     assert 0.0 <= cal.overlap_efficiency == overlap["efficiency"] <= 1.0
     assert overlap["both_seconds"] > 0 and overlap["count"] >= 1 and overlap["size"] == 2

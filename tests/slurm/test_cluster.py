@@ -167,7 +167,7 @@ def test_calibrate_inside_a_two_node_allocation_feeds_the_planner(
     cmd = [
         "srun", f"--partition={slurm_cluster.partition}", "--nodes=2", "--ntasks-per-node=2",
         "--time=2", sys.executable, "-m", "axonn_launch.calibrate", "machine=slurm_local",
-        f"output={out}", "reps=2", "warmup=1", f"large_bytes={1 << 20}", "gemm_seconds=0.01",
+        f"output={out}", "reps=2", "warmup=1", f"large_bytes={1 << 20}", "block_seconds=0.01",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
