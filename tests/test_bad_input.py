@@ -1,8 +1,11 @@
 """Bad input: exit code 2, one line naming the field and value, nothing submitted or written."""
 
+import subprocess
+import sys
+
 import pytest
 
-from tests.conftest import run_launcher
+from tests.conftest import REPO, run_launcher
 
 F5 = ["machine=frontier", "model=gpt_5b"]
 # (arguments, text the one-line error must contain)
@@ -59,3 +62,17 @@ def test_bad_input_is_one_line_exit_2_and_nothing_happens(args, expected, tmp_pa
 def test_full_error_shows_the_traceback_when_asked(tmp_path):
     result = run_launcher(["grid.y=3"], cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
     assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_a_python_without_the_dependencies_gets_one_line_and_exit_2(tmp_path):
+    code = (
+        "import runpy, sys; sys.modules['hydra'] = None; "  # as if hydra were not installed
+        "runpy.run_module('axonn_launch', run_name='__main__')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no module named 'hydra'" in lines[0], proc.stderr
+    assert "machines/local/setup.sh" in lines[0]
