@@ -1,10 +1,11 @@
 """Measure what the planner assumes: collective bandwidths per group layout, GEMM speed.
 
 Inside an allocation, one task per GPU:
-    srun ... python -m axonn_launch.calibrate machine=frontier output=cal-frontier.json
+    srun ... python -m axonn_launch.calibrate machine=frontier out=cal-frontier.json
 On this computer, N local gloo processes:
-    python -m axonn_launch.calibrate machine=local nproc=4 output=cal-local.json
-Then: ``python -m axonn_launch.plan ... calibration=cal-frontier.json``.
+    python -m axonn_launch.calibrate machine=local nproc=4 out=cal-local.json
+Then: ``python -m axonn_launch.plan ... calibration=cal-frontier.json``. Without ``out=``
+the file goes to a job directory of its own, ``jobs/calibrate-<machine>/<time>/``.
 
 For every power-of-two group size p and every placement the grid axes can have (members
 one apart, as an inner axis, or ``stride`` apart, as an outer one), all groups of that
@@ -32,11 +33,12 @@ import socket
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from axonn_launch.perf import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER
+from axonn_launch.usage import help_page, run_tool, wants_help
 
 GPU_GEMM_SIZES = (1024, 2048, 4096, 8192)
 CPU_GEMM_SIZES = (64, 128, 256, 512)
@@ -44,10 +46,14 @@ GPU_ADD_ELEMENTS = (1 << 18, 1 << 22, 1 << 26)
 CPU_ADD_ELEMENTS = (1 << 14, 1 << 17, 1 << 20)
 
 
+class CalibrateError(ValueError):
+    """A user's mistake or a missing allocation: one line, exit code 2."""
+
+
 @dataclass(frozen=True)
 class Settings:
     machine: str = "local"
-    output: str = ""  # default: calibration-<machine>.json
+    output: str = ""  # default: jobs/calibrate-<machine>/<time>/calibration-<machine>.json
     nproc: int = 0  # >0: spawn this many local processes (gloo) instead of joining a job
     small_bytes: int = 64 * 1024
     large_bytes: int = 0  # 0: 64 MiB on GPUs, 4 MiB on CPUs
@@ -57,7 +63,24 @@ class Settings:
     gpus_per_node: int = 0  # 0: the machine profile's (local: nproc)
 
     def output_path(self) -> Path:
-        return Path(self.output or f"calibration-{self.machine}.json")
+        if self.output:
+            return Path(self.output)
+        when = time.strftime("%Y-%m-%d_%H-%M-%S")
+        return Path("jobs", f"calibrate-{self.machine}", when, f"calibration-{self.machine}.json")
+
+
+KEY_HELP = {
+    "machine=NAME": "machine profile: local (default), slurm_local, perlmutter, frontier, alps",
+    "out=FILE": "the file to write (or output=); default jobs/calibrate-<machine>/<time>/",
+    "nproc=N": "start this many local gloo processes instead of joining srun's tasks",
+    "small_bytes=BYTES": "smallest message of each collective (default 64 KiB)",
+    "large_bytes=BYTES": "largest message (default 64 MiB on GPUs, 4 MiB on CPUs)",
+    "reps=N": "repetitions of each timing; the best counts (default 5)",
+    "warmup=N": "untimed calls before each timing (default 2)",
+    "block_seconds=S": "length of one timed block of GEMMs or element-wise adds (default 0.05)",
+    "gpus_per_node=N": "ranks per node (default: the machine profile's; local: nproc)",
+}
+ALIASES = {"out": "output"}
 
 
 @dataclass(frozen=True)
@@ -126,7 +149,14 @@ def measure(settings: Settings, gpus_per_node: int) -> dict[str, Any] | None:
     large = settings.large_bytes or (64 << 20 if device.type == "cuda" else 4 << 20)
     sizes = (settings.small_bytes, large // 8, large)
     results = []
-    for layout in layouts(world, gpus_per_node):
+    phase = Phases(rank)
+    todo = layouts(world, gpus_per_node)
+    phase(f"{world} ranks ({dist.get_backend()}, {device.type}), {len(todo)} group layouts")
+    for i, layout in enumerate(todo):
+        phase(
+            f"collectives {i + 1}/{len(todo)}: groups of {layout.size},"
+            f" {layout.per_node} per node (all-reduce, all-gather, reduce-scatter)"
+        )
         group = _own_group(layout, world, rank)
         for collective in COLLECTIVES:
             times = tuple(
@@ -145,8 +175,12 @@ def measure(settings: Settings, gpus_per_node: int) -> dict[str, Any] | None:
                     "seconds": list(times),
                 }  # fmt: skip
             )
+    phase("GEMM throughput")
     gemm = measure_gemm(device, settings)
+    phase("element-wise (memory) throughput")
     elementwise = measure_elementwise(device, settings)
+    if world > 1:
+        phase("overlap of an all-reduce with GEMMs")
     overlap = measure_overlap(device, settings, large) if world > 1 else None
     if rank != 0:
         return None
@@ -163,6 +197,17 @@ def measure(settings: Settings, gpus_per_node: int) -> dict[str, Any] | None:
         **({"overlap": overlap} if overlap else {}),
         "collectives": results,
     }
+
+
+class Phases:
+    """Rank 0 says what it measures now, with the seconds since the start (also in logs)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.start = rank, time.perf_counter()
+
+    def __call__(self, text: str) -> None:
+        if self.rank == 0:
+            print(f"calibrate [{time.perf_counter() - self.start:6.1f} s] {text}", flush=True)
 
 
 def _current_device():
@@ -372,12 +417,29 @@ def run_in_allocation(settings: Settings) -> None:
 
     machine = load([f"machine={settings.machine}"]).machine
     env = bootstrap(RuntimeConfig(backend=machine.backend, device_index=machine.device_index))
+    check_world(settings, machine.scheduler, env)
     init_distributed(env)
     try:
         gpn = settings.gpus_per_node or machine.hardware.gpus_per_node or env.local_world_size
         _finish(settings, measure(settings, gpn))
     finally:
         dist.destroy_process_group()
+
+
+def check_world(settings: Settings, scheduler: str, env: Any) -> None:
+    """A cluster machine needs srun's tasks and, for nccl, GPUs and a torch built with it."""
+    import torch
+    import torch.distributed as dist
+
+    where = f"calibrate machine={settings.machine}"
+    instead = "run it inside salloc with srun, one task per GPU, or use machine=local nproc=4"
+    if scheduler != "local" and env.source == "single":
+        raise CalibrateError(f"{where}: needs a GPU allocation (no srun task here); {instead}")
+    if env.backend == "nccl" and not (dist.is_nccl_available() and torch.cuda.is_available()):
+        raise CalibrateError(
+            f"{where}: backend nccl is not available here (torch {torch.__version__},"
+            f" {torch.cuda.device_count()} GPUs visible); {instead}"
+        )
 
 
 def run_local(settings: Settings) -> None:
@@ -409,6 +471,7 @@ def _finish(settings: Settings, result: dict[str, Any] | None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     print(f"calibration of {result['world_size']} ranks written to {path}")
+    print(f"use it: python -m axonn_launch.plan machine={settings.machine} calibration={path}")
 
 
 def _free_port() -> int:
@@ -417,23 +480,55 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+HELP = help_page(
+    usage="python -m axonn_launch.calibrate [KEY=VALUE ...] [--debug]",
+    summary=(
+        "Measure what the planner assumes on this machine: all-reduce, all-gather and\n"
+        "reduce-scatter bandwidth per group layout, GEMM and element-wise throughput, and how\n"
+        "much communication a GEMM hides. Run it under srun, one task per GPU, inside an\n"
+        "allocation; or with nproc=N local processes. Feed the file to plan calibration=FILE."
+    ),
+    keys=list(KEY_HELP.items()) + [("--debug", "show the traceback of an error")],
+    examples=[
+        "srun -N 2 --ntasks-per-node=4 python -m axonn_launch.calibrate machine=perlmutter",
+        "python -m axonn_launch.calibrate machine=local nproc=4",
+        "python -m axonn_launch.calibrate machine=local nproc=4 out=cal-local.json",
+    ],
+)
+
+
 def parse_args(argv: list[str]) -> Settings:
     fields = Settings.__dataclass_fields__
     values: dict[str, Any] = {}
     for arg in argv:
         key, sep, value = arg.partition("=")
+        key = ALIASES.get(key, key)
         if not sep or key not in fields:
-            raise ValueError(f"{arg!r}: expected key=value with key in {', '.join(fields)}")
+            raise CalibrateError(
+                f"{arg!r}: expected key=value with key in {', '.join(fields)}"
+                " (python -m axonn_launch.calibrate --help)"
+            )
         kind = type(fields[key].default)  # str, int or float
         try:
             values[key] = kind(value)
         except ValueError:
-            raise ValueError(f"{key}={value!r}: expected {kind.__name__}") from None
+            raise CalibrateError(f"{key}={value!r}: expected {kind.__name__}") from None
     return Settings(**values)
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if wants_help(argv):
+        print(HELP)
+        return 0
+    from axonn_launch.config import ConfigError
+
+    return run_tool(_main, argv, (CalibrateError, ConfigError))
+
+
+def _main(argv: list[str]) -> int:
+    settings = parse_args(argv)
+    settings = replace(settings, output=str(settings.output_path()))  # one time stamp
     if settings.nproc > 0:
         run_local(settings)
     else:

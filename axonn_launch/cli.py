@@ -7,7 +7,7 @@ nothing written or submitted. Set HYDRA_FULL_ERROR=1 for tracebacks.
 
 from __future__ import annotations
 
-import itertools
+import logging
 import os
 import shutil
 import sys
@@ -16,12 +16,21 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from axonn_launch.config import ConfigError, compose, to_launch_config
-from axonn_launch.launch import EXIT_BAD_INPUT, Outcome, launch
+from axonn_launch.config import ConfigError, LaunchConfig, compose, to_launch_config
+from axonn_launch.launch import EXIT_BAD_INPUT, launch
+from axonn_launch.sweep import (
+    PointOutcome,
+    check_objective,
+    direction_warning,
+    expand_sweep,
+    for_sweeper,
+    sweeper_name,
+    with_objective,
+)
+from axonn_launch.usage import register_help_resolver
 from axonn_launch.validate import resolve
 
 HYDRA_FLAGS_WITHOUT_PREFLIGHT = {
@@ -39,14 +48,19 @@ HYDRA_FLAGS_WITHOUT_PREFLIGHT = {
 }
 
 
+log = logging.getLogger(__name__)
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def hydra_entry(cfg: DictConfig) -> Outcome:
+def hydra_entry(cfg: DictConfig) -> PointOutcome:
+    """One run or one sweep point; its ``float()`` is the objective (``sweep.py``)."""
     hydra_cfg = HydraConfig.get()
     job_dir = Path(hydra_cfg.runtime.output_dir)
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
     try:
+        launch_cfg = point_config(cfg, hydra_cfg if sweeping else None)
         outcome = launch(
-            to_launch_config(cfg),
+            launch_cfg,
             job_dir=job_dir,
             config=OmegaConf.to_container(cfg, resolve=True),
             command_line=list(sys.argv),
@@ -57,54 +71,40 @@ def hydra_entry(cfg: DictConfig) -> Outcome:
             raise SystemExit(EXIT_BAD_INPUT) from None
         print(f"point {hydra_cfg.job.num}: invalid: {exc}", file=sys.stderr)
         shutil.rmtree(job_dir, ignore_errors=True)  # nothing kept for an invalid point
-        return Outcome("invalid", "", message=str(exc))
+        return PointOutcome("invalid", "", message=str(exc))
     if not sweeping and outcome.exit_code:
         raise SystemExit(outcome.exit_code)  # Hydra does not pass the return value on
-    return outcome
+    result = with_objective(outcome, launch_cfg.objective)
+    if sweeping:
+        log.info("point %s: %s, %s=%s", hydra_cfg.job.num, result.status, result.objective,
+                 result.value)  # fmt: skip
+    return result
 
 
-class SweepSummary(Callback):
-    """Collects each sweep point's outcome and prints one table at the end.
-
-    Hydra builds one instance for the jobs and another for the end of the multirun,
-    so the rows are kept per sweep directory on the class.
-    """
-
-    rows: dict[str, list[tuple[str, Outcome]]] = {}
-
-    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
-        outcome = job_return.return_value if job_return.status.name == "COMPLETED" else None
-        if outcome is None:
-            outcome = Outcome("failed", "", message=str(job_return._return_value))
-        key = str(config.hydra.sweep.dir)
-        self.rows.setdefault(key, []).append((" ".join(job_return.overrides), outcome))
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        rows = self.rows.pop(str(config.hydra.sweep.dir), [])
-        print(format_table(rows))
-        if any(o.exit_code for _, o in rows):
-            raise SystemExit(1)
+def point_config(cfg: DictConfig, hydra_cfg: Any) -> LaunchConfig:
+    """The typed config of this run; in a sweep, as its sweeper needs it."""
+    launch_cfg = to_launch_config(cfg)
+    if hydra_cfg is None:
+        check_objective(launch_cfg)
+        return launch_cfg
+    sweeper = sweeper_name(hydra_cfg.sweeper._target_)
+    point_cfg = for_sweeper(launch_cfg, sweeper)
+    if point_cfg.wait and not launch_cfg.wait:
+        log.info("the %s sweeper optimizes %s: waiting for the job", sweeper, point_cfg.objective)
+    warning = direction_warning(launch_cfg.objective, hydra_cfg.sweeper.get("direction"))
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+        log.warning(warning)
+    return point_cfg
 
 
-def format_table(rows: list[tuple[str, Outcome]]) -> str:
-    header = ("#", "point", "status", "job id", "nodes", "job dir / reason")
-    body = [
-        (
-            str(i),
-            point or "(defaults)",
-            o.status,
-            o.job_id or "-",
-            str(o.nodes or "-"),
-            o.job_dir or o.message,
-        )
-        for i, (point, o) in enumerate(rows)
-    ]
-    widths = [max(len(r[c]) for r in [header, *body]) for c in range(len(header) - 1)]
-    lines = []
-    for row in [header, *body]:
-        cells = [cell.ljust(w) for cell, w in zip(row, widths)] + [row[-1]]
-        lines.append("  ".join(cells))
-    return "\n".join(["sweep summary:", *lines])
+class LoggedNotPrinted(logging.Filter):
+    """For Hydra's console handler (conf/config.yaml): the launcher prints what the
+    console needs itself and logs the same to the job dir's axonn_launch.log, so its
+    own records stay off the console."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith("axonn_launch")
 
 
 VALUE_FLAGS = {
@@ -145,34 +145,19 @@ def preflight(argv: list[str]) -> None:
     } & set(valued):
         return  # Hydra's own reports, or another primary config: Hydra checks those
     sweeping = bool(bare & {"-m", "--multirun"})
-    overrides = [
-        o for o in overrides if not o.startswith("hydra.") or o.startswith("hydra.searchpath")
+    sweeper = next((o.split("=", 1)[1] for o in overrides if o.startswith("hydra/sweeper=")), "")
+    overrides = [  # Hydra checks its own keys and groups (hydra/launcher=..., hydra/sweeper=...)
+        o
+        for o in overrides
+        if not o.startswith(("hydra.", "hydra/")) or o.startswith("hydra.searchpath")
     ]
     config_dir = valued.get("--config-dir") or valued.get("-cd")
     if config_dir:
         overrides.append(f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]")
     for point in expand_sweep(overrides) if sweeping else [overrides]:
-        cfg = to_launch_config(compose(point))
+        cfg = for_sweeper(to_launch_config(compose(point)), sweeper or "basic")
         if not sweeping:
             resolve(cfg)
-
-
-def expand_sweep(overrides: list[str]) -> list[list[str]]:
-    """The points of a basic-sweeper sweep: the product of every swept value."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception as exc:
-        raise ConfigError(f"bad override: {str(exc).splitlines()[0]}") from exc
-    choices = []
-    for override in parsed:
-        key = override.get_key_element()
-        if override.is_sweep_override():
-            choices.append([f"{key}={v}" for v in override.sweep_string_iterator()])
-        else:
-            choices.append([override.input_line])
-    return [list(point) for point in itertools.product(*choices)]
 
 
 def main() -> None:
@@ -183,4 +168,5 @@ def main() -> None:
             raise
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
+    register_help_resolver()  # --help names the other commands (conf/config.yaml)
     hydra_entry()

@@ -58,6 +58,7 @@ class LaunchConfig:
     wait: bool | None = None
     max_requeue: int = 3
     site: Site = field(default_factory=Site)
+    objective: str = "final_loss"  # what a sweep point returns to an optimizer (sweep.py)
 
 
 def compose(overrides: list[str]):

@@ -29,6 +29,10 @@ import functools
 import re
 from dataclasses import dataclass, field
 
+# The Slurm text rules live in slurmtext; jobs.py and the tests read these names from here.
+from axonn_launch.slurmtext import ACTIVE_STATES, base_state
+from axonn_launch.slurmtext import expand_nodelist as expand_nodelist
+
 COMPLETED = "completed"
 RUNNING = "running"
 TIMEOUT = "timeout"
@@ -66,24 +70,6 @@ ACTIONS = {
 }
 CLASSES = tuple(ACTIONS)
 
-# sacct/squeue states of a job that is not over yet
-ACTIVE_STATES = frozenset(
-    {
-        "PENDING",
-        "RUNNING",
-        "REQUEUED",
-        "REQUEUE_HOLD",
-        "REQUEUE_FED",
-        "COMPLETING",
-        "CONFIGURING",
-        "RESIZING",
-        "SUSPENDED",
-        "STAGE_OUT",
-        "SIGNALING",
-        "RESV_DEL_HOLD",
-        "STOPPED",
-    }
-)
 STATE_CLASSES = {
     "TIMEOUT": TIMEOUT,
     "DEADLINE": TIMEOUT,
@@ -183,11 +169,6 @@ class Diagnosis:
         return ACTIONS[self.failure]
 
 
-def base_state(state: str) -> str:
-    """``CANCELLED by 0`` -> ``CANCELLED``; ``RUNNING+`` -> ``RUNNING``."""
-    return state.split(" ")[0].rstrip("+").upper() if state else ""
-
-
 def classify(ev: Evidence) -> Diagnosis:
     """The failure class of one job; see the module docstring for the actions.
 
@@ -271,23 +252,6 @@ def nodes_of_tasks(
     """Nodes running ``tasks`` under Slurm's default block distribution."""
     picked = {nodes[t // tasks_per_node] for t in tasks if t // tasks_per_node < len(nodes)}
     return tuple(n for n in nodes if n in picked)
-
-
-def expand_nodelist(nodelist: str) -> tuple[str, ...]:
-    """``n[1-3,7],gpu01`` -> ``('n1', 'n2', 'n3', 'n7', 'gpu01')``."""
-    names: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist or ""):
-        found = re.fullmatch(r"(?P<pre>[^\[]*)\[(?P<ranges>[^\]]*)\](?P<post>.*)", part)
-        if not found:
-            if part and part not in ("None", "(null)", "None assigned"):
-                names.append(part)
-            continue
-        for item in found["ranges"].split(","):
-            low, _, high = item.partition("-")
-            width = len(low)
-            for number in range(int(low), int(high or low) + 1):
-                names.append(f"{found['pre']}{number:0{width}d}{found['post']}")
-    return tuple(names)
 
 
 def _all_succeeded(ev: Evidence) -> bool:

@@ -38,8 +38,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from axonn_launch import failures
+from axonn_launch import failures, slurmtext
 from axonn_launch.failures import Diagnosis, Evidence
+from axonn_launch.usage import run_tool
 
 DEFAULT_ROOT = "jobs"
 SKIP_DIRS = frozenset({"slurm", "checkpoints", "logs", ".hydra", ".submitit"})
@@ -48,7 +49,6 @@ RETRIABLE = (failures.RESUME, failures.RESUME_EXCLUDING)
 # overrides that change what a job needs per GPU: with one, an out-of-memory job may retry
 RESHAPING_KEYS = ("grid", "nodes", "train.micro_batch", "train.activation_checkpointing")
 EXCLUDE_KEY = "+machine.slurm.extra_sbatch.exclude"
-SACCT_FIELDS = "JobID,State,ExitCode,NodeList"
 
 
 @dataclass(frozen=True)
@@ -82,11 +82,29 @@ class JobStatus:
 # --- finding and reading job directories -------------------------------------------------
 
 
+JOB_DIR_HINT = (
+    "a job dir is the folder one launch writes, holding job.json"
+    " (python -m axonn_launch makes jobs/<name>/<time>/)"
+)
+
+
+class NotAJobPath(ValueError):
+    """A PATH argument with no job dir at or below it; the message says what one is."""
+
+
 def find_job_dirs(paths: list[str]) -> list[Path]:
-    """Every directory holding a job.json at or below ``paths``, in a stable order."""
+    """Every directory holding a job.json at or below ``paths``, in a stable order.
+
+    Raises NotAJobPath for a path with none: a typo must not look like "nothing to do".
+    """
     found: list[Path] = []
     for path in paths:
-        _walk(Path(path), found)
+        here: list[Path] = []
+        _walk(Path(path), here)
+        if not here:
+            what = "holds no job dir" if os.path.exists(path) else "no such file or directory"
+            raise NotAJobPath(f"{path}: {what}; {JOB_DIR_HINT}")
+        found += here
     return sorted(set(found))
 
 
@@ -142,27 +160,18 @@ def scheduler_states(job_ids: list[str]) -> dict[str, SchedulerInfo]:
 
 def sacct_states(job_ids: list[str]) -> dict[str, SchedulerInfo] | None:
     """None when sacct is missing or fails (no accounting)."""
-    command = ["sacct", "-X", "-n", "-P", "-o", SACCT_FIELDS, "-j", ",".join(job_ids)]
-    out = _run(command)
+    out = _run(slurmtext.sacct_command(job_ids))
     if out is None:
         return None
-    states = {}
-    for line in out.splitlines():
-        parts = line.split("|")
-        if len(parts) == 4:
-            states[parts[0]] = SchedulerInfo(parts[1], parts[2], parts[3])
-    return states
+    rows = slurmtext.parse_sacct(out)
+    return {job: SchedulerInfo(r.state, r.exit_code, r.nodelist) for job, r in rows.items()}
 
 
 def squeue_states(job_ids: list[str]) -> dict[str, SchedulerInfo]:
     """Queued and running jobs only; a job squeue does not list has ended."""
-    out = _run(["squeue", "-h", "-o", "%i|%T|%N"]) or ""
-    wanted, states = set(job_ids), {}
-    for line in out.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 3 and parts[0] in wanted:
-            states[parts[0]] = SchedulerInfo(parts[1], "", parts[2])
-    return states
+    rows = slurmtext.parse_squeue(_run(slurmtext.squeue_command()) or "")
+    wanted = set(job_ids)
+    return {job: SchedulerInfo(r.state, "", r.nodelist) for job, r in rows.items() if job in wanted}
 
 
 def _run(command: list[str]) -> str | None:
@@ -250,10 +259,10 @@ def evidence(
         if state == "RUNNING":
             return Evidence(state=state)
         results: tuple[tuple[str, str], ...] = ()
-        if record.get("status") == "completed":
+        done = record.get("status") == "completed" or finished_by_itself(job_dir, record)
+        if done:
             results = tuple(("success", "") for _ in range(expected))
         exit_code = str(record.get("exit_code", ""))
-        done = record.get("status") == "completed"
         logs = {} if done else task_logs(job_dir, job_id, {})
         return Evidence(state="", exit_code=exit_code, results=results, logs=logs)
     nodelist = failures.expand_nodelist(info.nodelist if info else "")
@@ -271,6 +280,27 @@ def evidence(
         nodes=nodelist,
         tasks_per_node=int(record.get("tasks_per_node", 1)),
     )
+
+
+def finished_by_itself(job_dir: Path, record: dict) -> bool:
+    """The attempt's own word: rank 0 writes summary.json after the last step (also when
+    nobody waited for the job, so job.json may still say "running")."""
+    try:
+        summary = json.loads((job_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return int(summary.get("steps", 0)) >= int(record.get("steps", 1))
+
+
+def settled_status(record: dict, info: SchedulerInfo | None, row: JobStatus) -> str | None:
+    """What job.json should now say of a job it still calls running or submitted, once the
+    end is certain: the job's own results, a dead local process, or sacct's final state."""
+    if record.get("status") not in ("running", "submitted") or row.failure == failures.RUNNING:
+        return None
+    if row.failure == failures.COMPLETED:
+        return "completed"
+    ended = current_job_id(record).startswith("local-") or bool(info and info.state)
+    return "failed" if ended else None
 
 
 def local_state(record: dict) -> str:
@@ -291,6 +321,8 @@ def diagnose(job_dir: Path, record: dict, info: SchedulerInfo | None) -> tuple[s
     """(state to show, diagnosis) of one job."""
     if record.get("dry_run") or record.get("status") == "dry_run":
         return "DRY_RUN", Diagnosis(failures.UNKNOWN, "dry run: never submitted")
+    if record.get("status") == "refused":
+        return "REFUSED", Diagnosis(failures.UNKNOWN, f"sbatch refused it: {record.get('error')}")
     if not current_job_id(record):
         return "NOT_SUBMITTED", Diagnosis(failures.UNKNOWN, "no job id in job.json")
     ev = evidence(job_dir, record, info)
@@ -340,7 +372,16 @@ def collect(paths: list[str]) -> list[JobStatus]:
         with contextlib.suppress(OSError, ValueError):
             records.append((job_dir, read_record(job_dir)))
     infos = scheduler_states([current_job_id(r) for _, r in records])
-    return [job_status(d, r, infos.get(current_job_id(r))) for d, r in records]
+    rows = []
+    for job_dir, record in records:
+        info = infos.get(current_job_id(record))
+        row = job_status(job_dir, record, info)
+        settled = settled_status(record, info, row)
+        if settled:  # job.json tells the truth from now on
+            with contextlib.suppress(OSError, ValueError):
+                update_record(job_dir, status=settled, failure=row.failure)
+        rows.append(row)
+    return rows
 
 
 # --- status output -------------------------------------------------------------------------
@@ -375,12 +416,7 @@ def format_table(rows: list[JobStatus]) -> str:
 
 def status_main(args: argparse.Namespace) -> int:
     rows = collect(args.paths or [DEFAULT_ROOT])
-    if args.json:
-        print(json.dumps([asdict(r) for r in rows], indent=2))
-    elif rows:
-        print(format_table(rows))
-    else:
-        print(f"no job directories (with job.json) under {' '.join(args.paths or [DEFAULT_ROOT])}")
+    print(json.dumps([asdict(r) for r in rows], indent=2) if args.json else format_table(rows))
     return 0
 
 
@@ -439,7 +475,7 @@ def original_overrides(job_dir: Path, record: dict) -> list[str]:
     from axonn_launch.cli import split_argv
 
     overrides, valued, _ = split_argv(list(record.get("command_line") or [])[1:])
-    kept = [o for o in overrides if not o.startswith(("hydra.", "+hydra."))]
+    kept = [o for o in overrides if not o.startswith(("hydra.", "+hydra.", "hydra/"))]
     kept += [o for o in overrides if o.startswith("hydra.searchpath")]
     config_dir = valued.get("--config-dir") or valued.get("-cd")
     if config_dir:
@@ -464,7 +500,7 @@ def _is_sweep(value: str) -> bool:
     return (
         "," in value
         and not value.startswith(("[", "{", "'", '"'))
-        or value.startswith(("range(", "choice(", "glob("))
+        or value.startswith(("range(", "choice(", "glob(", "interval(", "tag("))
     )
 
 
@@ -604,7 +640,10 @@ def submit_attempt(
 def resubmit_main(args: argparse.Namespace) -> int:
     bad = [c for c in args.only or [] if c not in failures.CLASSES]
     if bad:
-        print(f"error: --only {' '.join(bad)}: valid classes: {', '.join(failures.CLASSES)}")
+        print(
+            f"error: --only {' '.join(bad)}: valid classes: {', '.join(failures.CLASSES)}",
+            file=sys.stderr,
+        )
         return 2
     failed = 0
     for status in collect(args.paths or [DEFAULT_ROOT]):
@@ -620,21 +659,67 @@ def resubmit_main(args: argparse.Namespace) -> int:
 # --- command line --------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        """One line instead of argparse's usage block; exit code 2."""
+        self.exit(2, f"error: {message}; see {self.prog} --help\n")
+
+
+STATUS_EXAMPLES = (
+    "python -m axonn_launch.jobs status                  # every job under jobs/",
+    "python -m axonn_launch.jobs status --json jobs/sweeps/2026-11-29_10-00-00",
+)
+RESUBMIT_EXAMPLES = (
+    "python -m axonn_launch.jobs resubmit jobs/ --dry-run  # what would be resubmitted, and why",
+    "python -m axonn_launch.jobs resubmit jobs/gpt_80b-frontier/<time> nodes=64 grid=auto",
+)
+
+
+def _examples(lines: tuple[str, ...], note: str = "") -> str:
+    return (note + "\n\n" if note else "") + "examples:\n" + "\n".join(f"  {x}" for x in lines)
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
-        prog="python -m axonn_launch.jobs", description=__doc__.split("\n")[0]
+    raw = argparse.RawDescriptionHelpFormatter
+    top = _Parser(
+        prog="python -m axonn_launch.jobs",
+        description=f"What happened to my jobs, and bring back the failed ones; {JOB_DIR_HINT}.",
+        epilog=_examples(STATUS_EXAMPLES + RESUBMIT_EXAMPLES),
+        formatter_class=raw,
     )
-    commands = top.add_subparsers(dest="command", required=True)
-    status = commands.add_parser("status", help="one row per job")
+    commands = top.add_subparsers(dest="command", required=True, metavar="{status,resubmit}")
+    status = commands.add_parser(
+        "status", help="one row per job", epilog=_examples(STATUS_EXAMPLES), formatter_class=raw
+    )
     status.add_argument(
         "paths", nargs="*", help=f"job dirs or folders of them (default {DEFAULT_ROOT}/)"
     )
     status.add_argument("--json", action="store_true", help="machine-readable output")
-    again = commands.add_parser("resubmit", help="resubmit retriable failed jobs")
-    again.add_argument("paths", nargs="*", help="job dirs or folders of them")
+    again = commands.add_parser(
+        "resubmit",
+        help="resubmit the failed jobs whose failure class allows it",
+        usage="python -m axonn_launch.jobs resubmit [options] [PATH ...] [KEY=VALUE ...]",
+        epilog=_examples(
+            RESUBMIT_EXAMPLES,
+            "KEY=VALUE words are launcher overrides for the new attempts, validated like a launch.",
+        ),
+        formatter_class=raw,
+    )
+    again.add_argument(
+        "paths", nargs="*", help=f"job dirs or folders of them (default {DEFAULT_ROOT}/)"
+    )
     again.add_argument("--dry-run", action="store_true", help="say what would be submitted")
-    again.add_argument("--only", nargs="+", metavar="CLASS", help="only jobs of these classes")
-    again.add_argument("--max-attempts", type=int, default=5, help="attempts per job, all told")
+    again.add_argument(
+        "--only",
+        nargs="+",
+        metavar="CLASS",
+        help=f"only these classes: {', '.join(failures.CLASSES)}",
+    )
+    again.add_argument(
+        "--max-attempts", type=int, default=5, metavar="N", help="attempts per job, all told"
+    )
+    for sub in (top, status, again):
+        sub.add_argument("--debug", action="store_true", help="show tracebacks")
     return top
 
 
@@ -645,15 +730,15 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    rest, overrides = split_overrides(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rest, overrides = split_overrides(argv)
     args = parser().parse_args(rest)
     args.overrides = overrides
-    if args.command == "status":
-        if overrides:
-            print(f"error: status takes no overrides: {' '.join(overrides)}", file=sys.stderr)
-            return 2
-        return status_main(args)
-    return resubmit_main(args)
+    if args.command == "status" and overrides:
+        print(f"error: status takes no overrides: {' '.join(overrides)}", file=sys.stderr)
+        return 2
+    run = status_main if args.command == "status" else resubmit_main
+    return run_tool(lambda _: run(args), argv, (NotAJobPath,))
 
 
 if __name__ == "__main__":

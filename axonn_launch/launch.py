@@ -5,7 +5,11 @@ Never imports torch: this runs on login nodes.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
+import os
 import shlex
 import sys
 import time
@@ -21,10 +25,13 @@ from axonn_launch.validate import Resolved, resolve
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
+# The console gets print(); the job dir's axonn_launch.log (Hydra's file handler) gets log.
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Outcome:
-    status: str  # dry_run | submitted | completed | failed | invalid
+    status: str  # dry_run | submitted | completed | failed | invalid | refused (by sbatch)
     job_dir: str
     job_id: str = ""
     nodes: int = 0
@@ -34,7 +41,7 @@ class Outcome:
     def exit_code(self) -> int:
         if self.status == "invalid":
             return EXIT_BAD_INPUT
-        return EXIT_JOB_FAILED if self.status == "failed" else EXIT_OK
+        return EXIT_JOB_FAILED if self.status in ("failed", "refused") else EXIT_OK
 
 
 def launch(
@@ -44,6 +51,7 @@ def launch(
     resolved = resolve(cfg)  # raises ConfigError before anything is written
     for warning in resolved.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+        log.warning(warning)
     job_dir = job_dir.resolve()
     job_dir.mkdir(parents=True, exist_ok=True)
     spec = job_spec(cfg, resolved, job_dir)
@@ -54,7 +62,9 @@ def launch(
     if script:
         (job_dir / "submission.sh").write_text(script)
     record = job_record(cfg, resolved, job_dir, command_line)
-    print(summary(cfg, resolved, job_dir), file=out)
+    report = summary(cfg, resolved, job_dir)
+    print(report, file=out)
+    log.info("%s\n%s", "dry run: nothing is started" if cfg.dry_run else "launching", report)
     if cfg.dry_run:
         print("--- resolved config ---", file=out)
         print(config_yaml, file=out)
@@ -105,7 +115,7 @@ def batch_script(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
         tasks_per_node=resolved.tasks_per_node,
         job_name=cfg.name,
         folder=slurm_folder(job_dir),
-        python=sys.executable,
+        python=sys.executable,  # the login node's; a container machine names its own
     )
 
 
@@ -127,17 +137,17 @@ def summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
     per = "rank" if cfg.machine.hardware.gpu_model == "cpu" else "GPU"
     mem = f"{memory.total / GIB:.2f} GiB per {per} (largest: {memory.biggest()[0]})"
     scale = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.2f} M"
+    grid, train = resolved.grid, resolved.train
+    note = planner_note(cfg.grid.pick) if resolved.planned else ""
+    how = " (automatic)" if cfg.train.micro_batch is None else ""
     return "\n".join(
         [
             f"job        {cfg.name}",
             f"machine    {cfg.machine.name} ({cfg.machine.hardware.gpu_model})",
             f"model      {cfg.model.name}: {params:,} parameters ({scale})",
-            f"grid       {resolved.grid.describe()} = {resolved.grid.world_size} ranks"
-            + (
-                f" (planner's best; micro_batch={resolved.train.micro_batch})"
-                if resolved.planned
-                else ""
-            ),
+            f"grid       {grid.describe()} = {grid.world_size} ranks{note}",
+            f"batch      global_batch={train.global_batch} = micro_batch={train.micro_batch}{how}"
+            f" x grid.data={grid.data} x {train.accumulation_steps(grid)} micro-step(s)",
             f"nodes      {resolved.nodes} x {resolved.tasks_per_node} tasks",
             f"memory     {mem}",
             f"job dir    {job_dir}",
@@ -145,9 +155,9 @@ def summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
     )
 
 
-def planner_note(pick: int, micro_batch: int) -> str:
-    which = "best" if pick == 0 else f"choice {pick + 1}"
-    return f" (planner's {which}; micro_batch={micro_batch})"
+def planner_note(pick: int) -> str:
+    """grid.pick=k takes the planner's (k+1)-th best grid."""
+    return " (planner's best)" if pick == 0 else f" (planner's choice {pick + 1})"
 
 
 def job_record(
@@ -170,6 +180,11 @@ def job_record(
         "lineage": [],
         "command_line": command_line,
         "dry_run": cfg.dry_run,
+        # what submitit.SlurmJob(folder, job_id, tasks=range(tasks)) needs to reattach
+        "submitit": {
+            "folder": str(slurm_folder(job_dir)),
+            "tasks": resolved.nodes * resolved.tasks_per_node,
+        },
     }
 
 
@@ -187,13 +202,34 @@ def run_local(cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict
     )
     job_id = f"local-{procs[0].pid}"
     write_record(job_dir, record, job_ids=[job_id], status="running")
+    log.info("started %s: %d local rank processes", job_id, len(procs))
     if cfg.wait is False:
         print(f"started {job_id}; job dir {job_dir}")
         return Outcome("submitted", str(job_dir), job_id, resolved.nodes)
     code = local.wait_ranks(procs)
     status = "completed" if code == 0 else "failed"
+    log.info("%s %s (exit code %d)", job_id, status, code)
     write_record(job_dir, record, status=status, exit_code=code)
     return Outcome(status, str(job_dir), job_id, resolved.nodes, f"exit code {code}")
+
+
+def refused(
+    cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict, exc: Exception
+) -> Outcome:
+    """sbatch said no (or is missing): one line, and a job.json that says so."""
+    lines = [ln.strip().removeprefix("sbatch: error: ") for ln in str(exc).splitlines()]
+    why = "; ".join(ln for ln in lines if ln) or type(exc).__name__
+    if isinstance(exc, OSError):
+        why = f"cannot run sbatch ({why}); submit from a login node of {cfg.machine.name}"
+    write_record(job_dir, record, status="refused", error=why)
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise exc
+    print(
+        f"error: sbatch refused the job on {cfg.machine.name}: {why}; fix the machine.slurm.*"
+        f" setting it names and launch again (recorded in {job_dir}/job.json)",
+        file=sys.stderr,
+    )
+    return Outcome("refused", str(job_dir), nodes=resolved.nodes, message=why)
 
 
 def submit_slurm(
@@ -205,17 +241,26 @@ def submit_slurm(
         tasks_per_node=resolved.tasks_per_node,
         job_name=cfg.name,
     )
-    job = slurm.submit(
-        folder=slurm_folder(job_dir),
-        params=params,
-        job=TrainJob(str(job_dir), cfg.machine.task_env),
-        max_requeue=cfg.max_requeue,
-    )
+    from submitit.core.utils import FailedJobError
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's errors
+            job = slurm.submit(
+                folder=slurm_folder(job_dir),
+                params=params,
+                job=TrainJob(str(job_dir), cfg.machine.task_env),
+                max_requeue=cfg.max_requeue,
+                python=cfg.machine.task_python(sys.executable),
+            )
+    except (FailedJobError, OSError) as exc:
+        return refused(cfg, resolved, job_dir, record, exc)
     write_record(job_dir, record, job_ids=[job.job_id], status="submitted")
     print(f"submitted job {job.job_id} ({resolved.nodes} nodes); job dir {job_dir}", file=out)
+    log.info("submitted Slurm job %s (%d nodes)", job.job_id, resolved.nodes)
     if not cfg.wait:
         return Outcome("submitted", str(job_dir), job.job_id, resolved.nodes)
     state = slurm.follow(job, out=out)
+    log.info("Slurm job %s ended %s", job.job_id, state)
     status = "completed" if state == "COMPLETED" else "failed"
     write_record(job_dir, record, status=status, slurm_state=state)
     return Outcome(status, str(job_dir), job.job_id, resolved.nodes, state)

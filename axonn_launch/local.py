@@ -42,14 +42,15 @@ def rank_env(
 
 
 def start_ranks(*, job_dir: Path, world_size: int, env: dict[str, str]) -> list[subprocess.Popen]:
-    """Rank 0 keeps this terminal; the others log to <job_dir>/logs/rank_<N>.log."""
+    """Rank 0 keeps this terminal; the others' output goes to <job_dir>/logs/rank_<N>.log,
+    opened for appending: each rank's logging (train/logs.py) appends its lines there too."""
     logs = job_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     port = free_port()
     command = [sys.executable, "-m", "axonn_launch.train", str(job_dir)]
     procs = []
     for rank in range(world_size):
-        out = None if rank == 0 else open(logs / f"rank_{rank}.log", "w")  # noqa: SIM115
+        out = None if rank == 0 else open(logs / f"rank_{rank}.log", "a")  # noqa: SIM115
         procs.append(
             subprocess.Popen(
                 command,

@@ -36,6 +36,15 @@ class SlurmSettings:
 
 
 @dataclass(frozen=True)
+class Container:
+    """The container the tasks run in; ``engine`` empty: none (bare metal or modules)."""
+
+    engine: str = ""  # edf: CSCS Container Engine (srun --environment=<environment>)
+    environment: str = ""  # EDF name in ~/.edf, or a path to one
+    python: str = ""  # the interpreter inside the container (its venv), never the login node's
+
+
+@dataclass(frozen=True)
 class MachineProfile:
     name: str
     scheduler: str  # local | slurm
@@ -50,10 +59,25 @@ class MachineProfile:
     multinode_env: dict[str, str] = field(default_factory=dict)
     # set per task in Python (never by a shell); may use {user} {node_id} {local_rank}
     task_env: dict[str, str] = field(default_factory=dict)
-    container: dict[str, str] = field(default_factory=dict)
+    container: Container = field(default_factory=Container)
+    # the interpreter srun starts in each task; empty: the container's, else the login node's
+    python: str = ""
     # keys only the user knows, e.g. slurm.account
     required: list[str] = field(default_factory=list)
     # used when no grid axis is given; without one the planner chooses
     default_grid: dict[str, int] = field(default_factory=dict)
     master_port: int = 29500
     max_local_processes: int = 64  # scheduler=local only
+
+    def __post_init__(self) -> None:
+        if self.container.engine and not (self.python or self.container.python):
+            raise ValueError(
+                f"machine.container.python: empty for {self.name!r}, which runs in a container"
+                f" ({self.container.engine}); name the interpreter inside the container (a venv"
+                f" made in it, see machines/{self.name}/README.md), or set machine.python=PATH"
+            )
+
+    def task_python(self, login_python: str) -> str:
+        """The interpreter of each task: ``machine.python``, else the container's, else the
+        login node's own (right only where the tasks see the login node's environment)."""
+        return self.python or self.container.python or login_python

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from axonn_launch.grid import Grid
 from axonn_launch.models import ModelSpec
+from axonn_launch.rules import local_vocab
 from axonn_launch.spec import TrainConfig
 
 GIB = 1024**3
@@ -69,15 +70,17 @@ class MemoryEstimate:
 
 
 def estimate_memory(*, model: ModelSpec, grid: Grid, train: TrainConfig) -> MemoryEstimate:
+    if train.micro_batch is None:
+        raise ValueError("estimate_memory needs a micro_batch (rules.largest_fitting_micro_batch)")
     half = 4 if train.dtype == "fp32" else 2  # bytes of an autocast (bf16) tensor
     local = local_param_elements(model, grid)
     tokens = train.micro_batch / grid.z * train.seq_len
     terms = {name: local * nbytes for name, nbytes in BYTES_PER_PARAM_STATE.items()}
     terms["weight buffers"] = (2 * 4 + half) * model.d_model * model.d_ff / (grid.x * grid.y)
-    terms["embedding buffers"] = _local_vocab(model, grid) * model.d_model * (4 + half)
+    terms["embedding buffers"] = local_vocab(model.vocab_size, grid) * model.d_model * (4 + half)
     terms["reduce-scatter buffers"] = _reduce_scatter_buffers(model, grid, train)
     terms["activations"] = _activations(model, grid, train, tokens, half)
-    terms["logits"] = tokens * _local_vocab(model, grid) * LOGIT_BYTES
+    terms["logits"] = tokens * local_vocab(model.vocab_size, grid) * LOGIT_BYTES
     terms["runtime reserve"] = RUNTIME_RESERVE_GIB * GIB
     return MemoryEstimate(terms=terms)
 
@@ -92,11 +95,8 @@ def local_param_elements(model: ModelSpec, grid: Grid) -> float:
     """Parameter elements one rank holds (the training core's sharding, see above)."""
     h, x, y = model.d_model, grid.x, grid.y
     weights = linear_weight_elements(model) / (x * y * grid.z)
-    return (
-        model.n_layer * weights
-        + _local_vocab(model, grid) * h / grid.z  # token table, vocab rows over x*y, then z
-        + replicated_over_z_elements(model, grid)
-    )
+    table = local_vocab(model.vocab_size, grid) * h / grid.z  # vocab rows over x*y, then z
+    return model.n_layer * weights + table + replicated_over_z_elements(model, grid)
 
 
 def replicated_over_z_elements(model: ModelSpec, grid: Grid) -> float:
@@ -108,11 +108,6 @@ def replicated_over_z_elements(model: ModelSpec, grid: Grid) -> float:
     h, f, x, y = model.d_model, model.d_ff, grid.x, grid.y
     per_layer = 3 * h / y + h / x + f / y + h / x + 4 * h / x
     return model.n_layer * per_layer + model.max_seq_len * h / x + 2 * h / x
-
-
-def _local_vocab(model: ModelSpec, grid: Grid) -> int:
-    plane = grid.x * grid.y
-    return -(-model.vocab_size // plane)  # padded to a multiple of x*y, then split
 
 
 def _reduce_scatter_buffers(model: ModelSpec, grid: Grid, train: TrainConfig) -> float:

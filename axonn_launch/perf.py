@@ -53,6 +53,7 @@ from axonn_launch.grid import Grid
 from axonn_launch.machine import Hardware
 from axonn_launch.memory import local_param_elements, replicated_over_z_elements
 from axonn_launch.models import ModelSpec
+from axonn_launch.rules import local_vocab
 from axonn_launch.spec import TrainConfig
 
 ALL_REDUCE = "all_reduce"
@@ -567,14 +568,14 @@ def _embedding_and_head(costs, model, grid, tokens, ledger, prec) -> float:
     each for the forward, dX and dW.
     """
     h = model.d_model
-    local_vocab = -(-model.vocab_size // (grid.x * grid.y))
-    table = local_vocab * h * prec.weight
+    rows = local_vocab(model.vocab_size, grid)
+    table = rows * h * prec.weight
     ledger.add("z", costs.coll(ALL_GATHER, "z", table) + costs.coll(REDUCE_SCATTER, "z", table))
     plane = 2 * costs.coll(ALL_REDUCE, "xy", tokens * h * 4)
     plane += costs.coll(ALL_REDUCE, "xy", tokens * 4) + costs.coll(ALL_REDUCE, "xy", 2 * tokens * 4)
     ledger.add("xy", plane)
     ledger.add("x", 2 * costs.coll(ALL_GATHER, "x", tokens * h * 4))
-    return 3 * costs.gemm(2 * tokens * h * local_vocab)
+    return 3 * costs.gemm(2 * tokens * h * rows)
 
 
 def _gradient_sync(costs: _Costs, model: ModelSpec, grid: Grid, prec: Precision) -> _Ledger:

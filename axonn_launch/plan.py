@@ -8,28 +8,33 @@ Everything but ``top``, ``output`` and ``calibration`` is a Hydra override, comp
 launcher composes it (``config.load``): ``machine.hardware.*``, ``model.*`` and
 ``train.*`` can be changed too. ``calibration=`` is a file from ``axonn_launch.calibrate``.
 
-Micro-batch: unless it is pinned (``fixed_micro_batch``, or ``train.micro_batch=`` on the
-command line), each grid gets the largest micro-batch that is a multiple of z, divides the
-per-replica batch (global_batch / data) and fits in memory. The largest one gives the
-fewest micro-steps, hence the fewest weight all-gathers and reduce-scatters over z (which
-repeat per micro-step), the fewest latency-bound collectives and the biggest GEMMs; the
-activation all-reduces and the FLOPs per step do not depend on it.
+Validity and the micro-batch follow ``rules.py``, as the launcher and the job do. Unless
+``train.micro_batch`` is given (then it is pinned), each grid gets the largest micro-batch
+that is a multiple of z, divides the per-replica batch (global_batch / data) and fits in
+memory. The largest one gives the fewest micro-steps, hence the fewest weight all-gathers
+and reduce-scatters over z (which repeat per micro-step), the fewest latency-bound
+collectives and the biggest GEMMs; the activation all-reduces and the FLOPs per step do
+not depend on it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 from axonn_launch.grid import Grid
+from axonn_launch.jobcost import job_cost
 from axonn_launch.machine import Hardware, MachineProfile
-from axonn_launch.memory import GIB, estimate_memory
+from axonn_launch.memory import GIB
 from axonn_launch.models import ModelSpec
 from axonn_launch.perf import COMM_AXES, Calibration, load_calibration, step_time
+from axonn_launch.rules import batch_problem, divisors, fit_micro_batch, shape_problem
 from axonn_launch.spec import TrainConfig
+from axonn_launch.usage import help_page, run_tool, wants_help
 
 
 class PlanError(ValueError):
@@ -58,18 +63,6 @@ class PlanRow:
 # --------------------------------------------------------------------------- enumeration
 
 
-def divisors(n: int) -> list[int]:
-    small, large = [], []
-    d = 1
-    while d * d <= n:
-        if n % d == 0:
-            small.append(d)
-            if d * d != n:
-                large.append(n // d)
-        d += 1
-    return small + large[::-1]
-
-
 def enumerate_grids(world_size: int) -> list[Grid]:
     """Every (data, x, y, z) with data*x*y*z == world_size, in a fixed order."""
     if world_size < 1:
@@ -82,50 +75,13 @@ def enumerate_grids(world_size: int) -> list[Grid]:
     return grids
 
 
-def shape_problem(model: ModelSpec, grid: Grid) -> str | None:
-    """Why the model's shapes cannot be split over this grid, or None.
-
-    Heads are split over y; every weight is split over x (one feature dim) and y (the
-    other): h and f must divide by x*y. Each Linear's x*y block and the token table's
-    plane block (vocab padded to a multiple of x*y) are then split over z.
-    """
-    xy = grid.x * grid.y
-    if model.n_head % grid.y:
-        return f"n_head={model.n_head} not divisible by y={grid.y}"
-    if model.d_model % xy:
-        return f"d_model={model.d_model} not divisible by x*y={xy}"
-    if model.d_ff % xy:
-        return f"d_ff={model.d_ff} not divisible by x*y={xy}"
-    h, f = model.d_model, model.d_ff
-    blocks = {
-        "QKV weight block": 3 * h * h // xy,
-        "projection weight block": h * h // xy,
-        "MLP weight block": h * f // xy,
-        "token table block": -(-model.vocab_size // xy) * h,
-    }
-    for name, elements in blocks.items():
-        if elements % grid.z:
-            return f"{name} of {elements} elements not divisible by z={grid.z}"
+def placement_problem(hardware: Hardware, grid: Grid) -> str | None:
+    """x must stay inside a node: ranks are numbered x fastest, and x's collectives (two
+    per layer, in the forward and the backward pass) need the node's fast links, as in
+    AxoNN. So x divides the GPUs of a node."""
+    if hardware.gpus_per_node % grid.x:
+        return f"x={grid.x} does not divide the {hardware.gpus_per_node} GPUs of a node"
     return None
-
-
-def batch_problem(train: TrainConfig, grid: Grid, micro_batch: int) -> str | None:
-    if micro_batch < 1 or micro_batch % grid.z:
-        return f"micro_batch={micro_batch} not divisible by z={grid.z}"
-    if train.global_batch % (micro_batch * grid.data):
-        return (
-            f"global_batch={train.global_batch} not divisible by "
-            f"micro_batch*data={micro_batch * grid.data}"
-        )
-    return None
-
-
-def micro_batch_candidates(train: TrainConfig, grid: Grid) -> list[int]:
-    """Valid micro-batches for this grid, largest first."""
-    if train.global_batch % grid.data:
-        return []
-    per_replica = train.global_batch // grid.data
-    return [m for m in reversed(divisors(per_replica)) if m % grid.z == 0]
 
 
 # --------------------------------------------------------------------------- ranking
@@ -146,7 +102,6 @@ def rank_grids(
     train: TrainConfig,
     world_size: int,
     calibration: Calibration | None = None,
-    fixed_micro_batch: bool = False,
 ) -> Ranking:
     """Evaluate every grid of ``world_size``; see the module docstring for the micro-batch."""
     cal = calibration or Calibration()
@@ -155,7 +110,7 @@ def rank_grids(
     example: dict[str, str] = {}
     grids = enumerate_grids(world_size)
     for grid in grids:
-        result = evaluate_grid(hardware, model, train, grid, cal, fixed_micro_batch)
+        result = evaluate_grid(hardware, model, train, grid, cal)
         if isinstance(result, PlanRow):
             rows.append(result)
         else:
@@ -173,26 +128,21 @@ def evaluate_grid(
     train: TrainConfig,
     grid: Grid,
     cal: Calibration,
-    fixed_micro_batch: bool = False,
 ) -> PlanRow | tuple[str, str]:
     """The grid's plan row (rank 0 = unranked), or (reason kind, message) if it cannot run."""
+    why = placement_problem(hardware, grid)
+    if why:
+        return "placement", why
     why = shape_problem(model, grid)
     if why:
         return "shape", why
-    if fixed_micro_batch:
-        why = batch_problem(train, grid, train.micro_batch)
-        candidates = [] if why else [train.micro_batch]
-    else:
-        candidates = micro_batch_candidates(train, grid)
-        why = f"global_batch={train.global_batch} not divisible by data*z={grid.data * grid.z}"
-    if not candidates:
+    why = batch_problem(train, grid)
+    if why:
         return "batch", why
-    chosen = _largest_fitting(model, grid, train, candidates, hardware.mem_per_gpu_gb)
-    if chosen is None:
-        tr = dataclasses.replace(train, micro_batch=candidates[-1])
-        mem = estimate_memory(model=model, grid=grid, train=tr)
-        return "memory", f"{grid.describe()} needs {mem.describe()}"
-    micro, mem_bytes = chosen
+    chosen = fit_micro_batch(model, grid, train, hardware)
+    if isinstance(chosen, str):
+        return "memory", chosen
+    micro, memory = chosen
     tr = dataclasses.replace(train, micro_batch=micro)
     st = step_time(hardware=hardware, model=model, train=tr, grid=grid, calibration=cal)
     return PlanRow(
@@ -204,22 +154,9 @@ def evaluate_grid(
         compute_s=st.compute,
         tflops_per_gpu=st.tflops_per_gpu,
         fraction_of_peak=st.fraction_of_peak,
-        memory_gib=mem_bytes / GIB,
+        memory_gib=memory.total / GIB,
         comm_s=st.comm,
     )
-
-
-def _largest_fitting(
-    model: ModelSpec, grid: Grid, train: TrainConfig, candidates: list[int], mem_gb: float
-) -> tuple[int, float] | None:
-    """First candidate (they come largest first) whose memory estimate fits."""
-    for micro in candidates:
-        mem = estimate_memory(
-            model=model, grid=grid, train=dataclasses.replace(train, micro_batch=micro)
-        )
-        if mem.fits(mem_gb):
-            return micro, mem.total
-    return None
 
 
 def plan(
@@ -230,10 +167,9 @@ def plan(
     nodes: int,
     top: int = 5,
     calibration: Calibration | None = None,
-    fixed_micro_batch: bool = False,
 ) -> list[PlanRow]:
     """The ``top`` fastest runnable grids on ``nodes`` nodes of ``machine``."""
-    ranking = _ranking(machine, model, train, nodes, calibration, fixed_micro_batch)
+    ranking = _ranking(machine, model, train, nodes, calibration)
     return ranking.rows[: max(0, top)]
 
 
@@ -244,16 +180,18 @@ def best_grid(
     train: TrainConfig,
     nodes: int,
     calibration: Calibration | None = None,
-    fixed_micro_batch: bool = False,
 ) -> PlanRow:
     """The fastest runnable grid (for grid=auto); use its ``micro_batch`` too.
 
     Raises PlanError naming why every grid was rejected.
     """
-    ranking = _ranking(machine, model, train, nodes, calibration, fixed_micro_batch)
+    ranking = _ranking(machine, model, train, nodes, calibration)
     if not ranking.rows:
         raise PlanError(explain_empty(ranking, machine, model, nodes))
     return ranking.rows[0]
+
+
+MAX_NODES = 16384  # the largest node count searched when none is given
 
 
 def smallest_nodes(
@@ -261,9 +199,8 @@ def smallest_nodes(
     machine: MachineProfile,
     model: ModelSpec,
     train: TrainConfig,
-    max_nodes: int = 16384,
+    max_nodes: int = MAX_NODES,
     calibration: Calibration | None = None,
-    fixed_micro_batch: bool = False,
 ) -> int:
     """The smallest power-of-two node count (up to ``max_nodes``) with a runnable grid.
 
@@ -271,7 +208,7 @@ def smallest_nodes(
     """
     nodes = 1
     while True:
-        ranking = _ranking(machine, model, train, nodes, calibration, fixed_micro_batch)
+        ranking = _ranking(machine, model, train, nodes, calibration)
         if ranking.rows:
             return nodes
         if nodes * 2 > max_nodes:
@@ -279,7 +216,7 @@ def smallest_nodes(
         nodes *= 2
 
 
-def _ranking(machine, model, train, nodes, calibration, fixed_micro_batch) -> Ranking:
+def _ranking(machine, model, train, nodes, calibration) -> Ranking:
     if nodes < 1:
         raise PlanError(f"nodes={nodes}: must be a positive integer")
     world = nodes * machine.hardware.gpus_per_node
@@ -289,21 +226,79 @@ def _ranking(machine, model, train, nodes, calibration, fixed_micro_batch) -> Ra
         train=train,
         world_size=world,
         calibration=calibration,
-        fixed_micro_batch=fixed_micro_batch,
     )
 
 
+REJECTED_BECAUSE = {
+    "placement": "put x across nodes",
+    "shape": "do not divide the model's shapes",
+    "batch": "do not divide the batch",
+    "memory": "do not fit in memory",
+}
+
+
 def explain_empty(ranking: Ranking, machine: MachineProfile, model: ModelSpec, nodes: int) -> str:
-    parts = [f"{n} x {kind} (e.g. {ranking.example[kind]})" for kind, n in ranking.rejected.items()]
+    parts = [
+        f"{n} {REJECTED_BECAUSE.get(kind, kind)} (e.g. {ranking.example[kind]})"
+        for kind, n in sorted(ranking.rejected.items(), key=lambda kv: -kv[1])
+    ]
     return (
         f"no grid of {nodes} node(s) of {machine.name} can run {model.name}: all "
         f"{ranking.considered} grids rejected: " + "; ".join(parts)
     )
 
 
+def why_nothing_fits(
+    *,
+    machine: MachineProfile,
+    model: ModelSpec,
+    train: TrainConfig,
+    nodes: int,
+    calibration: Calibration | None = None,
+) -> str:
+    """What ruled out every grid of ``nodes`` nodes, and the fewest nodes where one fits."""
+    ranking = _ranking(machine, model, train, nodes, calibration)
+    text = explain_empty(ranking, machine, model, nodes)
+    try:
+        fewest = smallest_nodes(
+            machine=machine,
+            model=model,
+            train=train,
+            calibration=calibration,
+        )
+    except PlanError:
+        return f"{text}; no node count up to {MAX_NODES} fits either"
+    return f"{text}; the fewest nodes where a grid fits: nodes={fewest}"
+
+
 # --------------------------------------------------------------------------- CLI
 
 PLAN_KEYS = ("top", "output", "calibration")
+
+HELP = help_page(
+    usage="python -m axonn_launch.plan [KEY=VALUE ...] [--debug]",
+    summary=(
+        "Enumerate every 4D grid (data, x, y, z) of a node count that divides the model and the\n"
+        "batch and fits in memory, predict each one's step time and print the fastest. The\n"
+        "configuration is composed exactly as the launcher composes it."
+    ),
+    keys=[
+        ("machine=NAME", "local (default), slurm_local, perlmutter, frontier, alps"),
+        ("model=NAME", "gpt_tiny (default), gpt_small, gpt_5b ... gpt_640b"),
+        ("nodes=N", "node count to plan for; default: the fewest where a grid fits"),
+        ("top=K", "how many grids to print (default 5)"),
+        ("output=table|json", "aligned columns (default) or JSON"),
+        ("calibration=FILE", "measurements from python -m axonn_launch.calibrate"),
+        ("train.KEY=VALUE", "any training key: global_batch, seq_len, micro_batch (pins it)"),
+        ("machine.hardware.KEY=VALUE", "any hardware number, e.g. inter_node_gbps=50"),
+        ("--debug", "show the traceback of an error"),
+    ],
+    examples=[
+        "python -m axonn_launch.plan machine=frontier model=gpt_320b nodes=1024 top=5",
+        "python -m axonn_launch.plan machine=frontier model=gpt_320b      # the fewest nodes",
+        "python -m axonn_launch.plan machine=alps model=gpt_80b nodes=1536 output=json",
+    ],
+)
 
 
 @dataclass(frozen=True)
@@ -311,11 +306,10 @@ class PlanArgs:
     machine: MachineProfile
     model: ModelSpec
     train: TrainConfig
-    nodes: int
+    nodes: int | None  # None: the fewest nodes where a grid fits
     top: int
     output: str  # table | json
     calibration: Calibration | None
-    fixed_micro_batch: bool
 
 
 def parse_args(argv: list[str]) -> PlanArgs:
@@ -328,7 +322,7 @@ def parse_args(argv: list[str]) -> PlanArgs:
     for arg in argv:
         key, sep, value = arg.partition("=")
         if not sep:
-            raise PlanError(f"{arg!r}: expected key=value")
+            raise PlanError(f"{arg!r}: expected key=value (python -m axonn_launch.plan --help)")
         if key in PLAN_KEYS:
             own[key] = value
         else:
@@ -340,18 +334,25 @@ def parse_args(argv: list[str]) -> PlanArgs:
     output = own.get("output", "table")
     if output not in ("table", "json"):
         raise PlanError(f"output={output!r}; valid: table, json")
-    cal = load_calibration(own["calibration"]) if own.get("calibration") else None
-    pinned = any(o.lstrip("+").partition("=")[0] == "train.micro_batch" for o in overrides)
     return PlanArgs(
         machine=cfg.machine,
         model=cfg.model,
         train=cfg.train,
-        nodes=_positive_int("nodes", str(1 if cfg.nodes is None else cfg.nodes)),
+        nodes=None if cfg.nodes is None else _positive_int("nodes", str(cfg.nodes)),
         top=_positive_int("top", own.get("top", "5")),
         output=output,
-        calibration=cal,
-        fixed_micro_batch=pinned,
+        calibration=read_calibration(own["calibration"]) if own.get("calibration") else None,
     )
+
+
+def read_calibration(path: str) -> Calibration:
+    hint = "write one with python -m axonn_launch.calibrate (it prints the file's path)"
+    if not os.path.isfile(path):
+        raise PlanError(f"calibration={path!r}: no such file; {hint}")
+    try:
+        return load_calibration(path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise PlanError(f"calibration={path!r}: not a calibration file ({exc}); {hint}") from exc
 
 
 def _positive_int(key: str, text: str) -> int:
@@ -385,49 +386,87 @@ def format_table(rows: list[PlanRow], peak: float) -> str:
 
 def run(args: PlanArgs) -> tuple[str, bool]:
     """(text to print, whether any grid was found)."""
-    ranking = _ranking(
-        args.machine, args.model, args.train, args.nodes, args.calibration, args.fixed_micro_batch
-    )
+    nodes, note = args.nodes, ""
+    if nodes is None:
+        try:
+            nodes = smallest_nodes(
+                machine=args.machine,
+                model=args.model,
+                train=args.train,
+                calibration=args.calibration,
+            )
+        except PlanError as exc:
+            return f"{exc}; no node count up to {MAX_NODES} fits", False
+        note = f"nodes not given: planning for nodes={nodes}, the fewest where a grid fits\n"
+    ranking = _ranking(args.machine, args.model, args.train, nodes, args.calibration)
     rows = ranking.rows[: args.top]
-    hw, tr = args.machine.hardware, args.train
-    world = args.nodes * hw.gpus_per_node
+    why = "" if rows else _why(args, nodes)
     if args.output == "json":
-        payload = {
-            "machine": args.machine.name,
-            "model": args.model.name,
-            "nodes": args.nodes,
-            "world_size": world,
-            "train": {
-                "global_batch": tr.global_batch,
-                "seq_len": tr.seq_len,
-                "activation_checkpointing": tr.activation_checkpointing,
-                "overlap": dataclasses.asdict(tr.overlap),
-            },
-            "calibration": args.calibration.source if args.calibration else None,
-            "considered": ranking.considered,
-            "rejected": ranking.rejected,
-            "plans": [r.as_dict() for r in rows],
-        }
-        return json.dumps(payload, indent=2), bool(rows)
+        return json.dumps(plan_json(args, nodes, ranking, rows, why), indent=2), bool(rows)
+    hw, tr = args.machine.hardware, args.train
     header = (
-        f"{args.model.name} on {args.nodes} node(s) of {args.machine.name} = {world} GPUs; "
-        f"global_batch={tr.global_batch} seq_len={tr.seq_len} "
+        f"{note}{args.model.name} on {nodes} node(s) of {args.machine.name} = "
+        f"{nodes * hw.gpus_per_node} GPUs; global_batch={tr.global_batch} seq_len={tr.seq_len} "
         f"activation_checkpointing={tr.activation_checkpointing}\n"
         f"{ranking.considered} grids, {len(ranking.rows)} runnable"
         + "".join(f", {n} rejected ({k})" for k, n in ranking.rejected.items())
     )
     if not rows:
-        return header + "\n" + explain_empty(ranking, args.machine, args.model, args.nodes), False
-    return header + "\n" + format_table(rows, hw.peak_tflops_per_gpu), True
+        return f"{header}\n{why}", False
+    table = format_table(rows, hw.peak_tflops_per_gpu)
+    return f"{header}\n{table}\n{job_start_line(args, rows[0].grid)}", True
+
+
+def job_start_line(args: PlanArgs, grid: Grid) -> str:
+    """Host memory and init time per rank of the best grid (axonn_launch/jobcost.py)."""
+    cost = job_cost(args.model, grid, on_gpu=args.machine.hardware.gpu_model != "cpu")
+    return f"job start, save and resume on {grid.describe()}: {cost.describe()}"
+
+
+def _why(args: PlanArgs, nodes: int) -> str:
+    return why_nothing_fits(
+        machine=args.machine,
+        model=args.model,
+        train=args.train,
+        nodes=nodes,
+        calibration=args.calibration,
+    )
+
+
+def plan_json(args: PlanArgs, nodes: int, ranking: Ranking, rows: list[PlanRow], why: str):
+    hw, tr = args.machine.hardware, args.train
+    return {
+        "machine": args.machine.name,
+        "model": args.model.name,
+        "nodes": nodes,
+        "nodes_given": args.nodes is not None,
+        "world_size": nodes * hw.gpus_per_node,
+        "train": {
+            "global_batch": tr.global_batch,
+            "seq_len": tr.seq_len,
+            "activation_checkpointing": tr.activation_checkpointing,
+            "overlap": dataclasses.asdict(tr.overlap),
+        },
+        "calibration": args.calibration.source if args.calibration else None,
+        "considered": ranking.considered,
+        "rejected": ranking.rejected,
+        "plans": [r.as_dict() for r in rows],
+        **({"job_start": job_start_line(args, rows[0].grid)} if rows else {}),
+        **({"why_none": why} if why else {}),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     """Print the plan; exit status 0 with plans, 1 when no grid can run, 2 on bad input."""
-    try:
-        text, found = run(parse_args(sys.argv[1:] if argv is None else argv))
-    except (PlanError, ValueError, TypeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if wants_help(argv):
+        print(HELP)
+        return 0
+    return run_tool(_main, argv, (PlanError, ValueError, TypeError))
+
+
+def _main(argv: list[str]) -> int:
+    text, found = run(parse_args(argv))
     print(text)
     return 0 if found else 1
 

@@ -6,6 +6,11 @@ the same ``_make_sbatch_string``). Every value from a config is quoted: submitit
 quotes ``#SBATCH`` values and srun arguments, and our environment lines go through
 ``shlex.quote``. The profile's ``setup`` lines are the one place where shell code
 is data (module loads and site set-up written by whoever maintains the profile).
+
+Fail fast: each module load and set-up line runs as ``axonn_setup N 'LINE'``, which
+evaluates it in the batch shell and, when it fails, prints the line and its exit code to
+the job's error log and ends the script before srun starts (a broken environment never
+reaches the ranks). A line's status is that of its last command, as for any shell line.
 """
 
 from __future__ import annotations
@@ -58,12 +63,20 @@ def slurm_parameters(
     return params
 
 
+SETUP_FUNCTION = (
+    'axonn_setup() { eval "$2" || { echo "axonn_launch: setup line $1 failed (exit $?): $2;'
+    ' srun not started" >&2; exit 1; }; }'
+)
+
+
 def setup_lines(*, machine: MachineProfile, nodes: int) -> list[str]:
     """Shell lines run in the batch script before srun: modules, site set-up, environment."""
-    lines = []
+    commands = []
     if machine.modules:
-        lines.append(shlex.join(["module", "load", *machine.modules]))
-    lines.extend(machine.setup)
+        commands.append(shlex.join(["module", "load", *machine.modules]))
+    commands.extend(machine.setup)
+    lines = [SETUP_FUNCTION] if commands else []
+    lines.extend(f"axonn_setup {n} {shlex.quote(c)}" for n, c in enumerate(commands, start=1))
     env = dict(machine.env)
     if nodes > 1:
         env.update(machine.multinode_env)
@@ -85,9 +98,10 @@ def render_script(
     folder: Path,
     python: str,
 ) -> str:
+    """The batch script; ``python`` is the login node's interpreter, used only when the
+    machine names none of its own (``MachineProfile.task_python``)."""
     params = slurm_parameters(
         machine=machine, nodes=nodes, tasks_per_node=tasks_per_node, job_name=job_name
     )
-    return _make_sbatch_string(
-        command=submitit_command(python=python, folder=folder), folder=folder, **params
-    )
+    command = submitit_command(python=machine.task_python(python), folder=folder)
+    return _make_sbatch_string(command=command, folder=folder, **params)

@@ -2,53 +2,93 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from axonn_launch import slurmtext
 from axonn_launch.job import TrainJob
 
+# sacct is asked at 1, 2, 4 ... s, then once a minute (submitit's own watcher backs off to
+# a minute too); the log is streamed every STREAM_S seconds in between.
+FIRST_CHECK_S, MAX_CHECK_S, STREAM_S = 1.0, 60.0, 1.0
 
-def submit(*, folder: Path, params: dict[str, Any], job: TrainJob, max_requeue: int) -> Any:
-    """Submit ``job`` with submitit's Slurm executor; returns the submitit Job."""
+
+def submit(
+    *, folder: Path, params: dict[str, Any], job: TrainJob, max_requeue: int, python: str
+) -> Any:
+    """Submit ``job`` with submitit's Slurm executor; each task runs ``python``."""
     import submitit
 
-    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeue)
+    executor = submitit.SlurmExecutor(
+        folder=folder, max_num_timeout=max_requeue, python=shlex.quote(python)
+    )
     executor.update_parameters(**params)
     return executor.submit(job)
 
 
-ACTIVE_STATES = {
-    "PENDING",
-    "CONFIGURING",
-    "RUNNING",
-    "COMPLETING",
-    "REQUEUED",
-    "RESIZING",
-    "SUSPENDED",
-    "STAGE_OUT",
-}
+def check_delays(first_s: float = FIRST_CHECK_S, max_s: float = MAX_CHECK_S) -> Iterator[float]:
+    """Seconds between two sacct calls: ``first_s`` doubling up to ``max_s``, then flat."""
+    delay = first_s
+    while True:
+        yield delay
+        delay = min(delay * 2, max_s)
 
 
-def follow(job: Any, *, out=sys.stdout, poll_s: float = 1.0) -> str:
+class Pacer:
+    """When the next sacct call is due: at once, then after each of ``check_delays``."""
+
+    def __init__(self, clock: Callable[[], float]):
+        self._clock = clock
+        self.restart()
+
+    def restart(self) -> None:
+        """Check at once and back off from the start again (the job is about to end)."""
+        self._delays = check_delays()
+        self._next = self._clock()
+
+    def due(self) -> bool:
+        return self._clock() >= self._next
+
+    def checked(self) -> None:
+        self._next = self._clock() + next(self._delays)
+
+
+def follow(
+    job: Any,
+    *,
+    out=sys.stdout,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    stream_s: float = STREAM_S,
+) -> str:
     """Stream the rank-0 log of ``job`` until Slurm says it ended; returns the final state.
 
-    The state comes from sacct (through submitit). Without accounting it stays UNKNOWN:
-    then the job counts as ended once every task has left its result file, and the state
-    is read from those results (COMPLETED or FAILED).
+    The log is read every ``stream_s``; sacct (through submitit) only on the backing-off
+    schedule of ``Pacer``, which starts over when every task has written its result. Without
+    accounting the state stays UNKNOWN: then the job counts as ended once every task has
+    left its result file, and the state is read from those results (COMPLETED or FAILED).
     """
     offsets = {job.paths.stdout: 0, job.paths.stderr: 0}
+    pacer, results_written = Pacer(clock), False
     while True:
         offsets = {path: _print_new(path, offset, out) for path, offset in offsets.items()}
-        state = job.get_info(mode="force").get("State", "UNKNOWN").split()[0]
-        if state not in ACTIVE_STATES and state != "UNKNOWN":
-            for path, offset in offsets.items():
-                _print_new(path, offset, out)
-            return state
-        if state == "UNKNOWN" and _all_results_written(job):
-            return _state_from_results(job)
-        time.sleep(poll_s)
+        if not results_written and _all_results_written(job):
+            results_written = True
+            pacer.restart()
+        if pacer.due():
+            state = slurmtext.base_state(job.get_info(mode="force").get("State", "")) or "UNKNOWN"
+            pacer.checked()
+            if state != "UNKNOWN" and not slurmtext.is_active(state):
+                for path, offset in offsets.items():
+                    _print_new(path, offset, out)
+                return state
+            if state == "UNKNOWN" and results_written:
+                return _state_from_results(job)
+        sleep(stream_s)
 
 
 def _all_results_written(job: Any) -> bool:

@@ -28,7 +28,10 @@ class OverlapConfig:
 class TrainConfig:
     steps: int = 200
     global_batch: int = 16  # sequences per optimizer step, whole job
-    micro_batch: int = 4  # sequences per micro-step per data replica (split over z)
+    # sequences per micro-step per data replica (split over z); None = automatic: the
+    # launcher picks the largest valid one that fits in memory (rules.py) and the job
+    # always gets a number
+    micro_batch: int | None = None
     seq_len: int = 64
     lr: float = 3e-3
     min_lr: float = 3e-4
@@ -51,6 +54,8 @@ class TrainConfig:
 
     def accumulation_steps(self, grid: Grid) -> int:
         """Micro-steps per optimizer step; the launcher validates divisibility."""
+        if self.micro_batch is None:
+            raise ValueError("train.micro_batch is automatic: the launcher resolves it first")
         return self.global_batch // (self.micro_batch * grid.data)
 
 

@@ -1,4 +1,8 @@
-"""Login-node checks: everything that would fail in the queue fails here, in one line."""
+"""Login-node checks: everything that would fail in the queue fails here, in one line.
+
+Whether the model and batch fit the grid is decided by ``rules.py``, the same functions
+the planner and the job ask.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,11 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 
+from axonn_launch import rules
 from axonn_launch.config import ConfigError, GridRequest, LaunchConfig
 from axonn_launch.grid import Grid
 from axonn_launch.machine import MachineProfile
-from axonn_launch.memory import GIB, MemoryEstimate, estimate_memory
+from axonn_launch.memory import MemoryEstimate
 from axonn_launch.models import ModelSpec
 from axonn_launch.spec import TrainConfig
 
@@ -26,7 +31,7 @@ class Resolved:
     nodes: int
     tasks_per_node: int
     memory: MemoryEstimate
-    train: TrainConfig  # as given, or with the planner's micro_batch under grid=auto
+    train: TrainConfig  # with the micro_batch to run: as given, or chosen (rules.py)
     planned: bool = False
     warnings: list[str] = field(default_factory=list)
 
@@ -37,13 +42,13 @@ def resolve(cfg: LaunchConfig) -> Resolved:
     check_machine(cfg.machine)
     check_model(cfg.model)
     check_train(cfg.train, cfg.model)
-    planned = wants_planner(cfg)
-    grid, train = auto_grid(cfg) if planned else (explicit_grid(cfg), cfg.train)
-    check_model_fits_grid(cfg.model, grid)
-    check_batch_fits_grid(train, grid)
+    planned = wants_planner(cfg.grid, cfg.machine)
+    grid, train = auto_grid(cfg) if planned else (explicit_grid(cfg.grid, cfg.machine), cfg.train)
+    _fail(rules.shape_problem(cfg.model, grid))
+    _fail(rules.batch_problem(train, grid))
     nodes, per_node = place(cfg.machine, grid, cfg.nodes)
-    memory = check_memory(cfg, grid, train)
-    warnings = missing_user_keys(cfg)
+    train, memory = fit_micro_batch(cfg.model, grid, train, cfg.machine)
+    warnings = data_warnings(cfg) + missing_user_keys(cfg.machine, dry_run=cfg.dry_run)
     return Resolved(
         grid=grid,
         nodes=nodes,
@@ -78,15 +83,14 @@ def check_machine(machine: MachineProfile) -> None:
 def check_model(model: ModelSpec) -> None:
     for key in ("n_layer", "d_model", "n_head", "vocab_size", "max_seq_len", "ffn_mult"):
         _positive(f"model.{key}", getattr(model, key))
-    if model.d_model % model.n_head:
-        raise ConfigError(
-            f"model.d_model={model.d_model}: must be divisible by model.n_head={model.n_head}"
-        )
+    _fail(rules.model_problem(model))
 
 
 def check_train(train: TrainConfig, model: ModelSpec) -> None:
-    for key in ("steps", "global_batch", "micro_batch", "seq_len", "log_every"):
+    for key in ("steps", "global_batch", "seq_len", "log_every"):
         _positive(f"train.{key}", getattr(train, key))
+    if train.micro_batch is not None:  # None: automatic
+        _positive("train.micro_batch", train.micro_batch)
     for key in ("lr", "beta1", "beta2"):
         if not getattr(train, key) > 0:
             raise ConfigError(f"train.{key}={getattr(train, key)}: must be > 0")
@@ -97,10 +101,7 @@ def check_train(train: TrainConfig, model: ModelSpec) -> None:
         raise ConfigError(f"train.min_lr={train.min_lr}: must not exceed train.lr={train.lr}")
     _one_of("train.schedule", train.schedule, ("cosine", "constant"))
     _one_of("train.dtype", train.dtype, ("auto", "fp32", "bf16"))
-    if train.seq_len > model.max_seq_len:
-        raise ConfigError(
-            f"train.seq_len={train.seq_len}: must be <= model.max_seq_len={model.max_seq_len}"
-        )
+    _fail(rules.seq_len_problem(model, train))
     check_data(train.data, model)
 
 
@@ -110,99 +111,78 @@ def check_data(data: str, model: ModelSpec) -> None:
             f"train.data=shakespeare: byte tokens need model.vocab_size >= {BYTE_VOCAB}"
             f" (got {model.vocab_size})"
         )
+
+
+BIG_MODEL_PARAMS = 1e9  # from here on, the built-in corpus is only a smoke test
+
+
+def data_warnings(cfg: LaunchConfig) -> list[str]:
+    """A token file missing here fails a real submission and warns in a dry run (it may
+    exist on the cluster); a model of 1B parameters or more on the built-in corpus warns."""
+    data, params = cfg.train.data, cfg.model.n_params()
     if data not in BUILTIN_DATA and not os.path.isfile(data):
-        raise ConfigError(
-            f"train.data={data!r}: no such file; valid: shakespeare, synthetic,"
+        message = (
+            f"train.data={data!r}: no such file here; valid: shakespeare, synthetic,"
             " or a path to a .bin token file"
         )
+        if not cfg.dry_run:
+            raise ConfigError(message)
+        return [f"{message} (a real submission checks it again)"]
+    if data == "shakespeare" and params >= BIG_MODEL_PARAMS:
+        return [
+            f"model={cfg.model.name} ({params / 1e9:.1f} B parameters) on train.data=shakespeare,"
+            " the built-in 1 MB corpus: fine for a smoke test, not for training; pass"
+            " train.data=<path to a .bin token file>"
+        ]
+    return []
 
 
-def wants_planner(cfg: LaunchConfig) -> bool:
+def wants_planner(request: GridRequest, machine: MachineProfile) -> bool:
     """grid=auto, or no grid at all on a machine without a default grid."""
-    request: GridRequest = cfg.grid
     if request.auto and request.given():
         raise ConfigError("grid=auto: do not also set grid.data/x/y/z")
     if request.pick and not request.auto:
         raise ConfigError(f"grid.pick={request.pick}: only with grid=auto")
-    return request.auto or (not request.given() and not cfg.machine.default_grid)
-
-
-# Node counts tried, smallest first, when grid=auto is given no node count.
-AUTO_NODE_COUNTS = tuple(2**k for k in range(15))
+    return request.auto or (not request.given() and not machine.default_grid)
 
 
 def auto_grid(cfg: LaunchConfig) -> tuple[Grid, TrainConfig]:
-    """The planner's fastest grid (and its micro-batch) on ``nodes``, or on the smallest
-    power-of-two node count where any grid fits; ``grid.pick=k`` takes its (k+1)-th best."""
+    """The planner's fastest grid (and its micro-batch, unless given) on ``nodes``, or on
+    the fewest nodes where any grid fits (``plan.smallest_nodes``, as ``plan`` without
+    nodes=); ``grid.pick=k`` takes its (k+1)-th best."""
     from axonn_launch import plan  # the planner, only when asked for
 
     pick = cfg.grid.pick
     if pick < 0:
         raise ConfigError(f"grid.pick={pick}: must be 0 (the best) or more")
-    counts = [cfg.nodes] if cfg.nodes else list(AUTO_NODE_COUNTS)
-    if cfg.machine.scheduler == "local":
-        counts = [1]
-    error: Exception | None = None
-    for nodes in counts:
-        try:
-            rows = plan.plan(
-                machine=cfg.machine, model=cfg.model, train=cfg.train, nodes=nodes, top=pick + 1
+    machine, model, train = cfg.machine, cfg.model, cfg.train
+    try:
+        nodes = 1 if machine.scheduler == "local" else cfg.nodes
+        if nodes is None:
+            nodes = plan.smallest_nodes(machine=machine, model=model, train=train)
+        rows = plan.plan(machine=machine, model=model, train=train, nodes=nodes, top=pick + 1)
+        if not rows:
+            raise plan.PlanError(
+                plan.why_nothing_fits(machine=machine, model=model, train=train, nodes=nodes)
             )
-        except plan.PlanError as exc:
-            error = exc
-            continue
-        if len(rows) > pick:
-            row = rows[pick]
-            return row.grid, replace(cfg.train, micro_batch=row.micro_batch)
-        error = plan.PlanError(
-            f"grid.pick={pick}: the planner found {len(rows)} runnable grid(s) on {nodes} nodes"
+    except plan.PlanError as exc:
+        raise ConfigError(f"grid=auto: {exc}") from exc
+    if len(rows) <= pick:
+        raise ConfigError(
+            f"grid.pick={pick}: the planner found {len(rows)} runnable grid(s) on {nodes}"
+            f" node(s); valid: grid.pick=0..{len(rows) - 1}"
         )
-        if rows:
-            break
-    raise ConfigError(f"grid=auto: {error}")
+    return rows[pick].grid, replace(train, micro_batch=rows[pick].micro_batch)
 
 
-def explicit_grid(cfg: LaunchConfig) -> Grid:
-    request: GridRequest = cfg.grid
+def explicit_grid(request: GridRequest, machine: MachineProfile) -> Grid:
     axes = {a: getattr(request, a) for a in ("data", "x", "y", "z")}
     if not request.given():
-        axes = dict(cfg.machine.default_grid)
+        axes = dict(machine.default_grid)
     try:
         return Grid(**{a: (1 if v is None else v) for a, v in axes.items()})
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
-
-
-def check_model_fits_grid(model: ModelSpec, grid: Grid) -> None:
-    """Divisibility the tensor-parallel layers need (heads over y, hidden over x and y)."""
-    if model.n_head % grid.y:
-        raise ConfigError(
-            f"grid.y={grid.y}: must divide model.n_head={model.n_head} (heads are split over y);"
-            f" valid y: {_divisors(model.n_head)}"
-        )
-    if model.d_model % (grid.x * grid.y):
-        raise ConfigError(
-            f"grid.x*grid.y={grid.x * grid.y}: must divide model.d_model={model.d_model}"
-        )
-    block = (model.d_model // grid.x) * (model.d_model // grid.y)
-    if block % grid.z:
-        raise ConfigError(
-            f"grid.z={grid.z}: must divide the weight block of {block} elements per x*y shard"
-        )
-
-
-def check_batch_fits_grid(train: TrainConfig, grid: Grid) -> None:
-    if train.micro_batch % grid.z:
-        raise ConfigError(
-            f"train.micro_batch={train.micro_batch}: must be divisible by grid.z={grid.z}"
-            " (each z rank takes micro_batch/z sequences)"
-        )
-    step = train.micro_batch * grid.data
-    if train.global_batch % step:
-        raise ConfigError(
-            f"train.global_batch={train.global_batch}: must be a multiple of"
-            f" train.micro_batch*grid.data={step}"
-        )
 
 
 def place(machine: MachineProfile, grid: Grid, nodes: int | None) -> tuple[int, int]:
@@ -231,29 +211,28 @@ def place(machine: MachineProfile, grid: Grid, nodes: int | None) -> tuple[int, 
     return needed, per_node
 
 
-def check_memory(cfg: LaunchConfig, grid: Grid, train: TrainConfig) -> MemoryEstimate:
-    estimate = estimate_memory(model=cfg.model, grid=grid, train=train)
-    limit = cfg.machine.hardware.mem_per_gpu_gb
-    if limit and estimate.total > limit * GIB:
-        name, value = estimate.biggest()
-        raise ConfigError(
-            f"grid ({grid.describe()}): needs {estimate.total / GIB:.1f} GiB per GPU but"
-            f" {cfg.machine.name} has {limit:g} GiB (largest term: {name} {value / GIB:.1f} GiB);"
-            " use more z/x/y ranks, a smaller micro_batch or train.activation_checkpointing=true"
-        )
-    return estimate
+def fit_micro_batch(
+    model: ModelSpec, grid: Grid, train: TrainConfig, machine: MachineProfile
+) -> tuple[TrainConfig, MemoryEstimate]:
+    """``train`` with the micro-batch to run (given, or the largest that fits) and its
+    memory estimate; raises ConfigError when it does not fit."""
+    chosen = rules.fit_micro_batch(model, grid, train, machine.hardware)
+    if isinstance(chosen, str):
+        raise ConfigError(chosen)
+    micro, memory = chosen
+    return replace(train, micro_batch=micro), memory
 
 
-def missing_user_keys(cfg: LaunchConfig) -> list[str]:
+def missing_user_keys(machine: MachineProfile, *, dry_run: bool) -> list[str]:
     """Keys only the user knows; an error for a real submission, a warning for a dry run."""
-    missing = [key for key in cfg.machine.required if not _lookup(cfg.machine, key)]
-    hint = f"site.accounts.{cfg.machine.name}"
+    missing = [key for key in machine.required if not _lookup(machine, key)]
+    hint = f"site.accounts.{machine.name}"
     messages = [
         f"machine.{key} is not set; pass machine.{key}=... or {hint}=... (or put it in"
         " conf/local/default.yaml)"
         for key in missing
     ]
-    if messages and not cfg.dry_run:
+    if messages and not dry_run:
         raise ConfigError(messages[0])
     return messages
 
@@ -268,6 +247,11 @@ def _lookup(obj: object, dotted: str) -> object:
     return obj
 
 
+def _fail(problem: str | None) -> None:
+    if problem:
+        raise ConfigError(problem)
+
+
 def _positive(key: str, value: int) -> None:
     if value < 1:
         raise ConfigError(f"{key}={value}: must be a positive integer")
@@ -276,7 +260,3 @@ def _positive(key: str, value: int) -> None:
 def _one_of(key: str, value: str, valid: tuple[str, ...]) -> None:
     if value not in valid:
         raise ConfigError(f"{key}={value!r}: valid values are {', '.join(valid)}")
-
-
-def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)

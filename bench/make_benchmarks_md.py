@@ -12,6 +12,7 @@ ORDER = [
     ("bench_dry_run.md", "Launcher"),
     ("bench_tp.md", "Training core"),
     ("bench_train_loop.md", "Training core"),
+    ("bench_checkpoint.md", "Training core"),
     ("bench_plan.md", "Planner"),
     ("validate_planner.md", "Planner"),
     ("headline_plans.md", "Planner"),

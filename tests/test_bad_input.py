@@ -23,13 +23,14 @@ CASES = [
     (["train.data=/nonexistent/tokens.bin"], "train.data='/nonexistent/tokens.bin'"),
     (["train.seq_len=128"], "train.seq_len=128"),
     (["train.micro_batch=3"], "train.micro_batch=3"),
-    (["train.global_batch=12"], "train.global_batch=12"),
+    (["train.global_batch=12", "train.micro_batch=8"], "train.global_batch=12"),
+    (["grid.data=3"], "train.global_batch=16: must be a multiple of grid.data*grid.z=3"),
     (["train.overlap.all_gather=maybe"], "train.overlap.all_gather='maybe'"),
     (["dry_run=maybe"], "dry_run='maybe'"),
     (["grid.x=0"], "grid.x=0"),
     (["grid.x=two"], "grid.x='two'"),
     (["grid.y=3"], "grid.y=3"),
-    (["grid.x=3"], "grid.x*grid.y=3"),
+    (["grid.x=3"], "grid.x=3: must divide model.d_model=64"),
     (["grid.z=3", "train.micro_batch=6", "train.global_batch=12"], "grid.z=3"),
     (["grid.data=65", "train.micro_batch=1", "train.global_batch=65"], "max_local_processes"),
     (["nodes=2"], "nodes=2"),
@@ -40,7 +41,19 @@ CASES = [
     ([*F5, "grid.x=8", "nodes=2", "dry_run=true"], "nodes=2"),
     (["machine=frontier", "model=gpt_320b", "grid.x=8", "dry_run=true"], "GiB per GPU"),
     (["machine=perlmutter", "model=gpt_5b", "grid.x=4"], "machine.slurm.account"),
-    (["machine=slurm_local", "grid.x=3", "grid.y=1"], "grid.x*grid.y=3"),
+    (["machine=slurm_local", "grid.x=3", "grid.y=1"], "grid.x=3"),
+    (  # the job would fail in VocabParallelEmbedding: 65 rows of 64 do not split over z=128
+        [
+            "machine=perlmutter",
+            "model.vocab_size=65",
+            "train.data=synthetic",
+            "grid.z=128",
+            "train.micro_batch=128",
+            "train.global_batch=128",
+            "dry_run=true",
+        ],  # fmt: skip
+        "grid.z=128: must divide the token table block of 4160 elements",
+    ),
 ]
 
 

@@ -1,10 +1,13 @@
 """Pure-Python grid: rank layout against AxoNN's arithmetic, groups, validation."""
 
 import itertools
+import json
 
 import pytest
+import yaml
 
 from axonn_launch.grid import Grid
+from tests.conftest import run_launcher
 
 GRIDS = [
     Grid(),
@@ -78,3 +81,26 @@ def test_world_size_and_rank_bounds():
     assert grid.world_size == 12 and grid.tensor_parallel == 6
     with pytest.raises(ValueError):
         grid.coords(12)
+
+
+# ---------------------------------------------------------------------------------------
+# The default job takes any grid: train.micro_batch is automatic (rules.py)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "grid_args,micro_batch", [(["grid.data=4"], 4), (["grid.data=2", "grid.y=2"], 8)], ids=str
+)
+def test_the_default_job_runs_on_a_data_parallel_grid(grid_args, micro_batch, tmp_path):
+    """gpt_tiny's global_batch=16 over data=4 (or data=2): the launcher picks micro_batch
+    16/data, records it, and the job trains with it; only the step count is shortened."""
+    job = tmp_path / "job"
+    args = [*grid_args, "train.steps=3", "train.sample_tokens=0", f"hydra.run.dir={job}"]
+    result = run_launcher(args, cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    assert f"micro_batch={micro_batch} (automatic)" in result.stdout
+    spec = json.loads((job / "spec.json").read_text())
+    assert spec["train"]["micro_batch"] == micro_batch
+    assert yaml.safe_load((job / "config.yaml").read_text())["train"]["micro_batch"] == micro_batch
+    rows = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]

@@ -186,6 +186,7 @@ def _saved_bytes_worker(rank: int, port: int, grid: dict, out: str) -> None:
         saved = saved_bytes_of_one_block(Grid(**grid), rank, bf16=True)
         if rank == 0:
             Path(out).write_text(str(saved))
+        dist.barrier()  # no rank tears its connections down while a peer still uses them
     finally:
         dist.destroy_process_group()
 

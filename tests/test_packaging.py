@@ -5,6 +5,7 @@ import site
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -80,7 +81,7 @@ def test_from_an_editable_install(tmp_path):
 @pytest.mark.slow
 def test_from_a_wheel_install(tmp_path):
     wheels = tmp_path / "wheels"
-    subprocess.run(
+    build = subprocess.run(
         [
             sys.executable,
             "-m",
@@ -95,9 +96,17 @@ def test_from_a_wheel_install(tmp_path):
         ],
         check=True,
         capture_output=True,
+        text=True,
         timeout=300,
     )
+    assert "deprecated" not in build.stdout + build.stderr  # e.g. a TOML-table license
     (wheel,) = wheels.glob("axonn_launch-*.whl")
+    info = "-".join(wheel.name.split("-")[:2]) + ".dist-info"
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read(f"{info}/METADATA").decode()
+        license_text = archive.read(f"{info}/licenses/LICENSE").decode()
+    assert "Apache License" in license_text
+    assert "License-Expression: Apache-2.0" in metadata.splitlines()
     python = make_env(tmp_path / "venv")
     pip(str(wheel), python=python)
     elsewhere = tmp_path / "elsewhere"

@@ -294,11 +294,23 @@ def test_precision_follows_dtype_and_device():
     assert Precision.for_run(TrainConfig(dtype="fp32"), HW).act_fwd == 4
 
 
-def test_throughput_and_fraction_of_peak():
+@pytest.mark.parametrize(
+    ("recompute", "flops_per_token"),
+    [
+        (False, 737_280),  # 72*l*h^2 * (1 + s/6h + V/12lh) = 589,824 * (1 + 1/12 + 1/6)
+        (True, 950_272),  # 96*l*h^2 * (1 + s/6h + V/16lh) = 786,432 * (1 + 1/12 + 1/8)
+    ],
+)
+def test_throughput_and_fraction_of_peak(recompute, flops_per_token):
+    """MODEL (l=2, h=64, V=256) at s=32, computed by hand: 8 sequences of 32 tokens per
+    step over 2 GPUs, and a 100 TFLOP/s peak."""
     hw = dataclasses.replace(HW, peak_tflops_per_gpu=100.0)
-    st = step_time(hardware=hw, model=MODEL, train=train(), grid=Grid(data=2))
-    assert st.tflops_per_gpu == pytest.approx(st.model_flops_per_gpu / st.total / 1e12)
-    assert st.fraction_of_peak == pytest.approx(st.tflops_per_gpu / 100.0)
+    tr = train(activation_checkpointing=recompute)
+    st = step_time(hardware=hw, model=MODEL, train=tr, grid=Grid(data=2))
+    flops_per_gpu = flops_per_token * 8 * 32 / 2
+    assert st.model_flops_per_gpu == pytest.approx(flops_per_gpu)
+    assert st.tflops_per_gpu == pytest.approx(flops_per_gpu / st.total / 1e12)
+    assert st.fraction_of_peak == pytest.approx(flops_per_gpu / st.total / 1e12 / 100.0)
     assert 0 < st.fraction_of_peak < 1
 
 

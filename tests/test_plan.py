@@ -17,19 +17,16 @@ from axonn_launch.memory import estimate_memory
 from axonn_launch.models import ModelSpec
 from axonn_launch.plan import (
     PlanError,
-    batch_problem,
     best_grid,
-    divisors,
     enumerate_grids,
     main,
-    micro_batch_candidates,
     parse_args,
     plan,
     rank_grids,
     run,
-    shape_problem,
     smallest_nodes,
 )
+from axonn_launch.rules import batch_problem, divisors, micro_batch_candidates, shape_problem
 from axonn_launch.spec import TrainConfig
 
 A100 = Hardware(gpus_per_node=4, gpu_model="A100", mem_per_gpu_gb=40, peak_tflops_per_gpu=312,
@@ -39,7 +36,7 @@ PERLMUTTER = MachineProfile(
 )
 GPT_5B = ModelSpec("gpt_5b", n_layer=24, d_model=4096, n_head=32, vocab_size=50304,
                    max_seq_len=2048)  # fmt: skip
-BIG = TrainConfig(global_batch=512, micro_batch=16, seq_len=2048, activation_checkpointing=True)
+BIG = TrainConfig(global_batch=512, seq_len=2048, activation_checkpointing=True)  # micro: auto
 
 
 def n_ordered_factorizations(n: int, parts: int = 4) -> int:
@@ -71,29 +68,25 @@ def test_known_enumeration_sizes():
         enumerate_grids(0)
 
 
-def test_shape_validity():
-    assert shape_problem(GPT_5B, Grid(x=4, y=8)) is None
-    assert "n_head=32 not divisible by y=64" in shape_problem(GPT_5B, Grid(y=64))
-    odd = dataclasses.replace(GPT_5B, d_model=4096 + 32, n_head=33)
-    assert "d_model" in shape_problem(odd, Grid(x=64, y=1))
-    # z splits flattened blocks: h=24, x*y=1 -> projection 576 = 2^6 * 9 elements
+def test_the_planner_skips_grids_the_rules_reject():
+    """The rules themselves are checked against the job's layers in tests/test_rules.py."""
+    ranking = rank_grids(hardware=A100, model=GPT_5B, train=BIG, world_size=256)
+    shapes = [g for g in enumerate_grids(256) if shape_problem(GPT_5B, g)]
+    assert shapes and ranking.rejected["shape"] == len(shapes)  # y=64, y=128, y=256
+    assert "grid.y=64: must divide model.n_head=32" in ranking.example["shape"]
+    # z splits flattened blocks: h=24, x*y=1 -> QKV 1728 = 2^6 * 27 elements
     small = ModelSpec("s", n_layer=1, d_model=24, n_head=2, vocab_size=64, max_seq_len=8)
     assert shape_problem(small, Grid(z=64)) is None
-    assert "QKV weight block of 1728 elements not divisible by z=128" in shape_problem(
-        small, Grid(z=128)
-    )
-    # vocab 50 over a plane of 4: 13 rows of h=24 per member = 312 = 2^3 * 39 elements
-    odd_vocab = dataclasses.replace(small, vocab_size=50)
-    assert "token table block of 312 elements not divisible by z=16" in shape_problem(
-        odd_vocab, Grid(x=2, y=2, z=16)
-    )
+    assert "QKV weight block of 1728 elements" in shape_problem(small, Grid(z=128))
 
 
 def test_batch_validity_and_micro_batch_candidates():
     tr = TrainConfig(global_batch=16, micro_batch=4)
-    assert batch_problem(tr, Grid(data=2, z=2), 4) is None
-    assert "not divisible by z=4" in batch_problem(tr, Grid(z=4), 2)
-    assert "micro_batch*data=24" in batch_problem(tr, Grid(data=3), 8)
+    assert batch_problem(tr, Grid(data=2, z=2)) is None
+    two = dataclasses.replace(tr, micro_batch=2)
+    assert "train.micro_batch=2: must be divisible by grid.z=4" in batch_problem(two, Grid(z=4))
+    eight = dataclasses.replace(tr, micro_batch=8)
+    assert "train.micro_batch*grid.data=24" in batch_problem(eight, Grid(data=3))
     assert micro_batch_candidates(tr, Grid(data=2, z=2)) == [8, 4, 2]
     assert micro_batch_candidates(tr, Grid(data=3)) == []
     assert micro_batch_candidates(tr, Grid(data=2, z=16)) == []
@@ -108,8 +101,8 @@ def test_every_ranked_row_is_valid_fits_and_uses_the_largest_fitting_micro_batch
     assert len(rows) + sum(ranking.rejected.values()) == ranking.considered == 84
     for r in rows:
         assert shape_problem(GPT_5B, r.grid) is None
-        assert batch_problem(BIG, r.grid, r.micro_batch) is None
         tr = dataclasses.replace(BIG, micro_batch=r.micro_batch)
+        assert batch_problem(tr, r.grid) is None
         assert estimate_memory(model=GPT_5B, grid=r.grid, train=tr).fits(40)
         larger = [m for m in micro_batch_candidates(BIG, r.grid) if m > r.micro_batch]
         for m in larger:
@@ -123,9 +116,10 @@ def test_memory_limit_rejects_and_a_pinned_micro_batch_is_kept():
     small = rank_grids(hardware=tight, model=GPT_5B, train=BIG, world_size=64)
     assert small.rejected["memory"] > loose.rejected.get("memory", 0)
     assert len(small.rows) < len(loose.rows)
-    pinned = rank_grids(hardware=A100, model=GPT_5B, train=BIG, world_size=64,
-                        fixed_micro_batch=True)  # fmt: skip
-    assert pinned.rows and all(r.micro_batch == 16 for r in pinned.rows)
+    pinned = dataclasses.replace(BIG, micro_batch=16)
+    rows = rank_grids(hardware=A100, model=GPT_5B, train=pinned, world_size=64).rows
+    assert rows and all(r.micro_batch == 16 for r in rows)
+    assert {r.micro_batch for r in loose.rows} != {16}
 
 
 def test_small_batches_prefer_tensor_parallelism_large_batches_depth_and_data():
@@ -186,7 +180,7 @@ def test_cli_json_output():
         ],  # fmt: skip
     )
     assert args.train.global_batch == 1024 and args.train.seq_len == 2048  # preset's
-    assert args.train.overlap.all_gather is False and not args.fixed_micro_batch
+    assert args.train.overlap.all_gather is False and args.train.micro_batch is None
     assert args.machine.hardware.intra_node_gbps == 100
     text, found = run(args)
     payload = json.loads(text)
@@ -200,12 +194,11 @@ def test_cli_json_output():
 
 def test_cli_table_and_errors():
     args = parse_args(["machine=perlmutter", "model=gpt_5b", "nodes=2", "train.micro_batch=4"])
-    assert args.fixed_micro_batch and args.nodes == 2
+    assert args.train.micro_batch == 4 and args.nodes == 2
     text, found = run(args)
     assert found and "grid (data,x,y,z)" in text and "TFLOP/s/GPU" in text
-    assert all(row.micro_batch == 4 for row in plan(
-        machine=args.machine, model=args.model, train=args.train, nodes=2, top=3,
-        fixed_micro_batch=True))  # fmt: skip
+    rows = plan(machine=args.machine, model=args.model, train=args.train, nodes=2, top=3)
+    assert rows and all(row.micro_batch == 4 for row in rows)
     for bad, message in [
         (["nodes=zero"], "nodes='zero'"),
         (["nodes=0"], "nodes='0': must be a positive integer"),

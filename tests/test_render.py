@@ -10,17 +10,22 @@ and review the diff before committing.
 
 import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from axonn_launch.config import load
+from axonn_launch.config import ConfigError, load
 from axonn_launch.render import render_script
 from axonn_launch.validate import resolve
 
 GOLDEN = Path(__file__).parent / "golden"
 JOB_DIR = Path("/scratch/jobs/run")
 PYTHON = "/opt/venv/bin/python"
+SCRATCH = "/capstor/scratch/cscs/user"  # $SCRATCH as an Alps login node has it
+MACHINE_DIR = Path(__file__).resolve().parents[1] / "axonn_launch" / "conf" / "machine"
 
 CASES = {
     "frontier": [
@@ -42,7 +47,13 @@ CASES = {
 }
 
 
-def render(overrides):
+@pytest.fixture(autouse=True)
+def alps_login_environment(monkeypatch):
+    """Profiles may read $SCRATCH (Alps: the venv inside the container); fix it."""
+    monkeypatch.setenv("SCRATCH", SCRATCH)
+
+
+def render(overrides, python=PYTHON):
     cfg = load(overrides)
     resolved = resolve(cfg)
     return render_script(
@@ -51,7 +62,7 @@ def render(overrides):
         tasks_per_node=resolved.tasks_per_node,
         job_name=cfg.name,
         folder=JOB_DIR / "slurm" / "%j",
-        python=PYTHON,
+        python=python,
     )
 
 
@@ -124,13 +135,86 @@ def test_perlmutter_carries_nccl_ofi_settings_and_regular_qos():
     assert env["CUDA_VISIBLE_DEVICES"] == "3,2,1,0"
 
 
-def test_alps_carries_gh200_settings_and_container_environment():
+def test_alps_runs_in_the_extended_image_with_the_flags_cscs_requires():
     script = render(CASES["alps"])
-    flags, env = sbatch_flags(script), exports(script)
+    flags, env, srun = sbatch_flags(script), exports(script), srun_line(script)
     assert flags["partition"] == "normal" and flags["ntasks-per-node"] == "4"
-    assert env["NCCL_PROTO"] == "'^LL128'" and env["NCCL_NET"] == "'AWS Libfabric'"
-    assert env["FI_CXI_RX_MATCH_MODE"] == "software"
-    assert "--environment=axonn" in srun_line(script)
+    # srun, not sbatch, takes --environment; pmix and disable_rdzv_get are required
+    assert "--mpi=pmix --network=disable_rdzv_get --environment=axonn " in srun
+    assert "environment" not in flags and "network" not in flags
+    # the image sets the NCCL/libfabric variables only where unset: never override them
+    assert not [key for key in env if key.startswith(("NCCL_", "FI_"))]
+    assert env["MPICH_GPU_SUPPORT_ENABLED"] == "0"
+    assert f" {SCRATCH}/axonn-venv/bin/python -u -m submitit.core._submit " in srun
+
+
+def container_machines():
+    """Every profile that runs its tasks in a container."""
+    from omegaconf import OmegaConf
+
+    found = []
+    for path in sorted(MACHINE_DIR.glob("*.yaml")):
+        if OmegaConf.load(path).get("container", {}).get("engine"):
+            found.append(path.stem)
+    return found
+
+
+def test_alps_is_a_container_machine():
+    assert "alps" in container_machines()
+
+
+@pytest.mark.parametrize("machine", container_machines())
+def test_container_srun_line_never_names_the_login_interpreter(machine):
+    script = render(CASES[machine], python=sys.executable)
+    srun = srun_line(script)
+    assert sys.executable not in script
+    container_python = load(CASES[machine]).machine.container.python
+    assert shlex.split(srun)[-5:-2] == [container_python, "-u", "-m"]
+
+
+@pytest.mark.parametrize("machine", ["alps", "perlmutter", "slurm_local"])
+def test_machine_python_overrides_the_tasks_interpreter(machine):
+    srun = srun_line(render([*CASES[machine], "machine.python=/capstor/venvs/ax/bin/python"]))
+    assert " /capstor/venvs/ax/bin/python -u -m submitit.core._submit " in srun
+    assert PYTHON not in srun and SCRATCH not in srun
+
+
+def test_bare_metal_machines_run_the_login_nodes_interpreter():
+    for machine in ("frontier", "perlmutter", "slurm_local"):
+        assert f" {PYTHON} -u -m submitit" in srun_line(render(CASES[machine]))
+
+
+def test_container_machine_without_its_python_is_refused():
+    with pytest.raises(ConfigError, match=r"machine.container.python: empty for 'alps'"):
+        load([*CASES["alps"], "machine.container.python="])
+
+
+def setup_section(script):
+    return script.split("# setup\n")[1].split("\n\n# command")[0]
+
+
+def test_every_setup_line_stops_the_script_with_its_text_when_it_fails(tmp_path):
+    script = render([*CASES["slurm_local"], "+machine.setup=['true','export A=1 # note','false']"])
+    lines = setup_section(script).splitlines()
+    assert lines[1:4] == [
+        "axonn_setup 1 true",
+        "axonn_setup 2 'export A=1 # note'",
+        "axonn_setup 3 false",
+    ]
+    probe = tmp_path / "setup.sh"
+    probe.write_text(setup_section(script) + "\necho reached srun\n")
+    run = subprocess.run(["bash", str(probe)], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 1 and "reached srun" not in run.stdout
+    assert run.stderr.strip() == (
+        "axonn_launch: setup line 3 failed (exit 1): false; srun not started"
+    )
+
+
+def test_module_loads_are_checked_like_setup_lines():
+    script = render(CASES["frontier"])
+    section = setup_section(script)
+    assert "axonn_setup 1 'module load PrgEnv-gnu/8.7.0 cpe/26.03" in section
+    assert "axonn_setup 2 'export LD_LIBRARY_PATH=" in section
 
 
 def test_slurm_local_uses_the_same_renderer_with_profile_lines_only():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import asdict
@@ -17,23 +18,29 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from axonn_launch.rules import job_problem
 from axonn_launch.spec import JobSpec
 from axonn_launch.train.bootstrap import DistEnv, bootstrap, init_distributed
 from axonn_launch.train.checkpoint import (
+    LEGACY_FORMAT,
+    Checkpointer,
     latest_checkpoint,
-    load_checkpoint,
+    read_meta,
     rng_state,
-    save_checkpoint,
     set_rng_state,
 )
 from axonn_launch.train.data import Loader, open_source
 from axonn_launch.train.groups import build_groups
+from axonn_launch.train.logs import setup_logging
 from axonn_launch.train.loop import TrainContext, build_optimizer, compute_dtype, train_loop
 from axonn_launch.train.metrics import MetricsLogger
 from axonn_launch.train.model import GPT
 from axonn_launch.train.sample import decode, default_prompt, generate
+from axonn_launch.train.startup import log_startup
 
 __all__ = ["run"]
+
+log = logging.getLogger(__name__)
 
 
 def run(
@@ -44,6 +51,7 @@ def run(
 ) -> dict:
     """Train ``spec`` on this rank; returns the summary (losses and steps agree on all ranks)."""
     env = env or bootstrap(spec.runtime)
+    setup_logging(env.rank, spec.job_dir)  # rank and host on every line (train/logs.py)
     if env.world_size != spec.grid.world_size:
         raise ValueError(
             f"grid {spec.grid.describe()} needs {spec.grid.world_size} ranks, "
@@ -52,6 +60,7 @@ def run(
     configure_threads(env)
     init_distributed(env)
     try:
+        log_startup(env)  # hosts, torch, devices and network plugin, in the job log
         return _run_initialized(spec, env, should_stop or (lambda: False))
     finally:
         dist.destroy_process_group()
@@ -91,10 +100,14 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
         seed=train.seed,
         device=device,
     )
+    checkpoint_group = dist.new_group(backend="gloo")  # async saves run on their own group
     checkpoint = latest_checkpoint(spec.job_dir)
     start_step = 0
     if checkpoint is not None:
-        start_step = resume(checkpoint, spec, env, model, optimizer, loader)
+        start_step = resume(checkpoint, spec, env, model, optimizer, loader, checkpoint_group)
+    checkpointer = Checkpointer(
+        spec.job_dir, rank=env.rank, keep=train.keep_checkpoints, group=checkpoint_group
+    )
     logger = MetricsLogger(
         job_dir=Path(spec.job_dir),
         model=spec.model,
@@ -119,9 +132,10 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
         tokens_per_step=train.global_batch * train.seq_len,
         start_step=start_step,
         should_stop=should_stop,
-        save=lambda step: save(spec, env, step, model, optimizer, loader),
+        save=lambda step: save(spec, env, step, model, optimizer, loader, checkpointer),
     )
     summary = train_loop(model, ctx)
+    checkpointer.wait()  # the last save completes before the job reports success
     if train.sample_tokens > 0:
         summary["sample"] = print_sample(spec, env, model, device)
     logger.finish(summary)
@@ -131,16 +145,10 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
 
 
 def validate_shapes(spec: JobSpec) -> None:
-    train, grid = spec.train, spec.grid
-    if train.seq_len > spec.model.max_seq_len:
-        raise ValueError(f"seq_len={train.seq_len} > model max_seq_len={spec.model.max_seq_len}")
-    if train.micro_batch % grid.z:
-        raise ValueError(f"micro_batch={train.micro_batch} is not divisible by grid.z={grid.z}")
-    per_step = train.micro_batch * grid.data
-    if train.global_batch % per_step:
-        raise ValueError(
-            f"global_batch={train.global_batch} is not a multiple of micro_batch*data={per_step}"
-        )
+    """The login node's rules (``axonn_launch.rules``), checked again before building."""
+    problem = job_problem(spec.model, spec.grid, spec.train)
+    if problem:
+        raise ValueError(problem)
 
 
 def resume(
@@ -150,33 +158,30 @@ def resume(
     model: GPT,
     optimizer: torch.optim.Optimizer,
     loader: Loader,
+    group: dist.ProcessGroup | None = None,
 ) -> int:
     """Load this rank's state from ``checkpoint``; returns the optimizer steps it had done.
 
-    A checkpoint written on another grid is re-sharded (``axonn_launch.train.reshard``).
+    Any grid's checkpoint loads: each rank reads only the saved chunks overlapping its
+    shard (``axonn_launch.train.state``). A checkpoint of the previous format
+    (per-rank files) goes through ``axonn_launch.train.legacy``.
     """
     device = torch.device(env.device)
-    meta = json.loads((checkpoint / "meta.json").read_text())
-    if meta.get("grid") != spec.grid.as_dict():
-        from axonn_launch.train.reshard import load_resharded
+    meta = read_meta(checkpoint)
+    if meta.get("format") == LEGACY_FORMAT:
+        from axonn_launch.train.legacy import load_legacy
 
-        loader_state, rng = load_resharded(
-            checkpoint,
-            meta,
-            model=model,
-            optimizer=optimizer,
-            loader=loader,
-            groups=model.groups,
-            device=device,
+        loader_state, rng = load_legacy(
+            checkpoint, meta, model=model, optimizer=optimizer, groups=model.groups, device=device
         )
-        loader.load_state_dict(loader_state)
-        set_rng_state(rng, device)
-        return int(meta["step"])
-    state, meta = load_checkpoint(checkpoint, rank=env.rank, grid=spec.grid, map_location=device)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    loader.load_state_dict(state["loader"])
-    set_rng_state(state["rng"], device)
+    else:
+        from axonn_launch.train.state import load_training_state
+
+        loader_state, rng, meta, _ = load_training_state(
+            checkpoint, model=model, optimizer=optimizer, groups=model.groups, group=group
+        )
+    loader.load_state_dict(loader_state)
+    set_rng_state(rng, device)
     return int(meta["step"])
 
 
@@ -187,21 +192,21 @@ def save(
     model: GPT,
     optimizer: torch.optim.Optimizer,
     loader: Loader,
+    checkpointer: Checkpointer,
 ) -> None:
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "loader": loader.state_dict(),
-        "rng": rng_state(torch.device(env.device)),
-    }
+    """Start an asynchronous checkpoint of step ``step`` (collective)."""
+    from axonn_launch.train.state import save_training_state
+
     meta = {"grid": spec.grid.as_dict(), "world_size": env.world_size, "model": asdict(spec.model)}
-    save_checkpoint(
-        spec.job_dir,
-        step=step,
-        rank=env.rank,
-        state=state,
+    save_training_state(
+        checkpointer,
+        step,
+        model=model,
+        optimizer=optimizer,
+        loader_state=loader.state_dict(),
+        rng=rng_state(torch.device(env.device)),
+        groups=model.groups,
         meta=meta,
-        keep=spec.train.keep_checkpoints,
     )
 
 
@@ -227,5 +232,5 @@ def print_sample(spec: JobSpec, env: DistEnv, model: GPT, device: torch.device) 
     )
     text = decode(tokens, spec.train.data)
     if env.rank == 0:
-        print(f"--- sample ({spec.train.sample_tokens} tokens) ---\n{text}\n---", flush=True)
+        log.info("--- sample (%d tokens) ---\n%s\n---", spec.train.sample_tokens, text)
     return text

@@ -29,6 +29,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from axonn_launch.slurmtext import expand_hostlist
 from axonn_launch.spec import RuntimeConfig
 
 SLURM_PORT_RANGE = 2000  # Slurm jobs use master_port + job_id % this, so concurrent jobs differ
@@ -165,62 +166,6 @@ def _from_openmpi_variables(env: Mapping[str, str], runtime: RuntimeConfig) -> _
         master_port=int(env.get("MASTER_PORT", runtime.master_port)),
         source="mpi",
     )
-
-
-def expand_hostlist(hostlist: str) -> list[str]:
-    """Expand a Slurm host list: ``a1,b[3,5-6]`` -> ``a1 b3 b5 b6``; keeps zero padding."""
-    hosts: list[str] = []
-    for pattern in _split_top_level(hostlist):
-        hosts.extend(_expand_pattern(pattern))
-    return hosts
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split on commas that are not inside brackets."""
-    parts, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        if char == "[":
-            depth += 1
-        elif char == "]":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-        if depth < 0:
-            raise ValueError(f"unbalanced brackets in host list {text!r}")
-    if depth != 0:
-        raise ValueError(f"unbalanced brackets in host list {text!r}")
-    parts.append(text[start:])
-    return [p.strip() for p in parts if p.strip()]
-
-
-def _expand_pattern(pattern: str) -> list[str]:
-    """Expand every bracket group of one host pattern (several groups multiply out)."""
-    open_at = pattern.find("[")
-    if open_at < 0:
-        return [pattern]
-    close_at = pattern.index("]", open_at)
-    prefix, ranges, rest = (
-        pattern[:open_at],
-        pattern[open_at + 1 : close_at],
-        pattern[close_at + 1 :],
-    )
-    tails = _expand_pattern(rest)
-    return [prefix + value + tail for value in _expand_ranges(ranges) for tail in tails]
-
-
-def _expand_ranges(ranges: str) -> list[str]:
-    values: list[str] = []
-    for item in ranges.split(","):
-        low, _, high = item.strip().partition("-")
-        if not high:
-            values.append(low)
-            continue
-        width = len(low)
-        if int(high) < int(low):
-            raise ValueError(f"descending range {item!r} in host list")
-        values.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
-    return values
 
 
 def choose_device(runtime: RuntimeConfig, local_rank: int) -> str:

@@ -1,22 +1,26 @@
-"""Atomic per-rank checkpoints under ``<job_dir>/checkpoints``.
+"""Atomic, asynchronous DCP checkpoints under ``<job_dir>/checkpoints``.
 
 Layout::
 
     checkpoints/
       step_00000120/
-        meta.json          step, grid, model shape, format (written by rank 0)
-        rank_00000.pt ...  this rank's model shards, optimizer state, RNG states, loader
-      latest               text file naming the newest complete step directory
+        .metadata, __0_0.distcp ...   torch.distributed.checkpoint files (all ranks)
+        meta.json                     step, grid, model, format (rank 0, written last)
+      latest                          text file naming the newest complete step directory
 
-Every rank writes into ``.tmp_step_<n>``; after a barrier rank 0 writes ``meta.json``,
-renames the directory to ``step_<n>`` and only then replaces ``latest`` (write a temp
-file, ``os.replace``). A crash at any point leaves ``latest`` naming a complete
-checkpoint. Assumes ``job_dir`` is on a file system all ranks share.
+A save writes into ``.tmp_step_<n>`` through ``dcp.async_save``: the state is copied
+to host memory (staging) while the caller waits, then written by a background thread,
+so training goes on during the write. When DCP has written ``.metadata`` (after every
+rank's data), rank 0 writes ``meta.json``, renames the directory to ``step_<n>`` and
+only then replaces ``latest`` (temp file + ``os.replace``), then prunes. A crash at any
+point leaves ``latest`` naming a complete checkpoint. One save is in flight at a time:
+a new save, and ``wait``, first wait for the previous one. Assumes ``job_dir`` is on a
+file system all ranks share.
 
-The shards are tied to the grid they were written on; ``meta.json`` records that grid
-so a loader for another grid can gather each rank file's shards into full tensors and
-re-shard them with ``load_full_state_dict``. Loading on a different grid is refused
-for now.
+``AXONN_CHECKPOINT_FAULT=POINT@saveN[:rankR]`` (tests) kills the process with SIGKILL
+inside its N-th save (1-based) on rank R (default 0): ``write`` after this rank's data
+files are written, ``metadata`` after ``.metadata`` (rank 0), ``rename`` after the
+rename but before ``latest`` moves (rank 0).
 """
 
 from __future__ import annotations
@@ -24,15 +28,26 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
+import signal
+import threading
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
 
-from axonn_launch.grid import Grid
+from axonn_launch.train.dcp import CountingReader, ShardLoadPlanner, ShardSavePlanner, ShardSpec
 
-FORMAT = "per-rank-shards/1"
+FORMAT = "dcp/1"
+LEGACY_FORMAT = "per-rank-shards/1"
+FAULT_ENV = "AXONN_CHECKPOINT_FAULT"
+FAULT_POINTS = ("write", "metadata", "rename")
 
 
 def checkpoint_root(job_dir: Path | str) -> Path:
@@ -49,6 +64,10 @@ def latest_checkpoint(job_dir: Path | str) -> Path | None:
     return path
 
 
+def read_meta(path: Path) -> dict:
+    return json.loads((path / "meta.json").read_text())
+
+
 def rng_state(device: torch.device) -> dict:
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if device.type == "cuda":
@@ -63,72 +82,185 @@ def set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def save_checkpoint(
-    job_dir: Path | str, *, step: int, rank: int, state: dict, meta: dict, keep: int
-) -> Path:
-    """Collective: every rank saves ``state``; returns the checkpoint directory."""
-    root = checkpoint_root(job_dir)
-    name = f"step_{step:08d}"
-    tmp, final = root / f".tmp_{name}", root / name
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    _barrier()
-    _atomic_torch_save(state, tmp / f"rank_{rank:05d}.pt")
-    _barrier()
-    if rank == 0:
-        (tmp / "meta.json").write_text(json.dumps({**meta, "step": step, "format": FORMAT}))
+def parse_fault(text: str | None) -> tuple[str, int, int] | None:
+    """(point, save number, rank) of ``AXONN_CHECKPOINT_FAULT``, or None when unset."""
+    if not text:
+        return None
+    match = re.fullmatch(r"(\w+)@save(\d+)(?::rank(\d+))?", text)
+    if not match or match.group(1) not in FAULT_POINTS:
+        raise ValueError(
+            f"{FAULT_ENV}={text!r}: use POINT@saveN[:rankR] with POINT one of "
+            f"{', '.join(FAULT_POINTS)}"
+        )
+    return match.group(1), int(match.group(2)), int(match.group(3) or 0)
+
+
+class _FaultPoints:
+    def __init__(self, rank: int) -> None:
+        self.rank, self.saves = rank, 0
+        self.fault = parse_fault(os.environ.get(FAULT_ENV))
+
+    def hit(self, point: str) -> None:
+        if self.fault == (point, self.saves, self.rank):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _Writer(FileSystemWriter):
+    """``FileSystemWriter`` with the ``write`` and ``metadata`` fault points."""
+
+    def __init__(self, path: Path, faults: _FaultPoints) -> None:
+        super().__init__(path)
+        self.faults = faults
+
+    def write_data(self, plan, planner):
+        result = super().write_data(plan, planner)
+        self.faults.hit("write")
+        return result
+
+    def finish(self, metadata, results) -> None:
+        super().finish(metadata, results)
+        self.faults.hit("metadata")
+
+
+class Checkpointer:
+    """Saves of one job; collective (every rank calls ``save`` and ``wait`` alike).
+
+    ``group``: a process group with a CPU backend (gloo) that only checkpointing uses,
+    or None for a one-process job.
+    """
+
+    def __init__(
+        self,
+        job_dir: Path | str,
+        *,
+        rank: int,
+        keep: int,
+        group: dist.ProcessGroup | None = None,
+        asynchronous: bool = True,
+    ) -> None:
+        self.root = checkpoint_root(job_dir)
+        self.rank, self.keep, self.group = rank, keep, group
+        self.asynchronous = asynchronous
+        self.faults = _FaultPoints(rank)
+        self._pending: threading.Event | None = None
+        self._error: BaseException | None = None
+        self.last: Path | None = None
+
+    def save(self, step: int, state: dict[str, Any], specs: Mapping[str, ShardSpec],
+             meta: dict) -> None:  # fmt: skip
+        """Start saving ``state`` (sharded keys described by ``specs``) as step ``step``."""
+        self.wait()
+        self.faults.saves += 1
+        name = f"step_{step:08d}"
+        tmp = self.root / f".tmp_{name}"
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self._barrier()
+        writer = _Writer(tmp, self.faults)
+        planner = ShardSavePlanner(dict(specs))
+        meta = {**meta, "step": step, "format": FORMAT}
+        done = threading.Event()
+        self._pending = done
+
+        def finalize(future) -> None:
+            try:
+                future.result()
+                if self.rank == 0:
+                    self._publish(tmp, name, meta)
+                self.last = self.root / name
+            except BaseException as error:  # re-raised by wait()
+                self._error = error
+            finally:
+                done.set()
+
+        options = {"storage_writer": writer, "planner": planner, "process_group": self.group,
+                   "no_dist": not dist.is_initialized()}  # fmt: skip
+        if self.asynchronous:
+            future = dcp.async_save(state, **options)
+            future.add_done_callback(finalize)
+        else:
+            from concurrent.futures import Future
+
+            future = Future()
+            try:
+                dcp.save(state, **options)
+                future.set_result(None)
+            except BaseException as error:
+                future.set_exception(error)
+            finalize(future)
+
+    def wait(self) -> Path | None:
+        """Block until the save in flight is complete and published; its path (or None)."""
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
+            self._barrier()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"checkpoint save failed: {error}") from error
+        return self.last
+
+    def _publish(self, tmp: Path, name: str, meta: dict) -> None:
+        _atomic_write_text(tmp / "meta.json", json.dumps(meta))
+        final = self.root / name
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
-        _atomic_write_text(root / "latest", name)
-        _prune(root, keep)
-    _barrier()
-    return final
+        self.faults.hit("rename")
+        _atomic_write_text(self.root / "latest", name)
+        _prune(self.root, self.keep)
+
+    def _barrier(self) -> None:
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier(group=self.group)
 
 
-def load_checkpoint(
-    path: Path, *, rank: int, grid: Grid, map_location: torch.device
-) -> tuple[dict, dict]:
-    """(this rank's state, meta) of the checkpoint at ``path``, written on this same grid.
+def load_state(
+    path: Path,
+    state: dict[str, Any],
+    specs: Mapping[str, ShardSpec],
+    *,
+    group: dist.ProcessGroup | None = None,
+) -> int:
+    """Fill ``state`` in place from the DCP checkpoint at ``path``; returns bytes read here.
 
-    A checkpoint of another grid goes through ``axonn_launch.train.reshard`` instead
-    (``axonn_launch.train.resume`` picks the path).
+    Sharded keys read only the saved chunks that overlap this rank's pieces; non-tensor
+    values are replaced by the saved objects.
     """
-    meta = json.loads((path / "meta.json").read_text())
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{path}: unknown checkpoint format {meta.get('format')!r}")
-    saved = Grid(**meta["grid"])
-    if saved != grid:
-        raise ValueError(
-            f"{path} was written on grid {saved.describe()}, this job runs on "
-            f"{grid.describe()}; load it with axonn_launch.train.reshard"
+    reader = CountingReader(path)
+    no_dist = not dist.is_initialized()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")  # no_dist is meant
+        dcp.load(
+            state,
+            storage_reader=reader,
+            planner=ShardLoadPlanner(dict(specs)),
+            process_group=group,
+            no_dist=no_dist,
         )
-    state = torch.load(path / f"rank_{rank:05d}.pt", map_location=map_location, weights_only=False)
-    return state, meta
-
-
-def _atomic_torch_save(obj: dict, path: Path) -> None:
-    part = path.with_name(path.name + ".part")
-    torch.save(obj, part)
-    os.replace(part, path)
+    return reader.bytes_read
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
     part = path.with_name(path.name + ".part")
-    part.write_text(text)
+    with open(part, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(part, path)
 
 
 def _prune(root: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` complete checkpoints (``keep <= 0``: keep all)."""
+    """Delete leftovers of interrupted saves and all but the newest ``keep`` complete
+    checkpoints (``keep <= 0``: keep all)."""
+    for stale in root.glob(".tmp_step_*"):
+        shutil.rmtree(stale, ignore_errors=True)
     if keep <= 0:
         return
-    complete = sorted(p for p in root.glob("step_*") if (p / "meta.json").exists())
+    complete = sorted(
+        p for p in root.glob("step_*")
+        if re.fullmatch(r"step_\d+", p.name) and (p / "meta.json").exists()
+    )  # fmt: skip
     for old in complete[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()

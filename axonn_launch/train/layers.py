@@ -174,8 +174,11 @@ class OverlapRuntime:
 
 class _TPLinearFunction(torch.autograd.Function):
     @staticmethod
-    @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, x: torch.Tensor, weight_shard: torch.Tensor, layer: TPLinear):
+        # What torch.amp.custom_fwd records, for the device the tensors are on (CPU or GPU)
+        kind = x.device.type
+        ctx.amp = dict(device_type=kind, enabled=torch.is_autocast_enabled(kind))
+        ctx.amp["dtype"] = torch.get_autocast_dtype(kind)
         w = layer.runtime.gathered_weight(layer)
         y = x.reshape(-1, x.shape[-1]) @ w.t()
         layer.comm.all_reduce(y, layer.inner, tag=layer.name)
@@ -184,10 +187,10 @@ class _TPLinearFunction(torch.autograd.Function):
         return y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
-    @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, dy: torch.Tensor):
         (x,) = ctx.saved_tensors
-        dx, dw = ctx.layer.backward_pass(x, dy)
+        with torch.autocast(**ctx.amp):  # the forward's autocast state, as custom_bwd does
+            dx, dw = ctx.layer.backward_pass(x, dy)
         return dx, dw, None
 
 

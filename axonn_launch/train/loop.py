@@ -10,6 +10,7 @@ on whether any rank asked to stop (``should_stop``, e.g. set by a requeue signal
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from axonn_launch.train.data import Loader
 from axonn_launch.train.groups import Groups
 from axonn_launch.train.metrics import MetricsLogger, StepStats, memory_gib
 from axonn_launch.train.model import clip_grad_norm_, finish_gradients
+
+log = logging.getLogger(__name__)
 
 
 def is_matrix(param: nn.Parameter) -> bool:
@@ -112,6 +115,10 @@ def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
     accumulation = ctx.loader.accumulation
     step, stopped, timed = ctx.start_step, False, []
     loss = float("nan")
+    log.info(
+        "training steps %d..%d: %d micro-steps of %d sequences each, %s, %d tokens per step",
+        step + 1, train.steps, accumulation, train.micro_batch, dtype, ctx.tokens_per_step,
+    )  # fmt: skip
     model.train()
     while step < train.steps:
         started = time.perf_counter()
@@ -137,6 +144,7 @@ def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
         if stop or step == train.steps or periodic_checkpoint(step, train):
             ctx.save(step)
         if stop:
+            log.info("stopped after step %d on request; checkpoint saved", step)
             stopped = True
             break
     return summarize(ctx, step, loss, timed, stopped)

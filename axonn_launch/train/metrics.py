@@ -9,6 +9,7 @@ checkpointing is on), times tokens per second, divided by the number of GPUs.
 from __future__ import annotations
 
 import json
+import logging
 import resource
 import sys
 import time
@@ -21,6 +22,8 @@ import torch
 from axonn_launch.models import ModelSpec
 
 GIB = 1024**3
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,9 @@ def memory_gib(device: torch.device) -> float:
 
 
 class MetricsLogger:
-    """Writes metrics on rank 0 only; other ranks get a logger that does nothing."""
+    """Writes metrics on rank 0 only; other ranks get a logger that does nothing.
+
+    The progress bar goes to ``stream`` (a terminal only); the summary line is logged."""
 
     def __init__(
         self,
@@ -104,8 +109,8 @@ class MetricsLogger:
             return
         if self.progress:
             self.stream.write("\n")
-        self.stream.write(summary_line(summary) + "\n")
-        self.stream.flush()
+            self.stream.flush()
+        log.info(summary_line(summary))
 
 
 def progress_line(row: dict, total_steps: int, width: int = 20) -> str:

@@ -12,7 +12,6 @@ usual single-process shapes (``blocks.i.attn.qkv.weight`` is ``[3h, h]`` with ro
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 import torch
@@ -24,6 +23,7 @@ from axonn_launch.models import ModelSpec
 from axonn_launch.spec import OverlapConfig
 from axonn_launch.train.comm import Comm
 from axonn_launch.train.groups import Groups
+from axonn_launch.train.init import init_shard
 from axonn_launch.train.layers import (
     OverlapRuntime,
     TPLayerNorm,
@@ -34,10 +34,13 @@ from axonn_launch.train.layers import (
 TENSOR_PARALLEL_AXES = ("x", "y", "z")
 
 
-def qkv_row_order(n_head: int, head_dim: int) -> torch.Tensor:
-    """Full-weight rows in the order (head, q/k/v, dim), so that splitting the output
-    features over y hands each rank whole heads with their q, k and v."""
-    return torch.arange(3 * n_head * head_dim).view(3, n_head, head_dim).transpose(0, 1).reshape(-1)
+def qkv_row_order(n_head: int, head_dim: int, y: int) -> torch.Tensor:
+    """Full-weight rows in the order (y block, q/k/v, head, dim): splitting the output
+    features over y hands each rank whole heads with their q, k and v, and within a
+    rank's block the q, k and v rows stay three runs of consecutive full rows (so a
+    shard is a few boxes of the natural q|k|v tensor, see train/dcp.py)."""
+    rows = torch.arange(3 * n_head * head_dim).view(3, y, n_head // y, head_dim)
+    return rows.transpose(0, 1).reshape(-1)
 
 
 class Attention(nn.Module):
@@ -51,15 +54,15 @@ class Attention(nn.Module):
         self.head_dim = spec.head_dim
         self.qkv = TPLinear(
             h, 3 * h, comm=comm, runtime=runtime, transpose=False, name=f"{name}.qkv",
-            row_order=qkv_row_order(spec.n_head, spec.head_dim), device=device,
+            row_order=qkv_row_order(spec.n_head, spec.head_dim, comm.size("y")), device=device,
         )  # fmt: skip
         self.proj = TPLinear(h, h, comm=comm, runtime=runtime, transpose=True,
                              name=f"{name}.proj", device=device)  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        qkv = self.qkv(x).view(b, s, self.local_heads, 3, self.head_dim)
-        q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))  # [b, heads, s, d]
+        qkv = self.qkv(x).view(b, s, 3, self.local_heads, self.head_dim)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # [b, heads, s, d]
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(out.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim))
 
@@ -140,12 +143,10 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def _initialize(self, seed: int) -> None:
-        # Each parameter is drawn in full from a generator seeded by (seed, name) and
-        # sliced, so every grid gets the same full weights. This materializes one full
-        # tensor at a time on the host.
+        # Each rank computes only its own elements, keyed by their place in the full
+        # tensor, so every grid gets the same full weights (axonn_launch.train.init).
         for name, param in self.named_parameters():
-            full = initial_full_tensor(name, param.shard_layout.full_shape, seed, self.spec.n_layer)
-            param.copy_(param.shard_layout.local_from_full(full, self.groups))
+            init_shard(param, name, self.groups, seed, self.spec.n_layer)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Mean cross-entropy of this rank's tokens, or last-position logits ``[b, V]``."""
@@ -162,21 +163,6 @@ class GPT(nn.Module):
         if targets is None:
             return self.embedding.last_logits(hidden, table)
         return self.embedding.loss(hidden, table, targets)
-
-
-def initial_full_tensor(name: str, shape: tuple[int, ...], seed: int, n_layer: int) -> torch.Tensor:
-    """GPT-2 style initialization of one full parameter, independent of the grid."""
-    leaf = name.rsplit(".", 1)[-1]
-    if leaf == "bias":
-        return torch.zeros(shape)
-    if ".ln" in name or name.startswith("ln_"):
-        return torch.ones(shape)
-    std = 0.02
-    if name.endswith(("attn.proj.weight", "mlp.down.weight")):
-        std = 0.02 / math.sqrt(2 * n_layer)
-    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
-    return torch.randn(shape, generator=generator) * std
 
 
 # ---------------------------------------------------------------------------------------

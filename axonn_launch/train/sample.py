@@ -58,10 +58,16 @@ def _broadcast_from_rank0(value: torch.Tensor, group) -> torch.Tensor:
 
 
 def decode(tokens: list[int], data: str) -> str:
-    """Bytes for the built-in byte-level corpus; token ids otherwise."""
-    if data == "shakespeare":
-        return bytes(tokens).decode("utf-8", errors="replace")
-    return " ".join(str(t) for t in tokens)
+    """Text for the built-in byte-level corpus; token ids otherwise.
+
+    Bytes a young model strings together are often not UTF-8, or are terminal control
+    codes: both are shown escaped (``\\xe2``), so a log or a terminal shows only what the
+    model wrote.
+    """
+    if data != "shakespeare":
+        return " ".join(str(t) for t in tokens)
+    text = bytes(tokens).decode("utf-8", errors="backslashreplace")
+    return "".join(c if c.isprintable() or c in "\n\t" else ascii(c)[1:-1] for c in text)
 
 
 def default_prompt(data: str) -> list[int]:

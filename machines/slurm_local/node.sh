@@ -4,6 +4,8 @@
 #                             are SIGKILLed; slurmctld marks it DOWN after SlurmdTimeout (~10 s)
 #   node.sh stop-daemon NODE  only its slurmd dies; running tasks go on, unsupervised
 #   node.sh start NODE        slurmd starts again; the node returns to service (ReturnToService=2)
+#   node.sh restart NODE      a wedged node heals: its slurmd is killed and started again (job
+#                             steps are left alone), a node left DOWN/DRAIN is resumed
 #   node.sh status NODE       prints the node's sinfo state
 set -euo pipefail
 
@@ -12,7 +14,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/lib.sh"
 
 usage() {
-    echo "usage: $0 stop|stop-daemon|start|status NODE   (NODE one of: ${NODES[*]})" >&2
+    echo "usage: $0 stop|stop-daemon|start|restart|status NODE   (NODE one of: ${NODES[*]})" >&2
     exit 2
 }
 
@@ -68,6 +70,20 @@ start_node() {
     log "node $1 is $(sinfo -h -n "$1" -o %t)"
 }
 
+# Heals a node whose slurmd stopped launching steps (_send_slurmstepd_init failed) or left a
+# job COMPLETING: a fresh slurmd re-registers and finishes the cleanup.
+restart_node() {
+    kill_slurmd "$1"
+    log "starting slurmd $1"
+    slurmd -N "$1" 9>&- || fail "slurmd $1 did not start" "$(slurmd_log "$1")"
+    if ! wait_until 15 node_up "$1"; then
+        log "resuming $1 (was $(sinfo -h -n "$1" -o %t))"
+        scontrol update nodename="$1" state=resume || true
+    fi
+    wait_until 30 node_up "$1" || fail "node $1 not back in service after 45 s" "$(slurmd_log "$1")"
+    log "node $1 is $(sinfo -h -n "$1" -o %t)"
+}
+
 main() {
     (($# == 2)) || usage
     local action=$1 node=$2
@@ -81,6 +97,7 @@ main() {
         ;;
     stop-daemon) kill_slurmd "$node" ;;
     start) start_node "$node" ;;
+    restart) restart_node "$node" ;;
     status) sinfo -h -n "$node" -o '%N %t %E' ;;
     *) usage ;;
     esac

@@ -3,23 +3,43 @@
 Tests that take the fixture are skipped, with the reason, when the cluster is not up. With
 ``AXONN_START_SLURM=1`` the fixture first tries to start it (root only). With
 ``AXONN_REQUIRE_SLURM=1`` (CI, after starting the cluster) a missing cluster fails instead.
+
+A wedged node heals or fails at once, before every test that takes the fixture: a job stuck
+COMPLETING for over ``STUCK_COMPLETING_S``, or step-launch errors in a slurmd log since that
+slurmd started (``_send_slurmstepd_init failed``: slurmd can no longer start steps), restart
+that node's slurmd (``node.sh restart``, root only); otherwise the test fails with the
+reason instead of waiting for a job that cannot end.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from axonn_launch import slurmtext
+
 REPO = Path(__file__).resolve().parents[2]
 START_SCRIPT = REPO / "machines" / "slurm_local" / "start.sh"
+NODE_SCRIPT = REPO / "machines" / "slurm_local" / "node.sh"
+SLURMD_LOG = "/var/log/slurm/slurmd-{node}.log"  # lib.sh: LOG_DIR/slurmd-<node>.log
 PARTITION = "debug"
 NODES = ("n1", "n2")
 USABLE_STATES = ("idle", "mix", "alloc", "plnd")  # plnd: idle, held for a pending job
+STUCK_COMPLETING_S = 60  # KillWait=5: a healthy node finishes a job within seconds
+SLURMD_STARTED = re.compile(r"slurmd version \S+ started")
+STEPD_LAUNCH_ERRORS = re.compile(
+    r"_send_slurmstepd_init failed|Unable to init slurmstepd|_forkexec_slurmstepd"
+    r"|slurmstepd failed to send return code"
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +99,108 @@ def start_cluster() -> str | None:
     return cluster_problem()
 
 
+# --- wedged nodes ---------------------------------------------------------------------
+
+
+def stuck_completing(
+    squeue_text: str, now: datetime, limit_s: float = STUCK_COMPLETING_S
+) -> dict[str, str]:
+    """Node -> reason, from ``squeue -h -t COMPLETING -o '%i|%e|%N'`` (%e: when it ended)."""
+    stuck: dict[str, str] = {}
+    for line in squeue_text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 3:
+            continue
+        job_id, ended, nodelist = parts
+        try:
+            waited = (now - datetime.fromisoformat(ended)).total_seconds()
+        except ValueError:
+            continue
+        if waited > limit_s:
+            for node in slurmtext.expand_nodelist(nodelist):
+                stuck[node] = f"job {job_id} COMPLETING for {waited:.0f} s"
+    return stuck
+
+
+def stepd_launch_error(slurmd_log: str) -> str | None:
+    """The last step-launch error this slurmd logged since it started, or None."""
+    starts = list(SLURMD_STARTED.finditer(slurmd_log))
+    since_start = slurmd_log[starts[-1].end() :] if starts else slurmd_log
+    errors = [ln for ln in since_start.splitlines() if STEPD_LAUNCH_ERRORS.search(ln)]
+    return errors[-1].strip() if errors else None
+
+
+def node_problems(nodes: tuple[str, ...] = NODES) -> dict[str, str]:
+    """Node -> why it is wedged, read from squeue and the slurmd logs now."""
+    out = subprocess.run(
+        ["squeue", "-h", "-t", "COMPLETING", "-o", "%i|%e|%N"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    ).stdout
+    problems = {n: r for n, r in stuck_completing(out, datetime.now()).items() if n in nodes}
+    for node in nodes:
+        try:
+            text = Path(SLURMD_LOG.format(node=node)).read_text(errors="replace")
+        except OSError:
+            continue
+        error = stepd_launch_error(text)
+        if error and node not in problems:
+            problems[node] = f"slurmd cannot launch steps: {error}"
+    return problems
+
+
+def heal(problems: dict[str, str]) -> str | None:
+    """Restart the slurmd of each wedged node; returns why the cluster is still unusable."""
+    where = "; ".join(f"{node}: {why}" for node, why in sorted(problems.items()))
+    if os.geteuid() != 0:
+        return f"wedged nodes ({where}); as root: bash {NODE_SCRIPT} restart NODE"
+    for node in sorted(problems):
+        proc = subprocess.run(
+            ["bash", str(NODE_SCRIPT), "restart", node], capture_output=True, text=True, timeout=120
+        )
+        if proc.returncode != 0:
+            return f"wedged nodes ({where}); node.sh restart {node} failed: {proc.stderr[-500:]}"
+    deadline = time.monotonic() + 60
+    while (left := node_problems(tuple(problems))) and time.monotonic() < deadline:
+        time.sleep(2)
+    return f"nodes still wedged after restarting slurmd: {left}" if left else None
+
+
+def ensure_healthy() -> None:
+    """Heal a wedged node now, or fail the test at once with the reason."""
+    problems = node_problems()
+    if problems:
+        reason = heal(problems)
+        if reason:
+            pytest.fail(f"local Slurm cluster: {reason}", pytrace=False)
+
+
+def cluster_report() -> str:
+    """squeue, sinfo and wedged nodes, for a failure message."""
+
+    def out(*cmd: str) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return f"{cmd[0]}: {err}"
+
+    return (
+        f"squeue:\n{out('squeue', '-o', '%i %T %M %e %N %R')}\n"
+        f"sinfo:\n{out('sinfo', '-N', '-o', '%N %t %E')}\nwedged: {node_problems() or 'none'}"
+    )
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.5):
+    """Poll ``predicate`` until it returns something true; fail with the cluster's state."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}\n{cluster_report()}")
+        time.sleep(poll_s)
+    return value
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> SlurmCluster:
     problem = cluster_problem()
@@ -90,3 +212,11 @@ def slurm_cluster() -> SlurmCluster:
             pytest.fail(reason + " (AXONN_REQUIRE_SLURM=1)")
         pytest.skip(reason + " (run machines/slurm_local/start.sh or set AXONN_START_SLURM=1)")
     return SlurmCluster(partition=PARTITION, nodes=NODES)
+
+
+@pytest.fixture(autouse=True)
+def _no_wedged_node(request: pytest.FixtureRequest) -> None:
+    """Before each test on the cluster: heal a wedged node, or fail with the reason."""
+    if "slurm_cluster" in request.fixturenames:
+        request.getfixturevalue("slurm_cluster")
+        ensure_healthy()

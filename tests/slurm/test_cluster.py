@@ -2,25 +2,41 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 import submitit
 
-from .conftest import REPO, SlurmCluster
+from axonn_launch import slurm
+from tests.conftest import run_launcher
+
+from .conftest import (
+    REPO,
+    SLURMD_LOG,
+    SlurmCluster,
+    cluster_report,
+    node_problems,
+    stepd_launch_error,
+    stuck_completing,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(90)]
 
 
 def run(*cmd: str, timeout: float = 60, ok_codes: tuple[int, ...] = (0,)) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{' '.join(cmd)} did not end within {timeout} s\n{cluster_report()}")
     assert proc.returncode in ok_codes, f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr}"
     return proc.stdout
 
@@ -41,12 +57,15 @@ def sacct_until(
     slurmdbd fills a finished job's record in steps: read right after the end, a two-node
     job can briefly show only its batch host in NodeList.
     """
-    deadline = time.monotonic() + timeout_s
-    record = sacct_record(job_id)
-    while not done(record) and time.monotonic() < deadline:
-        time.sleep(0.25)
-        record = sacct_record(job_id)
-    return record
+    records = [sacct_record(job_id)]
+
+    def read() -> bool:
+        records.append(sacct_record(job_id))
+        return done(records[-1])
+
+    if not done(records[0]):
+        wait_for(read, timeout_s, f"sacct to record job {job_id} (last: {records[-1]})", 0.25)
+    return records[-1]
 
 
 def sbatch(cluster: SlurmCluster, out: Path, *args: str, ok_codes: tuple[int, ...] = (0,)) -> str:
@@ -56,10 +75,10 @@ def sbatch(cluster: SlurmCluster, out: Path, *args: str, ok_codes: tuple[int, ..
 
 
 def wait_for_squeue_state(job_id: str, state: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while run("squeue", "-h", "-j", job_id, "-o", "%T").strip() != state:
-        assert time.monotonic() < deadline, f"job {job_id} not {state} after {timeout_s} s"
-        time.sleep(0.5)
+    def reached() -> bool:
+        return run("squeue", "-h", "-j", job_id, "-o", "%T").strip() == state
+
+    wait_for(reached, timeout_s, f"job {job_id} to be {state}")
 
 
 def test_node_names_resolve_to_this_host(slurm_cluster: SlurmCluster) -> None:
@@ -124,10 +143,11 @@ def test_submitit_two_node_job_returns_every_rank_and_completes(
     results = job.results()
     assert results == [("hello", 0, 0, "n1"), ("hello", 1, 1, "n2")]
     # job.state is the sacct state; the step lines make its NodeList a step's, so not checked.
-    deadline = time.monotonic() + 30
-    while job.get_info(mode="force").get("State") != "COMPLETED":
-        assert time.monotonic() < deadline, f"sacct state still {job.state!r} after 30 s"
-        time.sleep(0.5)
+    wait_for(
+        lambda: job.get_info(mode="force").get("State") == "COMPLETED",
+        30,
+        f"sacct to say job {job.job_id} COMPLETED",
+    )
     assert job.state == "COMPLETED"
 
 
@@ -184,3 +204,59 @@ def test_calibrate_inside_a_two_node_allocation_feeds_the_planner(
     assert plan.returncode == 0, plan.stderr
     payload = json.loads(plan.stdout)
     assert payload["calibration"] == str(out) and len(payload["plans"]) == 3
+
+
+@pytest.mark.timeout(400)  # four torch ranks on a shared, loaded machine
+def test_submitit_reattaches_from_job_json_alone_with_every_task(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """A 2-node x 2-task launch; then a new SlurmJob from job.json only (no guessing tasks=)."""
+    job_dir = tmp_path / "job"
+    args = ["machine=slurm_local", "grid.x=2", "grid.z=2", "train.steps=2", "wait=false"]
+    result = run_launcher([*args, f"hydra.run.dir={job_dir}"], cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    record = json.loads((job_dir / "job.json").read_text())
+    assert record["submitit"] == {"folder": str(job_dir / "slurm" / "%j"), "tasks": 4}
+    job = submitit.SlurmJob(
+        folder=record["submitit"]["folder"],
+        job_id=record["job_ids"][-1],
+        tasks=range(record["submitit"]["tasks"]),
+    )
+    try:
+        assert job.num_tasks == 4 and len(job._sub_jobs) == 4
+        streamed = io.StringIO()
+        state = slurm.follow(job, out=streamed)
+        assert state == "COMPLETED", (job.stderr() or "")[-2000:]
+        # rank 0's log carries the startup record of the whole job
+        assert "startup: 4 ranks on" in streamed.getvalue()
+        assert "network: gloo, no network plugin" in streamed.getvalue()
+        summaries = job.results()
+        assert len(summaries) == 4  # one result per task, read from job.json's folder
+        assert {s["steps"] for s in summaries} == {2}
+    finally:
+        subprocess.run(["scancel", job.job_id], capture_output=True, timeout=30)
+
+
+def test_wedge_detection_reads_real_squeue_output(slurm_cluster: SlurmCluster, tmp_path) -> None:
+    """squeue's %e is a running job's end time; parsed as the end of a COMPLETING job."""
+    job_id = sbatch(slurm_cluster, tmp_path / "out.txt", "--nodes=2", "--time=1", "--wrap=sleep 60")
+    try:
+        wait_for_squeue_state(job_id, "RUNNING")
+        line = run("squeue", "-h", "-j", job_id, "-o", "%i|%e|%N").strip()
+        ended = datetime.fromisoformat(line.split("|")[1])
+        assert stuck_completing(line, ended + timedelta(seconds=30)) == {}
+        late = stuck_completing(line, ended + timedelta(seconds=61))
+        assert late == {node: f"job {job_id} COMPLETING for 61 s" for node in ("n1", "n2")}
+    finally:
+        run("scancel", job_id)
+
+
+def test_wedge_detection_reads_the_real_slurmd_logs(slurm_cluster: SlurmCluster) -> None:
+    assert node_problems() == {}  # the fixture healed or failed before this test
+    for node in slurm_cluster.nodes:
+        text = Path(SLURMD_LOG.format(node=node)).read_text()
+        assert "slurmd version" in text and stepd_launch_error(text) is None
+        error = "[2026-01-01T00:00:00.000] error: _send_slurmstepd_init failed"
+        assert stepd_launch_error(f"{text}{error}\n") == error
+        restarted = "[2026-01-01T00:00:05.000] slurmd version 22.05.8 started"
+        assert stepd_launch_error(f"{text}{error}\n{restarted}\n") is None

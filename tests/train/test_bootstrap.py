@@ -18,34 +18,11 @@ from axonn_launch.train.bootstrap import (
     bootstrap,
     choose_backend,
     choose_device,
-    expand_hostlist,
 )
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 CPU = RuntimeConfig(device="cpu")
-
-
-@pytest.mark.parametrize(
-    ("hostlist", "hosts"),
-    [
-        ("n1", ["n1"]),
-        ("n[1-2]", ["n1", "n2"]),
-        ("nid[001234-001236,001240]", ["nid001234", "nid001235", "nid001236", "nid001240"]),
-        ("a1,b[3,5-6]", ["a1", "b3", "b5", "b6"]),
-        ("x1000c0s0b0n[0-1],login7", ["x1000c0s0b0n0", "x1000c0s0b0n1", "login7"]),
-        ("r[1-2]-n[08-09]", ["r1-n08", "r1-n09", "r2-n08", "r2-n09"]),
-        ("nid[8-11]", ["nid8", "nid9", "nid10", "nid11"]),
-    ],
-)
-def test_expand_hostlist(hostlist, hosts):
-    assert expand_hostlist(hostlist) == hosts
-
-
-@pytest.mark.parametrize("bad", ["n[1-2", "n1-2]", "n[3-1]"])
-def test_expand_hostlist_rejects_malformed(bad):
-    with pytest.raises(ValueError):
-        expand_hostlist(bad)
 
 
 def test_slurm_variables():

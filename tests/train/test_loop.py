@@ -184,6 +184,19 @@ def test_single_process_run_in_process(tmp_path):
     assert again["resumed_from"] == 8 and again["steps_run"] == 0
 
 
+@pytest.mark.slow
+def test_bf16_on_cpu_trains_to_a_finite_loss(tmp_path):
+    """train.dtype=bf16 on CPU: autocast in the forward and the same state in the backward
+    of the tensor-parallel layers (their custom autograd functions), over two ranks."""
+    write_job(tmp_path, Grid(x=2), steps=4, warmup_steps=1, dtype="bf16", data="synthetic")
+    launch(tmp_path, 2, "axonn_launch.train")
+    rows = metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 4 and math.isfinite(summary["final_loss"])
+
+
 @pytest.mark.parametrize(
     ("grid", "train", "message"),
     [

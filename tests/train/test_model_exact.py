@@ -10,14 +10,13 @@ per step) the losses and gradient norms agree to 1e-5 relative.
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 import torch.distributed as dist
 
 from axonn_launch.grid import Grid
 from axonn_launch.models import ModelSpec
+from axonn_launch.plan import enumerate_grids  # every ordered (data, x, y, z); tests/test_plan.py
 from axonn_launch.spec import OverlapConfig
 from axonn_launch.train.groups import build_groups, single_process_groups
 from axonn_launch.train.model import (
@@ -45,16 +44,6 @@ OFF = OverlapConfig(all_reduce=False, reduce_scatter=False, all_gather=False)
 ON = OverlapConfig()
 
 
-def factorizations(world: int) -> list[Grid]:
-    """Every ordered (data, x, y, z) with product ``world``."""
-    sizes = [d for d in range(1, world + 1) if world % d == 0]
-    return [
-        Grid(data=d, x=x, y=y, z=z)
-        for d, x, y, z in itertools.product(sizes, repeat=4)
-        if d * x * y * z == world
-    ]
-
-
 GRIDS_8 = [
     Grid(x=2, y=2, z=2),
     Grid(data=2, x=2, y=2),
@@ -62,12 +51,6 @@ GRIDS_8 = [
     Grid(data=2, y=2, z=2),
     Grid(x=2, y=4),
 ]
-
-
-def test_factorizations_of_four_are_the_ten_ordered_ones():
-    grids = factorizations(4)
-    assert len(grids) == 10
-    assert len(set(grids)) == 10
 
 
 def test_single_process_parameter_count_matches_spec():
@@ -175,7 +158,7 @@ def _cases(grids: list[Grid]) -> list:
 
 
 def test_every_four_rank_grid_equals_single_process():
-    cases = _cases(factorizations(4))
+    cases = _cases(enumerate_grids(4))
     assert run_world(_check_grids, 4, cases, timeout=900) == [len(cases)] * 4
 
 

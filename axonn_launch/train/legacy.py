@@ -1,22 +1,23 @@
-"""Resume from a checkpoint written on another grid (e.g. x=2,z=2 on 4 ranks -> data=2).
+"""Checkpoints of the previous format, ``per-rank-shards/1``: resume and convert.
 
-Each rank of the new grid reads every rank file of the old checkpoint and rebuilds the
-full (unsharded) parameters and AdamW moments: a shard's elements sit at the positions
-``ShardLayout.full_indices`` gives for that old rank, which needs only the old grid and
-the rank's coordinates, not the old process groups. The full tensors are then sliced
-for this rank with ``ShardLayout.local_from_full`` (as ``load_full_state_dict`` does).
-The layouts are the model's own; the one grid-dependent field, the vocab padding
-``pad_rows_to`` (a multiple of the x*y plane size), is recomputed for the old grid.
+That format has one ``rank_NNNNN.pt`` per rank (its flat shards, optimizer state, loader
+and RNG) plus ``meta.json``, with no global offsets. To resume from one on any grid each
+rank reads every old rank file and rebuilds the full parameters and AdamW moments: a
+shard's elements sit at the positions ``ShardLayout.full_indices`` gives for that old
+rank, which needs only the old grid and the rank's coordinates. The one grid-dependent
+field of a layout, the vocab padding ``pad_rows_to`` (a multiple of the x*y plane size),
+is recomputed for the old grid. This costs a full copy of the model and both moments per
+rank, which is why the format was replaced; it is kept so that no run is lost, and
+``python -m axonn_launch.export --convert-legacy`` turns such a checkpoint into the
+current one once.
 
-The loader position is the number of optimizer steps done, the same on every grid;
-RNG states come from the old rank with the same index (rank 0 for new ranks beyond the
-old world). Memory: one full copy of the model and of both moments per rank, and one
-old rank file at a time (memory-mapped).
+``write_legacy`` writes the old layout (for tests and for converting fixtures).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -24,20 +25,26 @@ import torch
 from torch import nn
 
 from axonn_launch.grid import Grid
+from axonn_launch.train.dcp import grid_position
 from axonn_launch.train.groups import Groups
 from axonn_launch.train.layers import ShardLayout
+
+FORMAT = "per-rank-shards/1"
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
-def grid_position(grid: Grid, rank: int) -> Groups:
-    """Coordinates of ``rank`` in ``grid`` as a ``Groups`` without process groups."""
-    none = dict.fromkeys(("x", "y", "z", "data", "plane"))
-    return Groups(grid=grid, rank=rank, coords=grid.coords(rank), **none)
+def qkv_row_order(n_head: int, head_dim: int) -> torch.Tensor:
+    """The qkv row order of this format: (head, q/k/v, dim), the same on every grid."""
+    return torch.arange(3 * n_head * head_dim).view(3, n_head, head_dim).transpose(0, 1).reshape(-1)
 
 
-def layout_on(layout: ShardLayout, grid: Grid) -> ShardLayout:
-    """``layout`` as it was on ``grid`` (the vocab padding depends on the plane size)."""
+def layout_on(layout: ShardLayout, grid: Grid, n_head: int) -> ShardLayout:
+    """``layout`` as this format had it on ``grid``: the vocab padding depends on the
+    plane size, and qkv rows were ordered by head."""
+    if layout.row_order is not None:
+        rows = layout.full_shape[0]
+        layout = dataclasses.replace(layout, row_order=qkv_row_order(n_head, rows // 3 // n_head))
     if layout.pad_rows_to is None:
         return layout
     plane = grid.x * grid.y
@@ -58,7 +65,7 @@ def gather_full(
     The last item holds each old rank's small entries (loader, rng), not its tensors.
     """
     params = dict(model.named_parameters())
-    old = {n: layout_on(p.shard_layout, old_grid) for n, p in params.items()}
+    old = {n: layout_on(p.shard_layout, old_grid, model.spec.n_head) for n, p in params.items()}
     full = {n: torch.zeros(math.prod(p.shard_layout.full_shape)) for n, p in params.items()}
     moments: dict[tuple[str, str], torch.Tensor] = {}
     steps: dict[int, torch.Tensor] = {}
@@ -86,13 +93,12 @@ def _scatter(full: torch.Tensor, layout: ShardLayout, position: Groups, local: t
     full[index[keep]] = local.detach().reshape(-1).float().cpu()[keep]
 
 
-def load_resharded(
+def load_legacy(
     path: Path,
     meta: dict,
     *,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    loader,
     groups: Groups,
     device: torch.device,
 ) -> tuple[dict, dict]:
@@ -122,3 +128,39 @@ def load_resharded(
     optimizer.load_state_dict(state)
     mine = small[groups.rank] if groups.rank < len(small) else small[0]
     return mine["loader"], mine["rng"]
+
+
+def write_legacy(path: Path, meta: dict, rank_states: list[dict]) -> None:
+    """Write a complete ``per-rank-shards/1`` checkpoint directory (one state per rank)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for rank, state in enumerate(rank_states):
+        torch.save(state, path / f"rank_{rank:05d}.pt")
+    (path / "meta.json").write_text(json.dumps({**meta, "format": FORMAT}))
+
+
+def legacy_rank_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    groups: Groups,
+    full: dict[str, torch.Tensor],
+    *,
+    step: float,
+    small: dict,
+) -> dict:
+    """What this format's ``save`` wrote for the rank of ``groups``: ``model`` and
+    ``optimizer`` (built on that rank's grid) hold ``full[name]`` and the moments
+    ``full[f"{name}.exp_avg"]`` / ``full[f"{name}.exp_avg_sq"]`` cut in this format's
+    layout; ``small`` holds the loader and rng entries."""
+    n_head = model.spec.n_head
+    model_state, by_param = {}, {}
+    for name, param in model.named_parameters():
+        layout = layout_on(param.shard_layout, groups.grid, n_head)
+        model_state[name] = layout.local_from_full(full[name], groups)
+        by_param[id(param)] = {
+            "step": torch.tensor(float(step)),
+            **{m: layout.local_from_full(full[f"{name}.{m}"], groups) for m in MOMENTS},
+        }
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    optimizer_state = optimizer.state_dict()
+    optimizer_state["state"] = {i: by_param[id(p)] for i, p in enumerate(params)}
+    return {"model": model_state, "optimizer": optimizer_state, **small}

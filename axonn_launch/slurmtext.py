@@ -1,0 +1,146 @@
+"""Slurm's text, read in one place: host lists, job states, and sacct/squeue output.
+
+Pure functions on strings, used by the launcher (``slurm``, ``jobs``, ``failures``) and by
+the job itself (``train.bootstrap``): no torch, no submitit, no subprocess.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# States of a job that is not over yet (sacct and squeue spell them alike). A job held
+# after a requeue or a deleted reservation is waiting, not ended.
+ACTIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "SUSPENDED",
+        "STOPPED",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESV_DEL_HOLD",
+    }
+)
+# What sacct prints for a job's NodeList before it has nodes.
+NO_NODES = frozenset({"", "None", "None assigned", "(null)"})
+
+SACCT_FIELDS = ("JobID", "State", "ExitCode", "NodeList")
+SQUEUE_FORMAT = "%i|%T|%N"  # job id, long state, node list
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One job as sacct or squeue reports it (squeue has no exit code)."""
+
+    state: str = ""
+    exit_code: str = ""
+    nodelist: str = ""
+
+
+def base_state(state: str) -> str:
+    """``CANCELLED by 0`` -> ``CANCELLED``; ``RUNNING+`` -> ``RUNNING``; ``""`` -> ``""``."""
+    words = (state or "").split()
+    return words[0].rstrip("+").upper() if words else ""
+
+
+def is_active(state: str) -> bool:
+    """True while Slurm may still run the job (queued, running, held or requeued)."""
+    return base_state(state) in ACTIVE_STATES
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """``a1,b[3,5-6]`` -> ``a1 b3 b5 b6``; keeps zero padding; several bracket groups
+    multiply out (``rack[1-2]-n[01-02]`` is four hosts). Malformed text raises ValueError."""
+    hosts: list[str] = []
+    for pattern in _split_top_level(hostlist):
+        hosts.extend(_expand_pattern(pattern))
+    return hosts
+
+
+def expand_nodelist(nodelist: str) -> tuple[str, ...]:
+    """A sacct/squeue NodeList field as host names; none for a job without nodes."""
+    text = (nodelist or "").strip()
+    return () if text in NO_NODES else tuple(expand_hostlist(text))
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on the commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth < 0 or depth > 1:
+            raise ValueError(f"unbalanced brackets in host list {text!r}")
+        if char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f"unbalanced brackets in host list {text!r}")
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand_pattern(pattern: str) -> list[str]:
+    """Expand every bracket group of one host pattern."""
+    open_at = pattern.find("[")
+    if open_at < 0:
+        return [pattern]
+    close_at = pattern.index("]", open_at)
+    prefix, ranges, rest = (
+        pattern[:open_at],
+        pattern[open_at + 1 : close_at],
+        pattern[close_at + 1 :],
+    )
+    tails = _expand_pattern(rest)
+    return [prefix + value + tail for value in _expand_ranges(ranges) for tail in tails]
+
+
+def _expand_ranges(ranges: str) -> list[str]:
+    """``1-3,07`` -> ``1 2 3 07``: a range keeps the width of its lower bound."""
+    values: list[str] = []
+    for item in ranges.split(","):
+        low, dash, high = item.strip().partition("-")
+        if not re.fullmatch(r"\d+", low) or (dash and not re.fullmatch(r"\d+", high)):
+            raise ValueError(f"bad range {item!r} in host list")
+        if not dash:
+            values.append(low)
+            continue
+        if int(high) < int(low):
+            raise ValueError(f"descending range {item!r} in host list")
+        values.extend(str(n).zfill(len(low)) for n in range(int(low), int(high) + 1))
+    return values
+
+
+def sacct_command(job_ids: list[str]) -> list[str]:
+    """One sacct call for the allocation line (``-X``) of every job in ``job_ids``."""
+    return ["sacct", "-X", "-n", "-P", "-o", ",".join(SACCT_FIELDS), "-j", ",".join(job_ids)]
+
+
+def parse_sacct(text: str) -> dict[str, JobRow]:
+    """Rows of ``sacct -X -n -P -o JobID,State,ExitCode,NodeList`` by job id."""
+    rows = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == len(SACCT_FIELDS) and parts[0]:
+            rows[parts[0]] = JobRow(parts[1], parts[2], parts[3])
+    return rows
+
+
+def squeue_command() -> list[str]:
+    return ["squeue", "-h", "-o", SQUEUE_FORMAT]
+
+
+def parse_squeue(text: str) -> dict[str, JobRow]:
+    """Rows of ``squeue -h -o '%i|%T|%N'`` by job id (queued and running jobs only)."""
+    rows = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[0]:
+            rows[parts[0]] = JobRow(parts[1], "", parts[2])
+    return rows

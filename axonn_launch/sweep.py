@@ -1,0 +1,208 @@
+"""Sweeps (``-m``): the points the pre-flight checks, the objective a point returns to a
+sweeper that optimizes, and the summary table at the end.
+
+Any Hydra launcher works: the basic one runs the points in this process, ``joblib`` and
+``submitit_local`` in other processes. So each point's outcome is written to
+``<sweep dir>/points/<num>.json`` where it ran, and the summary is read back from there
+by the process that started the sweep.
+
+Sweepers other than Hydra's basic one (Optuna, Nevergrad, ...) optimize: each point
+returns its ``objective`` (``summary.json``'s ``final_loss`` or ``tokens_per_s``) as the
+``float()`` of its outcome, so each job is waited for, on Slurm too (``wait=true`` is
+implied; ``wait=false`` is refused). The sweeper's direction is the user's to set
+(``hydra.sweeper.direction=maximize`` for ``tokens_per_s``); a mismatch is warned about.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from axonn_launch.config import ConfigError, LaunchConfig
+from axonn_launch.launch import Outcome
+
+log = logging.getLogger(__name__)
+
+# summary.json key -> the direction an optimizer should take it
+OBJECTIVES = {"final_loss": "minimize", "tokens_per_s": "maximize"}
+NOT_YET = {"val_loss": "the training job has no validation split yet"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PointOutcome(Outcome):
+    """A point's outcome; its ``float()`` is the objective that optimizing sweepers read
+    (a ValueError when the job gave none: the sweeper records a failed trial)."""
+
+    objective: str = "final_loss"
+    value: float | None = None
+
+    def __float__(self) -> float:
+        if self.value is None:
+            raise ValueError(f"no {self.objective}: {self.status} {self.message}".strip())
+        return self.value
+
+
+def check_objective(cfg: LaunchConfig) -> None:
+    if cfg.objective in OBJECTIVES:
+        return
+    why = f" ({NOT_YET[cfg.objective]})" if cfg.objective in NOT_YET else ""
+    raise ConfigError(
+        f"objective={cfg.objective!r}: not available{why}; valid: {', '.join(OBJECTIVES)}"
+    )
+
+
+def for_sweeper(cfg: LaunchConfig, sweeper: str) -> LaunchConfig:
+    """The point's config as ``sweeper`` (its short name; 'basic' for Hydra's) needs it."""
+    check_objective(cfg)
+    if sweeper == "basic":
+        return cfg
+    if cfg.wait is False:
+        raise ConfigError(
+            f"wait=false: the {sweeper} sweeper needs each job's {cfg.objective}, so every"
+            " job is waited for; drop wait=false"
+        )
+    return dataclasses.replace(cfg, wait=True)
+
+
+def sweeper_name(target: str) -> str:
+    """The sweeper's short name, as in hydra/sweeper=NAME: OptunaSweeper -> optuna."""
+    return target.rsplit(".", 1)[-1].lower().removesuffix("sweeper")
+
+
+def direction_warning(objective: str, direction: Any) -> str | None:
+    """A warning when the sweeper optimizes ``objective`` the wrong way round."""
+    want = OBJECTIVES.get(objective)
+    if isinstance(direction, str) and want and direction.lower() != want:
+        return f"objective={objective} should be {want}d, but hydra.sweeper.direction={direction}"
+    return None
+
+
+def with_objective(outcome: Outcome, objective: str) -> PointOutcome:
+    """The outcome and its objective, read from the finished job's summary.json."""
+    return PointOutcome(
+        **dataclasses.asdict(outcome),
+        objective=objective,
+        value=objective_value(outcome, objective),
+    )
+
+
+def objective_value(outcome: Outcome, objective: str) -> float | None:
+    if outcome.status != "completed":
+        return None
+    try:
+        summary = json.loads((Path(outcome.job_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = summary.get(objective)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+# --------------------------------------------------------------------------- pre-flight
+
+
+def expand_sweep(overrides: list[str]) -> list[list[str]]:
+    """The points to check before the sweep runs: every value of each choice, range and
+    glob sweep (their product), and one sample, the lower end, of each interval sweep
+    (``interval(a,b)``, ``tag(log, interval(a,b))``), whose values only its sweeper picks."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as exc:
+        raise ConfigError(f"bad override: {str(exc).splitlines()[0]}") from exc
+    choices = []
+    for override in parsed:
+        key = override.get_key_element()
+        if not override.is_sweep_override():
+            choices.append([override.input_line])
+        elif override.is_discrete_sweep():
+            choices.append([f"{key}={v}" for v in override.sweep_string_iterator()])
+        else:
+            choices.append([f"{key}={sample(override.value().start)}"])
+    return [list(point) for point in itertools.product(*choices)]
+
+
+def sample(start: float) -> int | float:
+    """Hydra reads interval ends as floats: 1.0 is sampled as 1, valid for int keys too."""
+    return int(start) if float(start).is_integer() else start
+
+
+# --------------------------------------------------------------------------- summary
+
+
+class SweepSummary(Callback):
+    """Records each point's outcome where it ran; prints one table at the end of the
+    sweep and exits 1 if any point was invalid or failed."""
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        record = point_record(job_return, int(config.hydra.job.num))
+        path = Path(config.hydra.sweep.dir) / "points" / f"{record['num']}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=2))
+        tmp.replace(path)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        rows = read_points(sweep_dir)
+        table = format_table(rows)
+        print(table)
+        sys.stdout.flush()
+        (sweep_dir / "summary.txt").write_text(table + "\n")
+        if any(Outcome(row["status"], "").exit_code for row in rows):
+            raise SystemExit(1)
+
+
+def point_record(job_return: Any, num: int) -> dict:
+    if job_return.status.name == "COMPLETED":
+        outcome = job_return.return_value
+    else:  # the task raised: Hydra keeps the exception as the return value
+        outcome = Outcome("failed", "", message=str(job_return._return_value))
+    if not isinstance(outcome, PointOutcome):
+        outcome = PointOutcome(**dataclasses.asdict(outcome))
+    return {"num": num, "point": " ".join(job_return.overrides), **dataclasses.asdict(outcome)}
+
+
+def read_points(sweep_dir: Path) -> list[dict]:
+    paths = (sweep_dir / "points").glob("*.json")
+    return sorted((json.loads(p.read_text()) for p in paths), key=lambda r: r["num"])
+
+
+def format_table(rows: list[dict]) -> str:
+    objectives = sorted({r["objective"] for r in rows if r["value"] is not None})
+    header = ("#", "point", "status", "job id", "nodes", *objectives, "job dir / reason")
+    body = [
+        (
+            str(r["num"]),
+            r["point"] or "(defaults)",
+            r["status"],
+            r["job_id"] or "-",
+            str(r["nodes"] or "-"),
+            *[
+                f"{r['value']:.6g}" if r["objective"] == o and r["value"] is not None else "-"
+                for o in objectives
+            ],  # fmt: skip
+            r["job_dir"] or r["message"],
+        )
+        for r in rows
+    ]
+    widths = [max(len(r[c]) for r in [header, *body]) for c in range(len(header) - 1)]
+    lines = []
+    for row in [header, *body]:
+        cells = [cell.ljust(w) for cell, w in zip(row, widths)] + [row[-1]]
+        lines.append("  ".join(cells))
+    return "\n".join(["sweep summary:", *lines])

@@ -1,0 +1,48 @@
+"""Job-side logging: one line per record, naming the rank and the host.
+
+``setup_logging(rank, job_dir)`` configures the ``axonn_launch`` logger of this rank's
+process once (calling it again replaces what it set up): every rank appends to
+``<job_dir>/logs/rank_<N>.log``, and rank 0 also writes to stdout, which is the console
+for ``machine=local`` and submitit's task-0 log on Slurm. Modules log with
+``logging.getLogger(__name__)``, so every ``axonn_launch.train.*`` logger inherits it.
+
+On ``machine=local`` the launcher sends the stdout and stderr of ranks other than 0 to
+the same ``rank_<N>.log`` (opened for appending too), so their tracebacks land beside
+their log lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from pathlib import Path
+
+LOGGER = "axonn_launch"
+FORMAT = "%(asctime)s rank {rank} host {host} %(levelname)s %(name)s: %(message)s"
+
+
+def rank_log_path(job_dir: str | Path, rank: int) -> Path:
+    return Path(job_dir) / "logs" / f"rank_{rank}.log"
+
+
+def setup_logging(rank: int, job_dir: str | Path) -> logging.Logger:
+    """Send this process's ``axonn_launch.*`` records to its rank file (and rank 0's to
+    stdout), formatted with rank and host; returns the ``axonn_launch`` logger."""
+    logger = logging.getLogger(LOGGER)
+    for handler in [h for h in logger.handlers if getattr(h, "axonn_rank_handler", False)]:
+        logger.removeHandler(handler)
+        handler.close()
+    path = rank_log_path(job_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handlers: list[logging.Handler] = [logging.FileHandler(path, mode="a")]
+    if rank == 0:
+        handlers.append(logging.StreamHandler(sys.stdout))
+    formatter = logging.Formatter(FORMAT.format(rank=rank, host=socket.gethostname()))
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        handler.axonn_rank_handler = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # one line per record, whatever the root logger has
+    return logger

@@ -1,0 +1,125 @@
+"""The training state of one rank as a DCP state dict, and back.
+
+Keys (what any DCP reader, e.g. ``dcp_to_torch_save``, sees):
+
+* ``<parameter name>``: every parameter, full shape, natural row order;
+* ``optimizer.state.<name>.exp_avg`` / ``.exp_avg_sq``: AdamW's moments, same boxes;
+  ``optimizer.state.<name>.step``: its step count (a scalar, the same on every rank);
+* ``rank_state.<rank>``: that rank's loader position and RNG states (serialized);
+* ``meta``: the checkpoint's metadata as JSON (also in ``meta.json``).
+
+On another grid each rank reads the overlap of its new shard with the saved chunks, and
+the loader/RNG state of the old rank with its index (rank 0 for ranks beyond the old
+world); the loader position is the number of optimizer steps done, the same everywhere.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from axonn_launch.grid import Grid
+from axonn_launch.train.checkpoint import Checkpointer, load_state, read_meta
+from axonn_launch.train.dcp import ShardSpec, shard_spec
+from axonn_launch.train.groups import Groups
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def moment_key(name: str, moment: str) -> str:
+    return f"optimizer.state.{name}.{moment}"
+
+
+def rank_key(rank: int) -> str:
+    return f"rank_state.{rank}"
+
+
+def shard_specs(model: nn.Module, groups: Groups, *, banded: bool) -> dict[str, ShardSpec]:
+    """The spec of every parameter and of both its moments (banded for saving)."""
+    specs = {}
+    for name, param in model.named_parameters():
+        spec = shard_spec(param.shard_layout, groups, param.element_size(), banded=banded)
+        specs[name] = spec
+        for moment in MOMENTS:
+            specs[moment_key(name, moment)] = spec
+    return specs
+
+
+def ensure_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Zero moments for parameters that have none yet (before the first step)."""
+    for param in model.parameters():
+        if param not in optimizer.state or not optimizer.state[param]:
+            optimizer.state[param] = {
+                "step": torch.tensor(0.0),
+                "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
+            }
+
+
+def _tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    ensure_optimizer_state(model, optimizer)
+    out = {}
+    for name, param in model.named_parameters():
+        entry = optimizer.state[param]
+        out[name] = param.detach()
+        for moment in MOMENTS:
+            out[moment_key(name, moment)] = entry[moment]
+        out[f"optimizer.state.{name}.step"] = entry["step"]
+    return out
+
+
+def _pack(obj: object) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _unpack(data: bytes) -> object:
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def save_training_state(
+    checkpointer: Checkpointer,
+    step: int,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader_state: dict,
+    rng: dict,
+    groups: Groups,
+    meta: dict,
+) -> None:
+    """Start the asynchronous save of this rank's state as step ``step`` (collective)."""
+    state: dict[str, object] = dict(_tensors(model, optimizer))
+    state[rank_key(groups.rank)] = _pack({"loader": loader_state, "rng": rng})
+    state["meta"] = json.dumps({**meta, "step": step})
+    checkpointer.save(step, state, shard_specs(model, groups, banded=True), meta)
+
+
+def load_training_state(
+    path: Path,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    groups: Groups,
+    group: dist.ProcessGroup | None = None,
+) -> tuple[dict, dict, dict, int]:
+    """Load ``path`` into this rank's model and optimizer, whatever grid wrote it.
+
+    Returns (loader state, rng state, meta, bytes read by this rank).
+    """
+    meta = read_meta(path)
+    old_world = Grid(**meta["grid"]).world_size
+    source = groups.rank if groups.rank < old_world else 0
+    model.runtime.drop_prefetched()
+    state: dict[str, object] = dict(_tensors(model, optimizer))
+    state[rank_key(source)] = b""
+    with torch.no_grad():
+        bytes_read = load_state(path, state, shard_specs(model, groups, banded=False), group=group)
+    small = _unpack(state[rank_key(source)])
+    return small["loader"], small["rng"], meta, bytes_read

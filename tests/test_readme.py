@@ -1,0 +1,141 @@
+"""The README's examples, all of them, run as written: a README that drifts from the product
+fails here.
+
+Every line of every ```bash block of README.md is either run or listed in NOT_RUN with the
+reason; a new line that is neither fails ``test_every_readme_line_is_covered``. Lines run from
+a temporary directory (job directories land there, not in the repository), as follows:
+
+- launcher lines on a cluster machine (perlmutter, frontier, alps, slurm_local) get
+  ``dry_run=true`` added: there is no such cluster here, and the real submission to the local
+  Slurm cluster is tested in tests/slurm/test_launcher_on_slurm.py. A dry run still composes,
+  validates, plans and renders everything, and a data path that is not on this computer
+  (``/pscratch/tokens.bin``) only warns;
+- ``machine=local`` launcher lines train for real, with ``train.steps=2`` added (the same code
+  path as the 200 steps the README runs, in seconds);
+- ``plan`` and ``jobs`` lines run exactly as written; the paths they name
+  (``jobs/sweeps/<time>``, ``jobs/gpt_80b-frontier/<time>``) are first made there by dry runs;
+- ``calibrate`` with local processes runs with fewer repetitions and smaller messages added
+  (CALIBRATE_QUICK, the same code path), and ``calibrate machine=perlmutter``, which the
+  README says to run inside an allocation, must stop here with its one-line error, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+README = REPO / "README.md"
+DRY_RUN_MACHINES = {"perlmutter", "frontier", "alps", "slurm_local"}
+CALIBRATE_QUICK = [
+    "reps=1",
+    "warmup=1",
+    f"small_bytes={1 << 10}",
+    f"large_bytes={1 << 16}",
+    "block_seconds=0.005",
+]
+NOT_RUN = {
+    "bash machines/local/setup.sh && .venv/bin/python -m axonn_launch": (
+        "installs the environment these tests run in (its second half is the README's"
+        " `python -m axonn_launch`, which runs below)"
+    ),
+    "AXONN_START_SLURM=1 .venv/bin/python -m pytest": "runs this very test suite",
+}
+# paths the README's jobs lines name, made by a dry run of (overrides) before they run
+NAMED_JOB_DIRS = {
+    "jobs/sweeps/2026-11-29_10-00-00/0-gpt_tiny-slurm_local": ["machine=slurm_local"],
+    "jobs/gpt_80b-frontier/2026-11-29_10-00-00": [
+        "machine=frontier",
+        "model=gpt_80b",
+        "nodes=128",
+        "grid=auto",
+    ],
+}
+
+
+def readme_lines() -> list[str]:
+    """Each command of the README's bash blocks, continuation lines joined."""
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
+    lines = []
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            command = " ".join(shlex.split(line, comments=True))
+            if command:
+                lines.append(command)
+    return lines
+
+
+LINES = readme_lines()
+RUN = [line for line in LINES if line not in NOT_RUN]
+
+
+def test_every_readme_line_is_covered():
+    assert len(LINES) >= 15, "the README's bash blocks were not found"
+    assert set(NOT_RUN) <= set(LINES), "NOT_RUN names a line the README no longer has"
+    for line in RUN:
+        words = line.split()
+        assert words[:2] == ["python", "-m"] and words[2].startswith("axonn_launch"), (
+            f"README line neither run nor in NOT_RUN: {line!r}"
+        )
+
+
+def command_for(line: str) -> tuple[list[str], int, str]:
+    """(argv to run, expected exit code, text the output must contain) for a README line."""
+    module, *args = line.split()[2:]
+    if module == "axonn_launch":
+        keys = dict(a.partition("=")[::2] for a in args if "=" in a)
+        if keys.get("machine", "local") in DRY_RUN_MACHINES:
+            return [module, *args, "dry_run=true"], 0, "--- batch script ---"
+        return [module, *args, "train.steps=2"], 0, "done: 2 steps"
+    if module == "axonn_launch.calibrate":
+        if any(a.startswith("nproc=") for a in args):
+            return [module, *args, *CALIBRATE_QUICK], 0, "written to jobs/calibrate-local/"
+        return [module, *args], 2, "needs a GPU allocation (no srun task here)"
+    if module == "axonn_launch.jobs":
+        return [module, *args], 0, "skip" if args[0] == "resubmit" else "DRY_RUN"
+    return [module, *args], 0, "gpt_"  # plan: a table or JSON naming the model
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    """A directory holding the job directories the README's jobs lines name."""
+    root = tmp_path_factory.mktemp("readme")
+    for job_dir, overrides in NAMED_JOB_DIRS.items():
+        proc = run(["axonn_launch", *overrides, "dry_run=true", f"hydra.run.dir={job_dir}"], root)
+        assert proc.returncode == 0, proc.stderr
+    return root
+
+
+def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    return subprocess.run(
+        [sys.executable, "-m", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def _marks(line: str) -> list:
+    argv, _, _ = command_for(line)
+    slow = "train.steps=2" in argv or "axonn_launch.calibrate" in argv[0]
+    return [pytest.mark.slow] if slow else []
+
+
+@pytest.mark.parametrize("line", [pytest.param(x, marks=_marks(x)) for x in RUN], ids=RUN)
+def test_readme_line_runs(line: str, workspace: Path):
+    argv, code, expected = command_for(line)
+    proc = run(argv, workspace)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == code, f"{' '.join(argv)} exited {proc.returncode}:\n{output[-3000:]}"
+    assert expected in output, output[-3000:]
+    assert "Traceback" not in output
+    if code:
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    if "output=json" in argv or "--json" in argv:
+        json.loads(proc.stdout)
