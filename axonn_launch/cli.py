@@ -19,7 +19,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from axonn_launch.config import ConfigError, LaunchConfig, compose, to_launch_config
+from axonn_launch.config import (
+    ConfigError,
+    LaunchConfig,
+    compose,
+    register_resolvers,
+    to_launch_config,
+)
 from axonn_launch.launch import EXIT_BAD_INPUT, launch
 from axonn_launch.sweep import (
     PointOutcome,
@@ -169,4 +175,5 @@ def main() -> None:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
     register_help_resolver()  # --help names the other commands (conf/config.yaml)
+    register_resolvers()  # sweep points' names (conf/config.yaml)
     hydra_entry()

@@ -61,12 +61,43 @@ class LaunchConfig:
     objective: str = "final_loss"  # what a sweep point returns to an optimizer (sweep.py)
 
 
+# Overrides that a point's name leaves out: already in the name, or not about the run.
+UNNAMED_KEYS = ("machine", "model", "name", "dry_run", "wait", "nodes", "objective")
+NAME_MAX = 80
+
+
+def point_suffix() -> str:
+    """``-x2-z1`` for a sweep point run with ``grid.x=2 grid.z=1``; ``""`` outside a
+    sweep. The ``axonn_point`` resolver of ``name`` in conf/config.yaml, so that every
+    point of a sweep has its own job name and directory."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return ""
+    parts = []
+    for override in HydraConfig.get().overrides.task:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key.startswith("hydra") or key.split(".")[0] in UNNAMED_KEYS or not value:
+            continue
+        parts.append(key.rsplit(".", 1)[-1] + re.sub(r"[^\w.+-]", "_", value))
+    return ("-" + "-".join(parts))[:NAME_MAX] if parts else ""
+
+
+def register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("axonn_point"):
+        OmegaConf.register_new_resolver("axonn_point", point_suffix)
+
+
 def compose(overrides: list[str]):
     """Compose the config tree with Hydra's compose API (tests, pre-flight, tools)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
+    register_resolvers()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):

@@ -12,8 +12,10 @@ running             wait: queued, running or being requeued
 timeout             resume from the latest checkpoint
 preempted           resume from the latest checkpoint
 cancelled           resume from the latest checkpoint (``resubmit`` is the request)
-rank_killed         resume: a rank died from a signal (kill -9, segfault) without
-                    evidence of memory exhaustion
+rank_killed         resume: a rank, srun or slurmstepd died from a signal (kill -9,
+                    segfault) with no error in any log and no sign of memory
+                    exhaustion; also a job sacct calls COMPLETED whose tasks did
+                    not all return (their step was lost)
 node_failure        resume, excluding the failed nodes (``--exclude``)
 collective_failure  resume, excluding the nodes whose ranks reported the error
 host_oom            do not retry unchanged; retry only with a new grid or node count
@@ -133,7 +135,18 @@ KILLED_TASK = re.compile(
     r"srun: error: (?P<node>[\w.-]+): tasks? (?P<tasks>[\d,-]+): "
     r"(?P<reason>Killed|Segmentation fault|Aborted|Bus error)"
 )
-PYTHON_EXCEPTION = re.compile(r"^(?P<name>[A-Za-z_][\w.]*(?:Error|Exception|Exit)): ", re.M)
+# srun or slurmstepd killed: the batch shell reports srun's death; srun reports a step
+# whose slurmstepd vanished
+KILLED_LAUNCHER_PATTERNS = (
+    r"\d+ Killed\s+srun ",
+    r"srun: error: Aborting, io error and missing step",
+)
+# the step-only banner: after a rank's crash, and alone when srun was killed
+STEP_CANCELLED = r"\*\*\* STEP [\w.]+ ON \S+ CANCELLED AT \S+ \*\*\*"
+# torch.distributed prefixes a rank's uncaught traceback lines with "[rankN]: "
+PYTHON_EXCEPTION = re.compile(
+    r"^(?:\[rank\d+\]: ?)?(?P<name>[A-Za-z_][\w.]*(?:Error|Exception|Exit)): ", re.M
+)
 TRACEBACK = "Traceback (most recent call last)"
 SUBMITIT_UNCOMPLETED = "UncompletedJobError"
 
@@ -179,7 +192,7 @@ def classify(ev: Evidence) -> Diagnosis:
     state = base_state(ev.state)
     if state in ACTIVE_STATES:
         return Diagnosis(RUNNING, ev.state)
-    if state == "COMPLETED":  # srun exited 0, so every task did
+    if state == "COMPLETED" and not _some_task_missing(ev):  # srun exited 0, so every task did
         return Diagnosis(COMPLETED, ev.state)
     if _all_succeeded(ev) and state in ("", "COMPLETED", "UNKNOWN"):
         return Diagnosis(COMPLETED, ev.state or "all tasks returned")
@@ -192,6 +205,12 @@ def classify(ev: Evidence) -> Diagnosis:
         return _with_nodes(by_log, ev)
     if _killed_by_signal(ev.exit_code):
         return Diagnosis(RANK_KILLED, f"exit code {ev.exit_code}")
+    if state == "COMPLETED":
+        returned = len(ev.results)
+        return Diagnosis(
+            RANK_KILLED,
+            f"sacct says COMPLETED but {returned} of {ev.expected_results} tasks returned",
+        )
     return Diagnosis(UNKNOWN, ev.state or "no state, no result, no recognizable log line")
 
 
@@ -209,7 +228,7 @@ def classify_text(text: str) -> Diagnosis | None:
         (PREEMPTED, PREEMPT_PATTERNS),
         (COLLECTIVE_FAILURE, PRIMARY_COLLECTIVE_PATTERNS),
         (CANCELLED, CANCEL_PATTERNS),
-        (RANK_KILLED, (KILLED_TASK.pattern,)),
+        (RANK_KILLED, (KILLED_TASK.pattern, *KILLED_LAUNCHER_PATTERNS)),
     )
     for failure, patterns in checks:
         line = first_match(text, patterns)
@@ -219,7 +238,10 @@ def classify_text(text: str) -> Diagnosis | None:
     if exception is not None:
         return Diagnosis(CODE_ERROR, exception)
     line = first_match(text, PEER_LOST_PATTERNS)
-    return Diagnosis(COLLECTIVE_FAILURE, line) if line is not None else None
+    if line is not None:
+        return Diagnosis(COLLECTIVE_FAILURE, line)
+    line = first_match(text, (STEP_CANCELLED,))  # stopped, and no rank says why: a kill
+    return Diagnosis(RANK_KILLED, line) if line is not None else None
 
 
 def first_code_exception(text: str) -> str | None:
@@ -252,6 +274,11 @@ def nodes_of_tasks(
     """Nodes running ``tasks`` under Slurm's default block distribution."""
     picked = {nodes[t // tasks_per_node] for t in tasks if t // tasks_per_node < len(nodes)}
     return tuple(n for n in nodes if n in picked)
+
+
+def _some_task_missing(ev: Evidence) -> bool:
+    """Evidence that was read (``expected_results``) shows a task without a result."""
+    return bool(ev.expected_results) and len(ev.results) < ev.expected_results
 
 
 def _all_succeeded(ev: Evidence) -> bool:

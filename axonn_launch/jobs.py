@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import fcntl
 import json
+import math
 import os
 import pickle
 import re
@@ -35,10 +36,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from axonn_launch import failures, slurmtext
+from axonn_launch import failures, rankfail, slurmtext
 from axonn_launch.failures import Diagnosis, Evidence
 from axonn_launch.usage import run_tool
 
@@ -71,6 +72,8 @@ class JobStatus:
     step: int | None
     steps: int
     loss: float | None
+    tokens_per_s: float | None
+    step_time_s: float | None
     failure: str
     action: str
     reason: str
@@ -139,6 +142,30 @@ def last_metrics(job_dir: Path) -> dict | None:
         with contextlib.suppress(ValueError):
             return json.loads(line)
     return None
+
+
+@dataclass(frozen=True)
+class RunResults:
+    """Loss and speed of a run: its summary once it finished, else its last step."""
+
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    step_time_s: float | None = None
+
+
+def run_results(job_dir: Path) -> RunResults:
+    try:
+        summary = json.loads((Path(job_dir) / "summary.json").read_text())
+        keys = ("final_loss", "tokens_per_s", "step_time_s")
+    except (OSError, ValueError):
+        summary = last_metrics(Path(job_dir)) or {}
+        keys = ("loss", "tokens_per_s", "step_time_s")
+    values = [summary.get(k) for k in keys]
+    return RunResults(*(_finite(v) for v in values))
+
+
+def _finite(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def current_job_id(record: dict) -> str:
@@ -252,7 +279,9 @@ def evidence(
     state = info.state if info else ""
     expected = int(record.get("nodes", 1)) * int(record.get("tasks_per_node", 1))
     base = failures.base_state(state)
-    if base in failures.ACTIVE_STATES or base == "COMPLETED":
+    if base in failures.ACTIVE_STATES:
+        return Evidence(state=state, exit_code=info.exit_code if info else "")
+    if base == "COMPLETED" and finished_by_itself(job_dir, record):
         return Evidence(state=state, exit_code=info.exit_code if info else "")
     if job_id.startswith("local-"):
         state = local_state(record)
@@ -330,6 +359,10 @@ def diagnose(job_dir: Path, record: dict, info: SchedulerInfo | None) -> tuple[s
     if diagnosis.failure in (failures.COLLECTIVE_FAILURE, failures.UNKNOWN):
         ev = evidence(job_dir, record, info, every_task=True)
         diagnosis = failures.classify(ev)
+    first = rankfail.first_failure(job_dir)
+    if first is not None and diagnosis.failure not in (failures.COMPLETED, failures.RUNNING):
+        # the rank that failed first says why, in its own words
+        diagnosis = replace(diagnosis, reason=rankfail.headline(first))
     shown = ev.state or _state_from_class(diagnosis.failure)
     return shown, diagnosis
 
@@ -343,6 +376,7 @@ def _state_from_class(failure: str) -> str:
 def job_status(job_dir: Path, record: dict, info: SchedulerInfo | None) -> JobStatus:
     state, diagnosis = diagnose(job_dir, record, info)
     metrics = last_metrics(job_dir)
+    results = run_results(job_dir)
     grid = record.get("grid") or {}
     return JobStatus(
         job_dir=str(job_dir),
@@ -355,7 +389,9 @@ def job_status(job_dir: Path, record: dict, info: SchedulerInfo | None) -> JobSt
         state=state,
         step=int(metrics["step"]) if metrics else None,
         steps=int(record.get("steps", 0)),
-        loss=float(metrics["loss"]) if metrics and "loss" in metrics else None,
+        loss=results.loss,
+        tokens_per_s=results.tokens_per_s,
+        step_time_s=results.step_time_s,
         failure=diagnosis.failure,
         action=diagnosis.action,
         reason=diagnosis.reason[:300],
@@ -396,6 +432,8 @@ COLUMNS = (
     ("STATE", lambda s: s.state),
     ("STEP", lambda s: f"{s.step if s.step is not None else '-'}/{s.steps}"),
     ("LOSS", lambda s: f"{s.loss:.4f}" if s.loss is not None else "-"),
+    ("TOK/S", lambda s: f"{s.tokens_per_s:.0f}" if s.tokens_per_s is not None else "-"),
+    ("STEP S", lambda s: f"{s.step_time_s:.3g}" if s.step_time_s is not None else "-"),
     ("CLASS", lambda s: s.failure),
     ("ATTEMPT", lambda s: str(s.attempt)),
     (
@@ -416,7 +454,14 @@ def format_table(rows: list[JobStatus]) -> str:
 
 def status_main(args: argparse.Namespace) -> int:
     rows = collect(args.paths or [DEFAULT_ROOT])
-    print(json.dumps([asdict(r) for r in rows], indent=2) if args.json else format_table(rows))
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=2))
+        return 0
+    print(format_table(rows))
+    reasons = [r for r in rows if r.failure not in (failures.COMPLETED, failures.RUNNING)]
+    for row in reasons:
+        if row.reason and not row.resubmitted_as:
+            print(f"  {row.job_id or Path(row.job_dir).name}: {row.reason}")
     return 0
 
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from axonn_launch import local, render, slurm
+from axonn_launch import local, rankfail, render, slurm
 from axonn_launch.config import LaunchConfig
 from axonn_launch.job import TrainJob
 from axonn_launch.memory import GIB
@@ -209,8 +209,18 @@ def run_local(cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict
     code = local.wait_ranks(procs)
     status = "completed" if code == 0 else "failed"
     log.info("%s %s (exit code %d)", job_id, status, code)
+    if code:
+        report_first_failure(job_dir)
     write_record(job_dir, record, status=status, exit_code=code)
     return Outcome(status, str(job_dir), job_id, resolved.nodes, f"exit code {code}")
+
+
+def report_first_failure(job_dir: Path) -> None:
+    """The failing rank's exception, printed last: after the other ranks' noise."""
+    first = rankfail.first_failure(job_dir)
+    if first is not None:
+        log.error("%s", rankfail.headline(first))
+        print(f"\n{rankfail.describe(first)}", file=sys.stderr, flush=True)
 
 
 def refused(
@@ -262,5 +272,7 @@ def submit_slurm(
     state = slurm.follow(job, out=out)
     log.info("Slurm job %s ended %s", job.job_id, state)
     status = "completed" if state == "COMPLETED" else "failed"
+    if status == "failed":
+        report_first_failure(job_dir)
     write_record(job_dir, record, status=status, slurm_state=state)
     return Outcome(status, str(job_dir), job.job_id, resolved.nodes, state)

@@ -29,6 +29,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from axonn_launch.config import ConfigError, LaunchConfig
+from axonn_launch.jobs import RunResults, run_results
 from axonn_launch.launch import Outcome
 
 log = logging.getLogger(__name__)
@@ -184,7 +185,8 @@ def read_points(sweep_dir: Path) -> list[dict]:
 
 def format_table(rows: list[dict]) -> str:
     objectives = sorted({r["objective"] for r in rows if r["value"] is not None})
-    header = ("#", "point", "status", "job id", "nodes", *objectives, "job dir / reason")
+    header = ("#", "point", "status", "job id", "nodes", "loss", "tok/s", "step s", *objectives,
+              "job dir / reason")  # fmt: skip
     body = [
         (
             str(r["num"]),
@@ -192,6 +194,7 @@ def format_table(rows: list[dict]) -> str:
             r["status"],
             r["job_id"] or "-",
             str(r["nodes"] or "-"),
+            *_results_cells(r["job_dir"]),
             *[
                 f"{r['value']:.6g}" if r["objective"] == o and r["value"] is not None else "-"
                 for o in objectives
@@ -206,3 +209,14 @@ def format_table(rows: list[dict]) -> str:
         cells = [cell.ljust(w) for cell, w in zip(row, widths)] + [row[-1]]
         lines.append("  ".join(cells))
     return "\n".join(["sweep summary:", *lines])
+
+
+def _results_cells(job_dir: str) -> tuple[str, str, str]:
+    """Loss, tokens/s and step time of a point's job, so far ("-" before its first step)."""
+    results = run_results(Path(job_dir)) if job_dir else RunResults()
+    cells = (
+        (results.loss, "{:.4f}"),
+        (results.tokens_per_s, "{:.0f}"),
+        (results.step_time_s, "{:.3g}"),
+    )
+    return tuple("-" if value is None else form.format(value) for value, form in cells)

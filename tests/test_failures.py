@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from axonn_launch import failures, jobs
-from axonn_launch.failures import Evidence, classify
+from axonn_launch.failures import Diagnosis, Evidence, classify
 from axonn_launch.train import faults
 
 # --- literal texts, as Slurm, submitit, torch and the kernel write them ---------------------
@@ -64,6 +64,18 @@ KILLED = (
     "srun: launch/slurm: _step_signal: Terminating StepId=55.0\n"
     "srun: error: n2: tasks 2-3: Killed\n"
 )
+# the batch script's srun killed with SIGKILL (seen on the local cluster)
+SRUN_KILLED = (
+    "/var/lib/axonn-slurm/slurmd-n1/job00040/slurm_script: line 21: 19648 Killed"
+    "                  srun --unbuffered --kill-on-bad-exit=1 python -u -m submitit.core._submit\n"
+    "slurmstepd-n1: error: *** STEP 40.0 ON n1 CANCELLED AT 2026-12-01T21:52:33 ***\n"
+)
+# the step's slurmstepd killed: srun loses it, the job ends COMPLETED 0:0
+STEPD_KILLED = (
+    "srun: error: _server_write write failed: Bad file descriptor\n"
+    "srun: error: Aborting, io error and missing step on node 0\n"
+    "srun: Job step aborted: Waiting up to 7 seconds for job step to finish.\n"
+)
 VALUE_ERROR = (
     "Traceback (most recent call last):\n"
     '  File "/work/main/axonn_launch/train/__init__.py", line 60, in run\n'
@@ -103,6 +115,9 @@ CASES = [
     ("scancel banner only", "", "", SCANCEL, failures.CANCELLED),
     ("kill -9 of a rank", "FAILED", "9:0", KILLED + GLOO_PEER_CLOSED, failures.RANK_KILLED),
     ("killed, no logs", "FAILED", "0:9", "", failures.RANK_KILLED),
+    ("srun killed", "FAILED", "9:0", SRUN_KILLED, failures.RANK_KILLED),
+    ("step banner alone", "FAILED", "9:0", SRUN_KILLED.splitlines()[1], failures.RANK_KILLED),
+    ("slurmstepd killed", "FAILED", "0:0", STEPD_KILLED, failures.RANK_KILLED),
     ("code error", "FAILED", "1:0", VALUE_ERROR + SRUN_TERMINATED, failures.CODE_ERROR),
     (
         "code error, peers lost",
@@ -122,6 +137,17 @@ CASES = [
 def test_classification_table(state, exit_code, text, expected):
     ev = Evidence(state=state, exit_code=exit_code, logs={0: text} if text else {})
     assert classify(ev).failure == expected
+
+
+def test_completed_in_sacct_with_a_task_missing_its_result_is_a_kill():
+    """A killed slurmstepd leaves srun exiting 0: sacct says COMPLETED, a task never returned."""
+    whole = Evidence(state="COMPLETED", results=(("success", ""),) * 2, expected_results=2)
+    assert classify(whole).failure == failures.COMPLETED
+    lost = Evidence(state="COMPLETED", results=(), expected_results=2, logs={0: STEPD_KILLED})
+    assert classify(lost) == Diagnosis(failures.RANK_KILLED, STEPD_KILLED.splitlines()[1])
+    silent = Evidence(state="COMPLETED", results=(("success", ""),), expected_results=2)
+    assert classify(silent).failure == failures.RANK_KILLED
+    assert "1 of 2 tasks returned" in classify(silent).reason
 
 
 def test_every_class_the_classifier_returns_has_a_documented_action():
@@ -303,9 +329,13 @@ def test_status_without_accounting_uses_squeue_results_and_logs(job_root, tmp_pa
 def test_status_command_prints_rows_and_json(job_root, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", fake_tools(tmp_path, sacct=SACCT)["PATH"])
     assert jobs.main(["status", str(job_root)]) == 0
-    table = capsys.readouterr().out.splitlines()
+    lines = capsys.readouterr().out.splitlines()
+    table = [line for line in lines if not line.startswith("  ")]
+    reasons = [line.strip() for line in lines if line.startswith("  ")]
     assert table[0].split()[:4] == ["JOB", "ID", "NAME", "MACHINE"]
     assert len(table) == 6 and any("gpu_oom" in line and "3/20" in line for line in table)
+    # under the table, each ended job that was not completed says why
+    assert len(reasons) == 3 and any("CUDA out of memory" in r for r in reasons), reasons
     assert jobs.main(["status", str(job_root / "sweep"), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert sorted(r["job_id"] for r in rows) == ["101", "102"]

@@ -28,8 +28,14 @@ def test_site_file_from_config_dir_supplies_the_account(tmp_path):
 def test_dry_run_without_account_renders_a_placeholder_and_warns(tmp_path):
     job = tmp_path / "job"
     result = run_launcher(
-        ["machine=alps", "model=gpt_5b", "train.data=synthetic", "grid.x=4", "dry_run=true",
-         f"hydra.run.dir={job}"],
+        [
+            "machine=alps",
+            "model=gpt_5b",
+            "train.data=synthetic",
+            "grid.x=4",
+            "dry_run=true",
+            f"hydra.run.dir={job}",
+        ],
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr

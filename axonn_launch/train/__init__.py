@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from axonn_launch.rankfail import record_failure
 from axonn_launch.rules import job_problem
 from axonn_launch.spec import JobSpec
 from axonn_launch.train.bootstrap import DistEnv, bootstrap, init_distributed
@@ -49,9 +50,21 @@ def run(
     env: DistEnv | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> dict:
-    """Train ``spec`` on this rank; returns the summary (losses and steps agree on all ranks)."""
+    """Train ``spec`` on this rank; returns the summary (losses and steps agree on all ranks).
+
+    A rank that raises leaves a failure record first (``axonn_launch.rankfail``), so that
+    the launcher and ``jobs status`` can name the rank that failed first."""
     env = env or bootstrap(spec.runtime)
     setup_logging(env.rank, spec.job_dir)  # rank and host on every line (train/logs.py)
+    try:
+        return train_rank(spec, env, should_stop)
+    except Exception as error:
+        log.error("rank %d failed: %s: %s", env.rank, type(error).__name__, error)
+        record_failure(spec.job_dir, env.rank, error)
+        raise
+
+
+def train_rank(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool] | None) -> dict:
     if env.world_size != spec.grid.world_size:
         raise ValueError(
             f"grid {spec.grid.describe()} needs {spec.grid.world_size} ranks, "

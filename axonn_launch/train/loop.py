@@ -194,6 +194,7 @@ def summarize(ctx: TrainContext, step: int, loss: float, timed: list[float], sto
         "resumed_from": ctx.start_step,
         "final_loss": loss,
         "tokens_per_s": tokens / seconds if measured else float("nan"),
+        "step_time_s": seconds / len(measured) if measured else float("nan"),
         "tflops_per_gpu": tflops,
         "mfu": tflops / peak if peak > 0 else None,
         "elapsed_s": sum(timed),

@@ -44,6 +44,8 @@ SCENARIOS = {
     "reference": ("", [], {}),
     "kill9": (PAUSED, [], {}),
     "scancel": (PAUSED, [], {}),
+    "kill_srun": (PAUSED, [], {}),
+    "kill_stepd": (PAUSED, [], {}),
     "collective": ("collective@step6:rank1", [], {}),
     "gpu_oom": ("gpu_oom@step6:rank1", [], {}),
     "code": ("code@step6", [], {}),
@@ -161,6 +163,52 @@ def rank_pids(job_id: str) -> dict[int, int]:
         if environ.get(b"SLURM_JOB_ID") == job_id.encode():
             pids[int(environ[b"SLURM_PROCID"])] = int(entry.name)
     return pids
+
+
+def launcher_pids(job_id: str) -> dict[str, int]:
+    """pids of the batch script's srun (not srun's helper child) and of step 0's slurmstepd."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            parent_cmd = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")[0]
+        except (OSError, ValueError):
+            continue
+        if cmdline[0] == f"slurmstepd: [{job_id}.0]".encode():
+            found["slurmstepd"] = int(entry.name)
+        elif (
+            cmdline[0] == b"srun"
+            and f"SLURM_JOB_ID={job_id}".encode() in environ
+            and parent_cmd != b"srun"
+        ):
+            found["srun"] = int(entry.name)
+    return found
+
+
+@pytest.mark.parametrize("victim", ["srun", "slurmstepd"])
+def test_kill_9_of_srun_or_slurmstepd(submitted, reference, victim):
+    """No Python error anywhere: the job was killed, and it resumes like a killed rank."""
+    job = submitted["kill_srun" if victim == "srun" else "kill_stepd"]
+    wait_until(lambda: paused_at_step_9(job), 300, f"{job.name} job to pause after step 9")
+    pids = launcher_pids(job.job_id)
+    assert victim in pids, pids
+    os.kill(pids[victim], signal.SIGKILL)
+    ended = wait_ended(job.job_id)
+    if victim == "slurmstepd":
+        # srun loses the step and exits 0, so sacct says COMPLETED; the ranks live on
+        # unsupervised (proctrack/linuxproc), where a site's cgroups would end them
+        assert ended == "COMPLETED", ended
+        for pid in rank_pids(job.job_id).values():
+            os.kill(pid, signal.SIGKILL)
+    else:
+        assert ended.startswith("FAILED"), ended
+    row = status_of(job.job_dir)
+    assert (row["failure"], row["action"], row["step"]) == ("rank_killed", "resume", 8), row
+    resubmit_and_finish(job, reference, resumed_step=8)
 
 
 def resubmit_and_finish(

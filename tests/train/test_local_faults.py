@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -25,3 +27,16 @@ def test_a_failing_rank_fails_the_local_job_and_stops_the_others(tmp_path):
     log = (job / "logs" / "rank_1.log").read_text()
     assert "AXONN_FAULT: injecting code after step 3 on rank 1" in log and "ValueError" in log
     assert not (job / "summary.json").exists()
+    # the cause is what the console ends with, not rank 0's lost connection
+    last = proc.stderr.strip().splitlines()
+    headline = next(line for line in reversed(last) if "failed first" in line)
+    assert headline.startswith("rank 1 (host ") and headline.endswith(
+        "failed first: ValueError: injected code error on rank 1 (AXONN_FAULT)"
+    ), last[-12:]
+    assert last[-1].strip() == "ValueError: injected code error on rank 1 (AXONN_FAULT)"
+    status = subprocess.run(
+        [sys.executable, "-m", "axonn_launch.jobs", "status", str(job)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    assert " code_error " in status.stdout and headline in status.stdout, status.stdout
