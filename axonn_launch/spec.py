@@ -50,7 +50,8 @@ class TrainConfig:
     overlap: OverlapConfig = field(default_factory=OverlapConfig)
     log_every: int = 1
     sample_tokens: int = 0  # >0: print a generated sample of this many tokens at the end
-    progress: bool = True
+    progress: bool = True  # a bar on a terminal; elsewhere a line every log_every_s
+    log_every_s: float = 30.0  # seconds between progress lines when stdout is no terminal
 
     def accumulation_steps(self, grid: Grid) -> int:
         """Micro-steps per optimizer step; the launcher validates divisibility."""

@@ -234,7 +234,20 @@ def test_a_real_submission_still_checks_the_data_path(tmp_path, fake_sbatch):
     assert list(work.iterdir()) == []
 
 
-# --- point 8: samples and calibrate's phases -----------------------------------------------
+# --- point 8: progress, samples and calibrate's phases -------------------------------------
+
+
+@pytest.mark.slow
+def test_a_job_whose_output_is_no_terminal_prints_progress_lines(tmp_path):
+    """As in a Slurm log: lines with step, loss, tokens/s and an ETA while it trains."""
+    proc = run("axonn_launch", "train.steps=4", "train.log_every_s=0", "train.sample_tokens=0",
+               "hydra.run.dir=jobs/progress", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line.split("axonn_launch.train.metrics: ", 1)[1]
+             for line in proc.stdout.splitlines() if "metrics: step " in line]  # fmt: skip
+    assert [line.split()[1] for line in lines] == ["1/4", "2/4", "3/4", "4/4"], proc.stdout
+    assert all(" tok/s " in line and " s/step " in line and ", eta " in line for line in lines)
+    assert "\r" not in proc.stdout + proc.stderr
 
 
 def test_samples_show_invalid_bytes_and_control_codes_escaped():

@@ -2,6 +2,9 @@
 
 import json
 import re
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import run_launcher
 
@@ -69,3 +72,33 @@ def test_sweeping_grid_pick_runs_the_planners_top_candidates_as_separate_jobs(tm
     top = plan(machine=cfg.machine, model=cfg.model, train=cfg.train, nodes=128, top=3)
     assert [r["grid"] for r in records] == [row.grid.as_dict() for row in top]
     assert all(r["nodes"] == 128 for r in records)
+
+
+@pytest.mark.slow
+def test_points_are_named_by_their_values_and_the_summary_compares_them(tmp_path):
+    """Two real local points: their own names and dirs, and loss, tok/s and step time."""
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", "grid.x=1,2", "train.steps=2", f"hydra.sweep.dir={sweep_dir}"]
+    result = run_launcher(args, cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    names = sorted(json.loads(p.read_text())["name"] for p in sweep_dir.glob("*/job.json"))
+    assert names == ["gpt_tiny-local-x1-steps2", "gpt_tiny-local-x2-steps2"]
+    assert sorted(p.name for p in sweep_dir.glob("*/job.json") for p in [p.parent]) == [
+        "0-gpt_tiny-local-x1-steps2",
+        "1-gpt_tiny-local-x2-steps2",
+    ]
+    header, *rows = result.stdout.split("sweep summary:\n")[1].splitlines()[:3]
+    at = {name: header.index(name) for name in ("loss", "tok/s", "step s", "final_loss")}
+
+    def cell(row: str, name: str) -> str:
+        return row[at[name] :].split()[0]
+
+    losses = []
+    for row in rows:
+        job_dir = Path(row.split()[-1])
+        summary = json.loads((job_dir / "summary.json").read_text())
+        assert cell(row, "loss") == f"{summary['final_loss']:.4f}"
+        assert cell(row, "tok/s") == f"{summary['tokens_per_s']:.0f}"
+        assert cell(row, "step s") == f"{summary['step_time_s']:.3g}"
+        losses.append(summary["final_loss"])
+    assert len(losses) == 2 and losses[0] == pytest.approx(losses[1], rel=1e-5)  # same model

@@ -132,6 +132,7 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
         device=device,
         enabled=env.rank == 0,
         progress=train.progress,
+        log_every_s=train.log_every_s,
     )
     if env.rank == 0:
         truncate_metrics(Path(spec.job_dir) / "metrics.jsonl", start_step)
@@ -149,6 +150,7 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
     )
     summary = train_loop(model, ctx)
     checkpointer.wait()  # the last save completes before the job reports success
+    logger.close_bar()
     if train.sample_tokens > 0:
         summary["sample"] = print_sample(spec, env, model, device)
     logger.finish(summary)

@@ -46,7 +46,10 @@ def memory_gib(device: torch.device) -> float:
 class MetricsLogger:
     """Writes metrics on rank 0 only; other ranks get a logger that does nothing.
 
-    The progress bar goes to ``stream`` (a terminal only); the summary line is logged."""
+    Progress: on a terminal (``stream``), a bar redrawn in place and closed by a newline
+    at the last step; anywhere else (a Slurm log, a pipe) a logged line every
+    ``log_every_s`` seconds, and at the first and last step, with an ETA. The summary
+    line is logged."""
 
     def __init__(
         self,
@@ -61,6 +64,7 @@ class MetricsLogger:
         device: torch.device,
         enabled: bool,
         progress: bool,
+        log_every_s: float = 30.0,
         stream: TextIO | None = None,
     ) -> None:
         self.flops_per_token = model.flops_per_token(seq_len, recompute=recompute)
@@ -70,7 +74,12 @@ class MetricsLogger:
         self.device = device
         self.enabled = enabled
         self.stream = stream or sys.stderr
-        self.progress = enabled and progress and self.stream.isatty()
+        self.bar = enabled and progress and self.stream.isatty()
+        self.lines = enabled and progress and not self.bar
+        self.log_every_s = log_every_s
+        self.bar_open = False
+        self.last_line = float("-inf")
+        self.first_step: int | None = None
         self.path = Path(job_dir) / "metrics.jsonl"
         self.start = time.perf_counter()
         self.last: dict | None = None
@@ -99,18 +108,36 @@ class MetricsLogger:
         if self.enabled:
             with self.path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
-            if self.progress:
-                self.stream.write("\r" + progress_line(row, self.total_steps))
-                self.stream.flush()
+            self.show_progress(row)
         return row
+
+    def show_progress(self, row: dict) -> None:
+        if self.first_step is None:
+            self.first_step = row["step"] - 1  # a resumed run counts its ETA from here
+        last = row["step"] >= self.total_steps
+        if self.bar:
+            self.stream.write("\r" + progress_line(row, self.total_steps))
+            self.bar_open = not last
+            self.stream.write("\n" if last else "")
+            self.stream.flush()
+        elif self.lines:
+            now = time.perf_counter()
+            if last or now - self.last_line >= self.log_every_s:
+                self.last_line = now
+                log.info(status_line(row, self.total_steps, self.first_step))
 
     def finish(self, summary: dict) -> None:
         if not self.enabled:
             return
-        if self.progress:
+        self.close_bar()
+        log.info(summary_line(summary))
+
+    def close_bar(self) -> None:
+        """End the bar's line before anything else prints (stopped early, a sample)."""
+        if self.bar_open:
             self.stream.write("\n")
             self.stream.flush()
-        log.info(summary_line(summary))
+            self.bar_open = False
 
 
 def progress_line(row: dict, total_steps: int, width: int = 20) -> str:
@@ -121,6 +148,29 @@ def progress_line(row: dict, total_steps: int, width: int = 20) -> str:
         f"lr {row['lr']:.2e} {row['tokens_per_s']:.0f} tok/s "
         f"{row['tflops_per_gpu']:.3g} TFLOP/s/gpu {row['elapsed_s']:.0f}s"
     )
+
+
+def status_line(row: dict, total_steps: int, first_step: int = 0) -> str:
+    """``step 12/200 loss 4.1234 | 5210 tok/s 0.0982 s/step | 14s elapsed, eta 18s``"""
+    done = row["step"] - first_step
+    left = total_steps - row["step"]
+    eta = row["elapsed_s"] / done * left if done > 0 else float("nan")
+    return (
+        f"step {row['step']}/{total_steps} loss {row['loss']:.4f} | "
+        f"{row['tokens_per_s']:.0f} tok/s {row['step_time_s']:.3g} s/step | "
+        f"{row['elapsed_s']:.0f}s elapsed, eta {format_duration(eta)}"
+    )
+
+
+def format_duration(seconds: float) -> str:
+    if seconds != seconds:  # nan
+        return "-"
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def summary_line(summary: dict) -> str:

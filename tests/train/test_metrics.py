@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import logging
 
 import pytest
 import torch
 
 from axonn_launch.models import ModelSpec
-from axonn_launch.train.metrics import MetricsLogger, StepStats, progress_line, summary_line
+from axonn_launch.train.metrics import (
+    MetricsLogger,
+    StepStats,
+    format_duration,
+    progress_line,
+    status_line,
+    summary_line,
+)
 
 MODEL = ModelSpec("m", n_layer=2, d_model=64, n_head=4, vocab_size=256, max_seq_len=64)
 STATS = StepStats(step=3, loss=2.5, lr=1e-3, grad_norm=0.7, step_time_s=0.5, tokens=1024)
@@ -20,7 +29,9 @@ class TtyStream(io.StringIO):
         return True
 
 
-def make_logger(tmp_path, *, enabled=True, recompute=False, peak=0.0, stream=None):
+def make_logger(
+    tmp_path, *, enabled=True, recompute=False, peak=0.0, stream=None, log_every_s=30.0
+):
     return MetricsLogger(
         job_dir=tmp_path,
         model=MODEL,
@@ -32,6 +43,7 @@ def make_logger(tmp_path, *, enabled=True, recompute=False, peak=0.0, stream=Non
         device=torch.device("cpu"),
         enabled=enabled,
         progress=True,
+        log_every_s=log_every_s,
         stream=stream or io.StringIO(),
     )
 
@@ -73,6 +85,17 @@ def test_progress_line_only_on_a_terminal(tmp_path):
     assert "\n" not in tty.getvalue()
 
 
+SUMMARY = {
+    "steps": 200,
+    "final_loss": 1.5,
+    "tokens_per_s": 9000.0,
+    "tflops_per_gpu": 0.02,
+    "mfu": None,
+    "elapsed_s": 41.0,
+    "stopped": False,
+}
+
+
 def test_summary_line():
     summary = {
         "steps": 200,
@@ -98,3 +121,64 @@ def test_summary_line():
         },
         10,
     ).startswith("[" + "#" * 20)
+
+
+def steps(logger, numbers, clock, monkeypatch, seconds_apart):
+    """Record ``numbers`` as steps ``seconds_apart`` seconds apart on a fake clock."""
+    for n in numbers:
+        clock[0] += seconds_apart
+        logger.record(dataclasses.replace(STATS, step=n))
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr("axonn_launch.train.metrics.time.perf_counter", lambda: now[0])
+    return now
+
+
+def test_off_a_terminal_a_line_every_log_every_s_and_at_the_last_step(
+    tmp_path, clock, monkeypatch, caplog
+):
+    """A Slurm log or a pipe gets progress lines, not silence until the end."""
+    stream = io.StringIO()
+    logger = make_logger(tmp_path, stream=stream, log_every_s=10.0)
+    with caplog.at_level(logging.INFO, logger="axonn_launch.train.metrics"):
+        steps(logger, range(1, 11), clock, monkeypatch, seconds_apart=4.0)
+    lines = [r.getMessage() for r in caplog.records]
+    # steps at 4 s apart, a line at most every 10 s: steps 1, 4, 7 and the last, 10
+    assert [line.split()[1] for line in lines] == ["1/10", "4/10", "7/10", "10/10"]
+    assert lines[1] == "step 4/10 loss 2.5000 | 2048 tok/s 0.5 s/step | 16s elapsed, eta 24s"
+    assert lines[-1].endswith("eta 0s")
+    assert stream.getvalue() == ""  # no bar control codes in a log
+
+
+def test_log_every_s_zero_logs_every_step(tmp_path, clock, monkeypatch, caplog):
+    logger = make_logger(tmp_path, log_every_s=0.0)
+    with caplog.at_level(logging.INFO, logger="axonn_launch.train.metrics"):
+        steps(logger, range(1, 6), clock, monkeypatch, seconds_apart=0.0)
+    assert len(caplog.records) == 5
+
+
+def test_the_bar_ends_its_line_at_the_last_step_and_when_closed_early(tmp_path):
+    tty = TtyStream()
+    logger = make_logger(tmp_path / "a", stream=tty)
+    for n in (9, 10):
+        logger.record(dataclasses.replace(STATS, step=n))
+    assert tty.getvalue().endswith("\n") and tty.getvalue().count("\n") == 1
+    logger.finish({**SUMMARY})
+    assert tty.getvalue().count("\n") == 1  # finish adds no blank line
+    early = TtyStream()
+    stopped = make_logger(tmp_path / "b", stream=early)
+    stopped.record(STATS)
+    stopped.close_bar()  # before a sample or a stop message prints
+    stopped.close_bar()
+    assert early.getvalue().endswith("\n") and early.getvalue().count("\n") == 1
+
+
+def test_status_line_counts_the_eta_from_where_a_resumed_run_started():
+    row = {"step": 60, "loss": 1.0, "tokens_per_s": 100.0, "step_time_s": 1.0, "elapsed_s": 10.0}
+    # resumed from step 50: 10 steps in 10 s, 40 to go
+    assert status_line(row, 100, first_step=50).endswith("10s elapsed, eta 40s")
+    assert format_duration(3725) == "1h02m" and format_duration(75) == "1m15s"
+    assert format_duration(float("nan")) == "-"
