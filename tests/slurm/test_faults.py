@@ -143,49 +143,48 @@ def paused_at_step_9(job: Job) -> bool:
     )
 
 
-def rank_pids(job_id: str) -> dict[int, int]:
-    """Slurm task rank -> pid of the Python process running it, from /proc."""
-    pids = {}
+def processes() -> Iterator[tuple[int, list[bytes], dict[bytes, bytes], bytes]]:
+    """(pid, argv, environment, the parent's argv[0]) of every process we may read."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
             environ = dict(
                 item.split(b"=", 1)
                 for item in (entry / "environ").read_bytes().split(b"\0")
                 if b"=" in item
             )
-        except OSError:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            parent_argv0 = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")[0]
+        except (OSError, ValueError):
             continue
-        if b"submitit.core._submit" not in cmdline or b"python" not in cmdline[0]:
-            continue
-        if environ.get(b"SLURM_JOB_ID") == job_id.encode():
-            pids[int(environ[b"SLURM_PROCID"])] = int(entry.name)
-    return pids
+        yield int(entry.name), argv, environ, parent_argv0
+
+
+def rank_pids(job_id: str) -> dict[int, int]:
+    """Slurm task rank -> pid of the Python process running it, from /proc."""
+    return {
+        int(environ[b"SLURM_PROCID"]): pid
+        for pid, argv, environ, _ in processes()
+        if b"submitit.core._submit" in argv
+        and b"python" in argv[0]
+        and environ.get(b"SLURM_JOB_ID") == job_id.encode()
+    }
 
 
 def launcher_pids(job_id: str) -> dict[str, int]:
     """pids of the batch script's srun (not srun's helper child) and of step 0's slurmstepd."""
     found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            parent_cmd = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")[0]
-        except (OSError, ValueError):
-            continue
-        if cmdline[0] == f"slurmstepd: [{job_id}.0]".encode():
-            found["slurmstepd"] = int(entry.name)
+    for pid, argv, environ, parent_argv0 in processes():
+        if argv[0] == f"slurmstepd: [{job_id}.0]".encode():
+            found["slurmstepd"] = pid
         elif (
-            cmdline[0] == b"srun"
-            and f"SLURM_JOB_ID={job_id}".encode() in environ
-            and parent_cmd != b"srun"
+            argv[0] == b"srun"
+            and environ.get(b"SLURM_JOB_ID") == job_id.encode()
+            and parent_argv0 != b"srun"
         ):
-            found["srun"] = int(entry.name)
+            found["srun"] = pid
     return found
 
 

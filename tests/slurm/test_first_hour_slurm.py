@@ -4,25 +4,14 @@ job.json with status "refused" that ``jobs status`` lists."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+from tests import test_first_hour as first_hour
 from tests.slurm.conftest import SlurmCluster
 
 
 def run(module: str, *args: str, cwd: Path, env: dict | None = None):
-    full = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    full.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=cwd,
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return first_hour.run(module, *args, cwd=cwd, env=env)
 
 
 REFUSED = ("machine=slurm_local", "machine.slurm.partition=nope", "hydra.run.dir=jobs/refused")

@@ -97,15 +97,7 @@ SUMMARY = {
 
 
 def test_summary_line():
-    summary = {
-        "steps": 200,
-        "final_loss": 1.5,
-        "tokens_per_s": 9000.0,
-        "tflops_per_gpu": 0.02,
-        "mfu": None,
-        "elapsed_s": 41.0,
-        "stopped": False,
-    }
+    summary = dict(SUMMARY)
     assert summary_line(summary) == (
         "done: 200 steps, final loss 1.5000, 9000 tok/s, 0.02 TFLOP/s/gpu, 41.0s"
     )
