@@ -178,8 +178,8 @@ def _check_one(groups, grid, overlap, checkpointing, tokens, label) -> None:
         assert got_fwd - fwd.records == Counter([first]), f"{label} {got_fwd - fwd.records}"
         got_fwd[first] -= 1
         got_bwd[first] += 1
-    assert got_fwd == fwd.records, f"{label} forward collectives {got_fwd ^ fwd.records}"
-    assert got_bwd == bwd.records, f"{label} backward collectives {got_bwd ^ bwd.records}"
+    assert got_fwd == fwd.records, f"{label} forward collectives {_diff(got_fwd, fwd.records)}"
+    assert got_bwd == bwd.records, f"{label} backward collectives {_diff(got_bwd, bwd.records)}"
     assert _as_counter(rec_sync.records) == _expected_grad_sync(model, grid), f"{label} sync"
     _assert_table_volumes(got_fwd, got_bwd, grid, SPEC, tokens, checkpointing, label)
     assert all(r.group_size > 1 for r in rec_fwd.records + rec_bwd.records), label
@@ -189,3 +189,7 @@ def _check_one(groups, grid, overlap, checkpointing, tokens, label) -> None:
 def test_collectives_match_the_layer_definitions_and_the_volume_table():
     results = run_world(_check_volumes, 4, timeout=600)
     assert results == [len(GRIDS) * len(OVERLAPS) * 2] * 4
+
+
+def _diff(got: Counter, want: Counter) -> str:
+    return f"unexpected {dict(got - want)}, missing {dict(want - got)}"

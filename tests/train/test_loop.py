@@ -195,6 +195,13 @@ def test_bf16_on_cpu_trains_to_a_finite_loss(tmp_path):
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 4 and math.isfinite(summary["final_loss"])
+    # bf16 really computed: the same job in fp32 gives close, not identical, losses
+    fp32 = tmp_path / "fp32"
+    write_job(fp32, Grid(x=2), steps=4, warmup_steps=1, dtype="fp32", data="synthetic")
+    launch(fp32, 2, "axonn_launch.train")
+    for low, full in zip(rows, metrics(fp32), strict=True):
+        assert low["loss"] == pytest.approx(full["loss"], rel=0.05)
+        assert abs(low["loss"] - full["loss"]) > 1e-5 * full["loss"], (low, full)
 
 
 @pytest.mark.parametrize(
