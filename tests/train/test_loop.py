@@ -199,9 +199,10 @@ def test_bf16_on_cpu_trains_to_a_finite_loss(tmp_path):
     fp32 = tmp_path / "fp32"
     write_job(fp32, Grid(x=2), steps=4, warmup_steps=1, dtype="fp32", data="synthetic")
     launch(fp32, 2, "axonn_launch.train")
-    for low, full in zip(rows, metrics(fp32), strict=True):
-        assert low["loss"] == pytest.approx(full["loss"], rel=0.05)
-        assert abs(low["loss"] - full["loss"]) > 1e-5 * full["loss"], (low, full)
+    pairs = list(zip((r["loss"] for r in rows), (r["loss"] for r in metrics(fp32)), strict=True))
+    assert all(low == pytest.approx(full, rel=0.05) for low, full in pairs), pairs
+    # fp32 twice gives bit-identical losses here; bf16 rounding must show
+    assert max(abs(low - full) / full for low, full in pairs) > 1e-6, pairs
 
 
 @pytest.mark.parametrize(
