@@ -127,6 +127,15 @@ def read_record(job_dir: Path) -> dict:
     return json.loads((job_dir / "job.json").read_text())
 
 
+def read_summary(job_dir: Path | str) -> dict | None:
+    """``summary.json``, which rank 0 writes when the run ends; None before (or unreadable)."""
+    try:
+        summary = json.loads((Path(job_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
 def last_metrics(job_dir: Path) -> dict | None:
     """The last row of metrics.jsonl, reading only the end of the file."""
     path = job_dir / "metrics.jsonl"
@@ -153,14 +162,13 @@ class RunResults:
     step_time_s: float | None = None
 
 
-def run_results(job_dir: Path) -> RunResults:
-    try:
-        summary = json.loads((Path(job_dir) / "summary.json").read_text())
-        keys = ("final_loss", "tokens_per_s", "step_time_s")
-    except (OSError, ValueError):
-        summary = last_metrics(Path(job_dir)) or {}
-        keys = ("loss", "tokens_per_s", "step_time_s")
-    values = [summary.get(k) for k in keys]
+def run_results(job_dir: Path, metrics: dict | None = None) -> RunResults:
+    """From summary.json, else from ``metrics`` (the last step's row, read if not given)."""
+    summary = read_summary(job_dir)
+    if summary is None:
+        row = metrics if metrics is not None else last_metrics(Path(job_dir)) or {}
+        summary = {"final_loss": row.get("loss"), **row}
+    values = [summary.get(k) for k in ("final_loss", "tokens_per_s", "step_time_s")]
     return RunResults(*(_finite(v) for v in values))
 
 
@@ -314,11 +322,8 @@ def evidence(
 def finished_by_itself(job_dir: Path, record: dict) -> bool:
     """The attempt's own word: rank 0 writes summary.json after the last step (also when
     nobody waited for the job, so job.json may still say "running")."""
-    try:
-        summary = json.loads((job_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return int(summary.get("steps", 0)) >= int(record.get("steps", 1))
+    summary = read_summary(job_dir)
+    return summary is not None and int(summary.get("steps", 0)) >= int(record.get("steps", 1))
 
 
 def settled_status(record: dict, info: SchedulerInfo | None, row: JobStatus) -> str | None:
@@ -359,9 +364,10 @@ def diagnose(job_dir: Path, record: dict, info: SchedulerInfo | None) -> tuple[s
     if diagnosis.failure in (failures.COLLECTIVE_FAILURE, failures.UNKNOWN):
         ev = evidence(job_dir, record, info, every_task=True)
         diagnosis = failures.classify(ev)
-    first = rankfail.first_failure(job_dir)
-    if first is not None and diagnosis.failure not in (failures.COMPLETED, failures.RUNNING):
-        # the rank that failed first says why, in its own words
+    first = None
+    if diagnosis.failure not in (failures.COMPLETED, failures.RUNNING):
+        first = rankfail.first_failure(job_dir)
+    if first is not None:  # the rank that failed first says why, in its own words
         diagnosis = replace(diagnosis, reason=rankfail.headline(first))
     shown = ev.state or _state_from_class(diagnosis.failure)
     return shown, diagnosis
@@ -376,7 +382,7 @@ def _state_from_class(failure: str) -> str:
 def job_status(job_dir: Path, record: dict, info: SchedulerInfo | None) -> JobStatus:
     state, diagnosis = diagnose(job_dir, record, info)
     metrics = last_metrics(job_dir)
-    results = run_results(job_dir)
+    results = run_results(job_dir, metrics)
     grid = record.get("grid") or {}
     return JobStatus(
         job_dir=str(job_dir),

@@ -29,7 +29,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from axonn_launch.config import ConfigError, LaunchConfig
-from axonn_launch.jobs import RunResults, run_results
+from axonn_launch.jobs import RunResults, read_summary, run_results
 from axonn_launch.launch import Outcome
 
 log = logging.getLogger(__name__)
@@ -100,11 +100,7 @@ def with_objective(outcome: Outcome, objective: str) -> PointOutcome:
 def objective_value(outcome: Outcome, objective: str) -> float | None:
     if outcome.status != "completed":
         return None
-    try:
-        summary = json.loads((Path(outcome.job_dir) / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    value = summary.get(objective)
+    value = (read_summary(outcome.job_dir) or {}).get(objective)
     if isinstance(value, (int, float)) and math.isfinite(value):
         return float(value)
     return None
