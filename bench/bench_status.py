@@ -61,6 +61,9 @@ def write_job(root: Path, index: int, kind: str) -> tuple[str, str]:
     steps = 200 if kind == "completed" else (0 if kind == "queued" else 57)
     rows = (json.dumps({"step": s, "loss": 5.0 / s, "lr": 1e-3}) for s in range(1, steps + 1))
     (job_dir / "metrics.jsonl").write_text("".join(r + "\n" for r in rows))
+    if kind == "completed":  # rank 0 writes it after the last step
+        summary = {"steps": 200, "final_loss": 0.025, "tokens_per_s": 9000.0, "step_time_s": 0.1}
+        (job_dir / "summary.json").write_text(json.dumps(summary))
     if kind == "queued":
         return job_id, "PENDING|0:0|None assigned"
     for task in range(8):
@@ -147,8 +150,11 @@ def write_report(path: Path, n: int, results: list[tuple[str, float, float, Coun
         lines.append(f"| {label} | {n} | {wall:.2f} | {cpu:.2f} | {found} |")
     lines += [
         "",
-        "Each job has 8 tasks; completed jobs have 8 result pickles. With sacct, completed and",
-        "queued jobs need only job.json and the end of metrics.jsonl; failed ones also read",
+        "Each job has 8 tasks; completed jobs have 8 result pickles and rank 0's summary.json.",
+        "With sacct, completed jobs need job.json, summary.json and the end of metrics.jsonl",
+        "(a COMPLETED job without summary.json also has its result pickles read: a killed",
+        "slurmstepd ends the job COMPLETED with tasks missing), queued ones job.json and",
+        "metrics.jsonl; failed ones also read",
         "their result pickles and the last 16 KiB of task 0's logs (all tasks' logs only for",
         "a collective failure or an unknown cause). Without accounting every ended job is",
         "read that way, including the 8 result pickles of each completed job.",
