@@ -151,6 +151,21 @@ def batch_problem(train: TrainConfig, grid: Grid) -> str | None:
     return None
 
 
+def throughput_problem(model: ModelSpec, train: TrainConfig) -> str | None:
+    """Weight caching covers whole blocks of the model; the ORS window counts blocks."""
+    if not 0 <= train.cache_layers <= model.n_layer:
+        return (
+            f"train.cache_layers={train.cache_layers}: must be between 0 and"
+            f" model.n_layer={model.n_layer} (blocks whose gathered weights are kept)"
+        )
+    if train.ors_window < 0:
+        return (
+            f"train.ors_window={train.ors_window}: must be >= 0 (blocks of pending"
+            " weight-grad reduce-scatters; 0 = no bound)"
+        )
+    return None
+
+
 def job_problem(model: ModelSpec, grid: Grid, train: TrainConfig) -> str | None:
     """Every rule the job itself depends on (all but memory), first problem first."""
     return (
@@ -158,6 +173,7 @@ def job_problem(model: ModelSpec, grid: Grid, train: TrainConfig) -> str | None:
         or shape_problem(model, grid)
         or seq_len_problem(model, train)
         or batch_problem(train, grid)
+        or throughput_problem(model, train)
     )
 
 

@@ -24,6 +24,31 @@ class OverlapConfig:
     all_gather: bool = True  # OAG: one-layer-ahead weight all-gather prefetch over z
 
 
+WIRE_DTYPES = ("auto", "fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class WireConfig:
+    """The dtype each tensor-parallel collective sends (AxoNN sends bf16, axonn.md §3.1).
+
+    ``auto`` follows the compute dtype: bf16 under bf16 autocast, fp32 otherwise, so
+    fp32 runs stay exact. Master weights, gradient accumulation across micro-steps,
+    optimizer state and the data-parallel gradient all-reduce stay fp32 whatever these say.
+    """
+
+    all_gather: str = "auto"  # weight blocks gathered over z
+    reduce_scatter: str = "auto"  # weight-gradient blocks reduce-scattered over z
+    all_reduce: str = "auto"  # input-gradient (dX) all-reduces over x and y
+
+    def __post_init__(self) -> None:
+        for name in ("all_gather", "reduce_scatter", "all_reduce"):
+            value = getattr(self, name)
+            if value not in WIRE_DTYPES:
+                raise ValueError(
+                    f"train.wire.{name}={value!r}: expected one of {', '.join(WIRE_DTYPES)}"
+                )
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = 200
@@ -48,6 +73,14 @@ class TrainConfig:
     data: str = "shakespeare"  # shakespeare | synthetic | path to a uint16/uint32 .bin token file
     activation_checkpointing: bool = False
     overlap: OverlapConfig = field(default_factory=OverlapConfig)
+    wire: WireConfig = field(default_factory=WireConfig)
+    # transformer blocks (the first N) whose gathered weights are kept from forward to
+    # backward, saving the re-gathers for memory (AxoNN's CACHE_LAYERS)
+    cache_layers: int = 0
+    # ORS: transformer blocks whose weight-grad reduce-scatters may be in flight at once;
+    # older ones are waited for, in order. 0 = no bound (every block's until the end)
+    ors_window: int = 2
+    gemm_tuning: bool = True  # time equivalent GEMM layouts per shape in the first steps
     log_every: int = 1
     sample_tokens: int = 0  # >0: print a generated sample of this many tokens at the end
     progress: bool = True  # a bar on a terminal; elsewhere a line every log_every_s
@@ -69,6 +102,7 @@ class RuntimeConfig:
     device_index: str = "local_rank"  # local_rank | zero (one visible GPU per task, e.g. Frontier)
     peak_tflops_per_gpu: float = 0.0  # for MFU; 0 = unknown (CPU)
     master_port: int = 29500
+    preflight: bool = False  # check GEMM speed, bandwidth and network plugin before training
 
 
 @dataclass(frozen=True)
@@ -88,6 +122,7 @@ class JobSpec:
         raw = json.loads(text)
         train = dict(raw["train"])
         train["overlap"] = OverlapConfig(**train["overlap"])
+        train["wire"] = WireConfig(**train.get("wire", {}))
         return cls(
             name=raw["name"],
             job_dir=raw["job_dir"],
