@@ -1,23 +1,267 @@
-"""GEMM layout tuning (AxoNN's per-shape matmul tuner, axonn.md §3.2).
+"""GEMM layout tuning: a per-shape matmul tuner after AxoNN's (axonn.md §3.2).
 
-STUB: the interface the layers call. ``GemmTuner.mm(op, a, b)`` returns ``a @ b``;
-the tuner is to time equivalent formulations per (op, shapes, layouts, dtype) during
-the first calls and keep the fastest.
+Why: a BLAS library picks its kernel by the operands' transpose combination, and for
+one and the same product one combination can be much slower than another (AxoNN saw
+it with rocBLAS/hipBLASLt on Frontier). ``C = A @ B`` can be computed in equivalent
+ways (``FORMULATIONS``): on the operands as given; with an operand first copied into
+row-major (``.contiguous()``) or column-major (``t.t().contiguous().t()``) storage; or
+as the transposed problem ``(Bᵀ @ Aᵀ)ᵀ``, copied back to row-major because callers
+expect a contiguous C (they all-reduce and ``view`` it). ``GemmTuner`` times these for
+each distinct GEMM signature (op, shapes, storage layouts, dtypes, device, autocast) on
+its first call and uses the fastest from then on.
+
+Cost, bounded: per signature each distinct formulation (two whose operands end up in
+the same storage run the same kernel, so only one of them is timed) gets ``warmup`` +
+``reps`` calls, at most 8 x 7 GEMMs with the defaults; at most ``max_signatures``
+signatures are tuned. GEMMs under ``min_flops`` (default 1 MFLOP) are not tuned: every
+formulation of them costs about one dispatch, microseconds on CPU and GPU alike, so
+timing would only measure noise and could save no more than that.
+
+Ranks tune independently, so picks may differ between ranks; all formulations agree
+within rounding. Each pick is logged on its rank; the loop gathers them for metrics.
+Under autocast every formulation casts its operands as autocast casts ``a @ b``'s
+(floating tensors but float64, to the autocast dtype) before any layout copy, so it
+computes in, and returns, the dtype that ``a @ b`` would.
 """
 
 from __future__ import annotations
 
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+
 import torch
+
+log = logging.getLogger(__name__)
+
+MIN_FLOPS = 2**20
+STORAGES = ("given", "row", "col")
+
+
+def layout(t: torch.Tensor) -> str:
+    """Storage of a matrix: ``row`` (row-major), ``col`` (column-major) or ``strided``."""
+    if t.is_contiguous():
+        return "row"
+    return "col" if t.t().is_contiguous() else "strided"
+
+
+def stored(t: torch.Tensor, storage: str) -> torch.Tensor:
+    """``t`` as given, or copied (if not already so) into row- or column-major storage."""
+    if storage == "row":
+        return t.contiguous()
+    if storage == "col":
+        return t.t().contiguous().t()
+    return t
+
+
+def _autocast_cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 else t
+
+
+def autocast_operands(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The operands as autocast would cast them for ``a @ b`` (unchanged without it)."""
+    kind = a.device.type
+    if not torch.is_autocast_enabled(kind):
+        return a, b
+    dtype = torch.get_autocast_dtype(kind)
+    return _autocast_cast(a, dtype), _autocast_cast(b, dtype)
+
+
+@dataclass(frozen=True)
+class Formulation:
+    """One way to compute ``a @ b``: the direct product ``a @ b`` or the transposed one
+    ``(bᵀ @ aᵀ)ᵀ``, with that product's left and right operands kept as given or stored
+    row- or column-major first."""
+
+    name: str
+    transposed: bool
+    lhs: str  # storage of the product's left operand: a (direct) or bᵀ (transposed)
+    rhs: str  # ... and of its right one: b or aᵀ
+
+    def operands(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (b.t(), a.t()) if self.transposed else (a, b)
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        left, right = self.operands(*autocast_operands(a, b))
+        product = stored(left, self.lhs) @ stored(right, self.rhs)
+        return product.t().contiguous() if self.transposed else product
+
+    def kernel(self, a: torch.Tensor, b: torch.Tensor) -> tuple[bool, str, str]:
+        """What decides the work done: formulations with equal keys run the same copies
+        and the same GEMM kernel on these operands."""
+        left, right = self.operands(a, b)
+        return (
+            self.transposed,
+            layout(left) if self.lhs == "given" else self.lhs,
+            layout(right) if self.rhs == "given" else self.rhs,
+        )
+
+
+def _formulation(transposed: bool, lhs: str, rhs: str) -> Formulation:
+    variant = {("given", "given"): "", ("row", "row"): "_contiguous"}.get((lhs, rhs))
+    if variant is None:
+        variant = "_lhs_col" if lhs == "col" else "_rhs_col"
+    name = ("transposed" if transposed else "direct") + variant
+    return Formulation(name, transposed, lhs, rhs)
+
+
+# AxoNN's eight: as given, both contiguous, left column-major, right column-major; for
+# the direct and the transposed problem. For a weight operand (fwd: b = Wᵀ, dx: b = W)
+# the column-major copy is its transposed-storage variant.
+FORMULATIONS: dict[str, Formulation] = {
+    f.name: f
+    for f in (
+        _formulation(transposed, lhs, rhs)
+        for transposed in (False, True)
+        for lhs, rhs in (("given", "given"), ("row", "row"), ("col", "given"), ("given", "col"))
+    )
+}
+DIRECT = FORMULATIONS["direct"]
+
+
+def distinct_formulations(a: torch.Tensor, b: torch.Tensor) -> list[str]:
+    """Names of the formulations that do different work on these operands (the first
+    of each group of equivalents, in ``FORMULATIONS`` order, so ``direct`` is always in)."""
+    seen: set[tuple[bool, str, str]] = set()
+    names = []
+    for name, formulation in FORMULATIONS.items():
+        key = formulation.kernel(a, b)
+        if key not in seen:
+            seen.add(key)
+            names.append(name)
+    return names
+
+
+def _seconds_per_call(fn, a: torch.Tensor, b: torch.Tensor, warmup: int, reps: int) -> float:
+    """Median seconds of one call after ``warmup`` calls; CUDA events on GPU."""
+    for _ in range(warmup):
+        fn(a, b)
+    if a.device.type != "cuda":
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn(a, b)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+    torch.cuda.synchronize(a.device)
+    events = [tuple(torch.cuda.Event(enable_timing=True) for _ in "se") for _ in range(reps)]
+    for start, end in events:
+        start.record()
+        fn(a, b)
+        end.record()
+    torch.cuda.synchronize(a.device)
+    return statistics.median(start.elapsed_time(end) / 1000 for start, end in events)
+
+
+def time_formulations(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    reps: int = 5,
+    *,
+    warmup: int = 2,
+    names: list[str] | None = None,
+) -> dict[str, float]:
+    """Seconds per call (median of ``reps`` after ``warmup``) of each formulation of
+    ``a @ b`` named (default: all of ``FORMULATIONS``), under the caller's autocast."""
+    if reps < 1:
+        raise ValueError(f"reps={reps}: need at least one timed call")
+    with torch.no_grad():
+        return {
+            name: _seconds_per_call(FORMULATIONS[name], a, b, warmup, reps)
+            for name in (names or list(FORMULATIONS))
+        }
+
+
+Signature = tuple
+
+
+def signature(op: str, a: torch.Tensor, b: torch.Tensor) -> Signature:
+    kind = a.device.type
+    amp = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+    return (op, tuple(a.shape), layout(a), a.dtype, tuple(b.shape), layout(b), b.dtype, kind, amp)
+
+
+def describe(sig: Signature) -> str:
+    """``fwd 256x64 row float32 @ 64x192 col float32 cpu autocast bfloat16``"""
+    op, a_shape, a_layout, a_dtype, b_shape, b_layout, b_dtype, kind, amp = sig
+
+    def operand(shape, storage, dtype) -> str:
+        return f"{'x'.join(map(str, shape))} {storage} {str(dtype).removeprefix('torch.')}"
+
+    text = f"{op} {operand(a_shape, a_layout, a_dtype)} @ {operand(b_shape, b_layout, b_dtype)}"
+    text += f" {kind}"
+    return text + (f" autocast {str(amp).removeprefix('torch.')}" if amp is not None else "")
 
 
 class GemmTuner:
-    def __init__(self, *, enabled: bool = True) -> None:
+    """``mm(op, a, b)`` computes ``a @ b`` with the fastest formulation for its signature,
+    timed on the signature's first call (see the module docstring). ``enabled=False``:
+    always plain ``a @ b``, nothing timed. Matrices only; anything else is ``a @ b``."""
+
+    def __init__(
+        self,
+        *,
+        enabled: bool = True,
+        warmup: int = 2,
+        reps: int = 5,
+        min_flops: float = MIN_FLOPS,
+        max_signatures: int = 64,
+    ) -> None:
         self.enabled = enabled
+        self.warmup, self.reps = warmup, reps
+        self.min_flops, self.max_signatures = min_flops, max_signatures
+        self._picks: dict[Signature, Formulation] = {}  # every signature seen
+        self._tuned: dict[Signature, str] = {}  # those that were timed
+        self._new: dict[str, str] = {}  # tuned picks not yet taken by take_new()
+        self.tunings = 0  # signatures timed
+        self.timed_calls = 0  # formulation calls made for timing (warm-ups included)
+        self._said: set[str] = set()
 
     def mm(self, op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """``a @ b`` for the GEMM called ``op`` (``fwd``, ``dx`` or ``dw``)."""
-        return a @ b
+        if not self.enabled or a.dim() != 2 or b.dim() != 2:
+            return a @ b
+        key = signature(op, a, b)
+        pick = self._picks.get(key)
+        if pick is None:
+            pick = self._picks[key] = self._choose(key, a, b)
+        return a @ b if pick is DIRECT else pick(a, b)
+
+    def _choose(self, key: Signature, a: torch.Tensor, b: torch.Tensor) -> Formulation:
+        flops = 2 * a.shape[0] * a.shape[1] * b.shape[1]
+        if flops < self.min_flops:
+            self._say_once("small", "GEMMs under %.3g MFLOP run as given, untuned (first: %s)",
+                           self.min_flops / 1e6, describe(key))  # fmt: skip
+            return DIRECT
+        if len(self._tuned) >= self.max_signatures:
+            self._say_once("budget", "GEMM tuning budget of %d signatures spent; %s and later "
+                           "new ones run as given", self.max_signatures, describe(key))  # fmt: skip
+            return DIRECT
+        names = distinct_formulations(a, b)
+        seconds = time_formulations(a, b, self.reps, warmup=self.warmup, names=names)
+        self.tunings += 1
+        self.timed_calls += (self.warmup + self.reps) * len(names)
+        best = min(seconds, key=seconds.__getitem__)
+        self._tuned[key] = self._new[describe(key)] = best
+        log.info("gemm %s (%.3g MFLOP): picked %s; ms per call: %s", describe(key), flops / 1e6,
+                 best, ", ".join(f"{n} {s * 1e3:.3g}" for n, s in seconds.items()))  # fmt: skip
+        return FORMULATIONS[best]
+
+    def _say_once(self, what: str, message: str, *args: object) -> None:
+        if what not in self._said:
+            self._said.add(what)
+            log.info(message, *args)
 
     def choices(self) -> dict[str, str]:
-        """Signature -> chosen formulation, for the job log and metrics."""
-        return {}
+        """Signature (``describe``) -> chosen formulation, for every tuned signature."""
+        return {describe(key): name for key, name in self._tuned.items()}
+
+    def take_new(self) -> dict[str, str]:
+        """The picks made since the last call (for the metrics), then forgets them."""
+        new, self._new = self._new, {}
+        return new
+
+    @property
+    def has_new(self) -> bool:
+        return bool(self._new)

@@ -1,0 +1,233 @@
+"""The GEMM layout tuner: equivalent formulations, one pick per signature, autocast dtypes."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from axonn_launch.train.gemm import (
+    FORMULATIONS,
+    GemmTuner,
+    distinct_formulations,
+    layout,
+    time_formulations,
+)
+
+M, K, N = 96, 40, 72  # tokens, in features, out features: nothing square
+
+
+def tp_linear_gemms(seed: int = 0) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The three GEMMs of a Linear as TPLinear calls them: fwd X Wᵀ, dx dY W, dw dYᵀ X."""
+    gen = torch.Generator().manual_seed(seed)
+    x, w, dy = (torch.randn(*shape, generator=gen) for shape in ((M, K), (N, K), (M, N)))
+    return {"fwd": (x, w.t()), "dx": (dy, w), "dw": (dy.t(), x)}
+
+
+def strided_pair() -> tuple[torch.Tensor, torch.Tensor]:
+    """A left operand that is neither row- nor column-major (every other column)."""
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(M, 2 * K, generator=gen)[:, ::2], torch.randn(K, N, generator=gen)
+
+
+def all_pairs() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    return {**tp_linear_gemms(), "strided": strided_pair()}
+
+
+def test_layouts_of_the_operands():
+    gemms = tp_linear_gemms()
+    assert [layout(t) for t in gemms["fwd"]] == ["row", "col"]
+    assert [layout(t) for t in gemms["dw"]] == ["col", "row"]
+    assert layout(strided_pair()[0]) == "strided"
+
+
+@pytest.mark.parametrize("op", ["fwd", "dx", "dw", "strided"])
+@pytest.mark.parametrize("name", list(FORMULATIONS))
+def test_every_formulation_equals_a_at_b(op, name):
+    a, b = all_pairs()[op]
+    got = FORMULATIONS[name](a, b)
+    assert got.shape == (a.shape[0], b.shape[1]) and got.dtype == torch.float32
+    assert got.is_contiguous()  # callers all-reduce and view it
+    torch.testing.assert_close(got, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_formulations_cover_axonns_eight():
+    assert len(FORMULATIONS) == 8
+    assert sum(f.transposed for f in FORMULATIONS.values()) == 4
+    assert {(f.lhs, f.rhs) for f in FORMULATIONS.values()} == {
+        ("given", "given"), ("row", "row"), ("col", "given"), ("given", "col"),
+    }  # fmt: skip
+
+
+def test_equivalent_formulations_are_timed_once():
+    x, wt = tp_linear_gemms()["fwd"]  # wt is column-major already: storing it so is a no-op
+    names = distinct_formulations(x, wt)
+    assert names[0] == "direct"
+    assert "direct_rhs_col" not in names and "direct_contiguous" in names
+    # both operands row-major: "direct_contiguous" copies nothing, so it is "direct"
+    assert "direct_contiguous" not in distinct_formulations(x.contiguous(), wt.contiguous())
+    strided = distinct_formulations(*strided_pair())
+    assert {"direct", "direct_contiguous", "direct_lhs_col"} <= set(strided)
+
+
+def test_gradients_through_a_formulation_match():
+    gemms = tp_linear_gemms()
+    a, b = (t.detach().clone().requires_grad_() for t in gemms["dw"])
+    FORMULATIONS["transposed_contiguous"](a, b).sum().backward()
+    a0, b0 = (t.detach().clone().requires_grad_() for t in gemms["dw"])
+    (a0 @ b0).sum().backward()
+    torch.testing.assert_close(a.grad, a0.grad)
+    torch.testing.assert_close(b.grad, b0.grad)
+
+
+def test_time_formulations_times_each_name():
+    a, b = tp_linear_gemms()["dx"]
+    seconds = time_formulations(a, b, reps=2, warmup=1)
+    assert set(seconds) == set(FORMULATIONS) and all(s > 0 for s in seconds.values())
+    assert set(time_formulations(a, b, 1, names=["transposed"])) == {"transposed"}
+    with pytest.raises(ValueError, match="reps"):
+        time_formulations(a, b, reps=0)
+
+
+# ---------------------------------------------------------------------------------------
+# The tuner
+
+
+def test_tuner_picks_once_per_signature_and_reuses_it():
+    tuner = GemmTuner(min_flops=0, warmup=1, reps=2)
+    gemms = tp_linear_gemms()
+    for op, (a, b) in gemms.items():
+        torch.testing.assert_close(tuner.mm(op, a, b), a @ b, rtol=1e-5, atol=1e-5)
+    picks = tuner.choices()
+    assert len(picks) == 3 and set(picks.values()) <= set(FORMULATIONS)
+    assert tuner.tunings == 3
+    calls = tuner.timed_calls
+    expected = sum(len(distinct_formulations(a, b)) for a, b in gemms.values()) * (1 + 2)
+    assert calls == expected
+    for _ in range(3):
+        for op, (a, b) in tp_linear_gemms(seed=5).items():  # new values, same signatures
+            torch.testing.assert_close(tuner.mm(op, a, b), a @ b, rtol=1e-5, atol=1e-5)
+    assert tuner.tunings == 3 and tuner.timed_calls == calls and tuner.choices() == picks
+
+
+def test_a_new_layout_dtype_or_op_is_a_new_signature():
+    tuner = GemmTuner(min_flops=0, warmup=0, reps=1)
+    x, wt = tp_linear_gemms()["fwd"]
+    tuner.mm("fwd", x, wt)
+    tuner.mm("fwd", x, wt.contiguous())  # same shapes, the weight stored row-major
+    tuner.mm("fwd", x.double(), wt.double())
+    tuner.mm("other", x, wt)
+    keys = list(tuner.choices())
+    assert tuner.tunings == 4 and len(keys) == 4
+    assert keys[0] == "fwd 96x40 row float32 @ 40x72 col float32 cpu"
+    assert keys[1] == "fwd 96x40 row float32 @ 40x72 row float32 cpu"
+
+
+def test_new_picks_are_taken_once():
+    tuner = GemmTuner(min_flops=0, warmup=0, reps=1)
+    a, b = tp_linear_gemms()["dw"]
+    assert not tuner.has_new and tuner.take_new() == {}
+    tuner.mm("dw", a, b)
+    assert tuner.has_new
+    new = tuner.take_new()
+    assert new == tuner.choices() and not tuner.has_new and tuner.take_new() == {}
+    tuner.mm("dw", a, b)
+    assert not tuner.has_new
+
+
+def test_disabled_tuner_times_nothing():
+    tuner = GemmTuner(enabled=False, min_flops=0)
+    for op, (a, b) in tp_linear_gemms().items():
+        assert torch.equal(tuner.mm(op, a, b), a @ b)
+    assert tuner.tunings == 0 and tuner.timed_calls == 0 and tuner.choices() == {}
+
+
+def test_small_gemms_are_not_tuned():
+    tuner = GemmTuner()  # default threshold: 1 MFLOP; these are 2*96*40*72 = 0.55 MFLOP
+    with capture_log() as lines:
+        for op, (a, b) in tp_linear_gemms().items():
+            assert torch.equal(tuner.mm(op, a, b), a @ b)
+    assert tuner.tunings == 0 and tuner.choices() == {}
+    assert len(lines) == 1 and "untuned" in lines[0]  # said once, not per signature
+    big = torch.randn(128, 128), torch.randn(128, 128)  # 4.2 MFLOP
+    tuner.mm("fwd", *big)
+    assert tuner.tunings == 1
+
+
+def test_signature_budget_bounds_tuning():
+    tuner = GemmTuner(min_flops=0, warmup=0, reps=1, max_signatures=2)
+    gemms = tp_linear_gemms()
+    with capture_log() as lines:
+        for op, (a, b) in gemms.items():
+            tuner.mm(op, a, b)
+    assert tuner.tunings == 2 and len(tuner.choices()) == 2
+    assert sum("budget" in line for line in lines) == 1
+    a, b = gemms["dw"]
+    assert torch.equal(tuner.mm("dw", a, b), a @ b)  # the third runs as given
+    assert tuner.tunings == 2
+
+
+def test_each_pick_is_logged_with_its_timings():
+    tuner = GemmTuner(min_flops=0, warmup=0, reps=1)
+    a, b = tp_linear_gemms()["dx"]
+    with capture_log() as lines:
+        tuner.mm("dx", a, b)
+        tuner.mm("dx", a, b)
+    assert len(lines) == 1
+    (pick,) = tuner.choices().values()
+    assert lines[0].startswith("gemm dx 96x72 row float32 @ 72x40 row float32 cpu")
+    assert f"picked {pick};" in lines[0]
+    assert all(name in lines[0] for name in distinct_formulations(a, b))
+
+
+# ---------------------------------------------------------------------------------------
+# Autocast: the same compute dtype as a @ b
+
+
+@pytest.mark.parametrize("name", list(FORMULATIONS))
+def test_formulations_under_bf16_autocast_compute_in_bf16(name):
+    a, b = tp_linear_gemms()["fwd"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = a @ b
+        got = FORMULATIONS[name](a, b)
+    assert expected.dtype == got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
+    assert not torch.equal(got, (a @ b).bfloat16())  # bf16 operands, not a cast fp32 result
+
+
+def test_float64_is_not_cast_under_autocast_as_a_at_b():
+    a, b = (t.double() for t in tp_linear_gemms()["dx"])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = a @ b
+        got = FORMULATIONS["transposed_lhs_col"](a, b)
+    assert expected.dtype == got.dtype == torch.float64
+
+
+def test_tuner_under_autocast_keeps_a_separate_pick_and_the_dtype():
+    tuner = GemmTuner(min_flops=0, warmup=0, reps=1)
+    for op, (a, b) in tp_linear_gemms().items():
+        assert tuner.mm(op, a, b).dtype == torch.float32
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert tuner.mm(op, a, b).dtype == (a @ b).dtype == torch.bfloat16
+    keys = list(tuner.choices())
+    assert len(keys) == 6 and sum(key.endswith("autocast bfloat16") for key in keys) == 3
+
+
+class capture_log:
+    """Collects the messages of the tuner's logger (the job's logging setup stops the
+    ``axonn_launch`` records from propagating, so pytest's caplog may not see them)."""
+
+    def __enter__(self) -> list[str]:
+        self.lines: list[str] = []
+        self.logger = logging.getLogger("axonn_launch.train.gemm")
+        self.handler = logging.Handler()
+        self.handler.emit = lambda record: self.lines.append(record.getMessage())
+        self.level = self.logger.level
+        self.logger.setLevel(logging.INFO)
+        self.logger.addHandler(self.handler)
+        return self.lines
+
+    def __exit__(self, *_: object) -> None:
+        self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.level)
