@@ -4,7 +4,9 @@ One optimizer step runs ``accumulation`` micro-steps (each backpropagates loss d
 the number of micro-steps), then ``finish_gradients`` (deferred reduce-scatters, z and
 data all-reduces, scaling), global-norm clipping and ``optimizer.step()``. At each step
 boundary one small all-reduce over the world averages the loss for logging and agrees
-on whether any rank asked to stop (``should_stop``, e.g. set by a requeue signal).
+on whether any rank asked to stop (``should_stop``, e.g. set by a requeue signal) and
+whether any rank's GEMM tuner made new picks (``train/gemm.py``; normally in the first
+step only), which are then gathered into the metrics.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch import nn
 
 from axonn_launch.spec import TrainConfig
 from axonn_launch.train.data import Loader
+from axonn_launch.train.gemm import GemmTuner
 from axonn_launch.train.groups import Groups
 from axonn_launch.train.metrics import MetricsLogger, StepStats, memory_gib
 from axonn_launch.train.model import clip_grad_norm_, finish_gradients
@@ -114,7 +117,7 @@ def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
     train, dtype = ctx.train, compute_dtype(ctx.train, ctx.device)
     accumulation = ctx.loader.accumulation
     step, stopped, timed = ctx.start_step, False, []
-    loss = float("nan")
+    loss, tuner = float("nan"), gemm_tuner(model)
     log.info(
         "training steps %d..%d: %d micro-steps of %d sequences each, %s, %d tokens per step",
         step + 1, train.steps, accumulation, train.micro_batch, dtype, ctx.tokens_per_step,
@@ -131,10 +134,12 @@ def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
             group["lr"] = lr
         ctx.optimizer.step()
         ctx.optimizer.zero_grad(set_to_none=True)
-        loss, stop = average_loss_and_stop(
-            local_loss, ctx.should_stop(), ctx.device, group=ctx.groups.world
+        loss, (stop, new_picks) = average_loss_and_flags(
+            local_loss, (ctx.should_stop(), tuner_has_new(tuner)), ctx.device, ctx.groups.world
         )
         step += 1
+        if new_picks:  # some rank tuned GEMMs in this step: into the metrics (rank 0)
+            ctx.logger.add_gemm_choices(gather_gemm_choices(tuner, ctx.groups.world), step)
         elapsed = time.perf_counter() - started
         timed.append(elapsed)
         if step % train.log_every == 0 or step == train.steps or stop:
@@ -167,18 +172,39 @@ def run_micro_steps(
     return total / accumulation
 
 
-def average_loss_and_stop(
-    local_loss: torch.Tensor, stop: bool, device: torch.device, *, group=None
-) -> tuple[float, bool]:
-    """World mean of the loss, and whether any rank wants to stop (one all-reduce over
-    ``group``, which holds every rank; None: the default group)."""
-    packed = torch.stack([local_loss.float(), torch.tensor(float(stop), device=device)])
+def average_loss_and_flags(
+    local_loss: torch.Tensor, flags: tuple[bool, ...], device: torch.device, group=None
+) -> tuple[float, tuple[bool, ...]]:
+    """World mean of the loss, and for each flag whether any rank set it (e.g. asks to
+    stop): one all-reduce over ``group``, which holds every rank (None: the default)."""
+    flag_values = torch.tensor(flags, dtype=torch.float32, device=device)
+    packed = torch.cat([local_loss.float().reshape(1), flag_values])
     world = 1
     if dist.is_initialized() and dist.get_world_size() > 1:
         world = dist.get_world_size()
         dist.all_reduce(packed, group=group)
-    loss_sum, stops = packed.tolist()
-    return loss_sum / world, stops > 0
+    loss_sum, *counts = packed.tolist()
+    return loss_sum / world, tuple(count > 0 for count in counts)
+
+
+def gemm_tuner(model: nn.Module) -> GemmTuner | None:
+    """The model's GEMM tuner (``model.runtime.gemm``), if it has one."""
+    return getattr(getattr(model, "runtime", None), "gemm", None)
+
+
+def tuner_has_new(tuner: GemmTuner | None) -> bool:
+    return tuner is not None and tuner.has_new
+
+
+def gather_gemm_choices(tuner: GemmTuner | None, group=None) -> dict[str, dict[str, str]]:
+    """Every rank's GEMM picks made since the last gather, by rank (collective on
+    ``group``, which holds every rank in rank order; None: the default group)."""
+    mine = tuner.take_new() if tuner is not None else {}
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return {"0": mine} if mine else {}
+    gathered: list[dict[str, str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine, group=group)
+    return {str(rank): picks for rank, picks in enumerate(gathered) if picks}
 
 
 def summarize(ctx: TrainContext, step: int, loss: float, timed: list[float], stopped: bool) -> dict:
@@ -200,4 +226,5 @@ def summarize(ctx: TrainContext, step: int, loss: float, timed: list[float], sto
         "elapsed_s": sum(timed),
         "mem_gb": memory_gib(ctx.device),
         "stopped": stopped,
+        "gemm_choices": ctx.logger.gemm_choices,  # rank -> GEMM signature -> formulation
     }

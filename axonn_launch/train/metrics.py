@@ -83,6 +83,8 @@ class MetricsLogger:
         self.path = Path(job_dir) / "metrics.jsonl"
         self.start = time.perf_counter()
         self.last: dict | None = None
+        self.gemm_choices: dict[str, dict[str, str]] = {}  # rank -> signature -> formulation
+        self.pending_gemm: dict[str, dict[str, str]] = {}  # not yet in a row
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -104,12 +106,26 @@ class MetricsLogger:
             "mem_gb": memory_gib(self.device),
             "elapsed_s": time.perf_counter() - self.start,
         }
+        if self.pending_gemm:
+            row["gemm_choices"] = gemm_tally(self.pending_gemm)
+            self.pending_gemm = {}
         self.last = row
         if self.enabled:
             with self.path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             self.show_progress(row)
         return row
+
+    def add_gemm_choices(self, per_rank: dict[str, dict[str, str]], step: int) -> None:
+        """GEMM tuner picks (rank -> signature -> formulation) made up to ``step``: all of
+        them go to the summary; the next row gets a tally (signature -> formulation ->
+        ranks), which stays small however many ranks there are; each rank's own picks
+        are in its log."""
+        for rank, picks in per_rank.items():
+            self.gemm_choices.setdefault(rank, {}).update(picks)
+            self.pending_gemm.setdefault(rank, {}).update(picks)
+        if self.enabled and per_rank:
+            log.info(gemm_line(per_rank, step))
 
     def show_progress(self, row: dict) -> None:
         if self.first_step is None:
@@ -181,4 +197,29 @@ def summary_line(summary: dict) -> str:
         f"{summary['tokens_per_s']:.0f} tok/s, {summary['tflops_per_gpu']:.3g} TFLOP/s/gpu"
         f"{mfu_text}, {summary['elapsed_s']:.1f}s"
         + (" (stopped early, checkpoint saved)" if summary.get("stopped") else "")
+    )
+
+
+def gemm_tally(per_rank: dict[str, dict[str, str]]) -> dict[str, dict[str, int]]:
+    """signature -> formulation -> how many ranks picked it."""
+    tally: dict[str, dict[str, int]] = {}
+    for picks in per_rank.values():
+        for sig, name in picks.items():
+            counts = tally.setdefault(sig, {})
+            counts[name] = counts.get(name, 0) + 1
+    return tally
+
+
+def gemm_line(per_rank: dict[str, dict[str, str]], step: int) -> str:
+    """``gemm tuning in step 1: 12 signatures on 4 ranks, picks: direct 40, transposed 8
+    (each rank's in logs/rank_<N>.log)``"""
+    totals: dict[str, int] = {}
+    for counts in gemm_tally(per_rank).values():
+        for name, n in counts.items():
+            totals[name] = totals.get(name, 0) + n
+    signatures = {sig for picks in per_rank.values() for sig in picks}
+    picks = ", ".join(f"{name} {n}" for name, n in sorted(totals.items(), key=lambda kv: -kv[1]))
+    return (
+        f"gemm tuning in step {step}: {len(signatures)} signatures on {len(per_rank)} ranks, "
+        f"picks: {picks} (each rank's in logs/rank_<N>.log)"
     )

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 
 import pytest
 import torch
 
+from axonn_launch.models import ModelSpec
 from axonn_launch.train.gemm import (
     FORMULATIONS,
     GemmTuner,
@@ -14,6 +17,9 @@ from axonn_launch.train.gemm import (
     layout,
     time_formulations,
 )
+from axonn_launch.train.loop import average_loss_and_flags, gather_gemm_choices
+from axonn_launch.train.metrics import MetricsLogger, StepStats
+from tests.train.dist_utils import run_world
 
 M, K, N = 96, 40, 72  # tokens, in features, out features: nothing square
 
@@ -214,13 +220,78 @@ def test_tuner_under_autocast_keeps_a_separate_pick_and_the_dtype():
     assert len(keys) == 6 and sum(key.endswith("autocast bfloat16") for key in keys) == 3
 
 
+# ---------------------------------------------------------------------------------------
+# Recording the picks: the loop's gather over ranks, the metrics rows and summary
+
+
+def _tune_on_rank_one(rank: int, world_size: int) -> tuple:
+    """Only rank 1 tunes a GEMM; every rank must learn that and get its picks."""
+    tuner = GemmTuner(min_flops=0, warmup=0, reps=1)
+    if rank == 1:
+        tuner.mm("dw", *tp_linear_gemms()["dw"])
+    loss = torch.tensor(float(rank))
+    mean, (stop, new) = average_loss_and_flags(loss, (False, tuner.has_new), torch.device("cpu"))
+    gathered = gather_gemm_choices(tuner) if new else None
+    return mean, stop, new, gathered, tuner.has_new
+
+
+@pytest.mark.slow
+def test_any_ranks_new_picks_are_gathered_on_every_rank():
+    results = run_world(_tune_on_rank_one, 2, timeout=120)
+    picks = results[1][3]["1"]
+    assert len(picks) == 1 and next(iter(picks)).startswith("dw 72x96 col float32")
+    for mean, stop, new, gathered, still_new in results:
+        assert mean == 0.5 and not stop and new and not still_new
+        assert gathered == {"1": picks}  # rank 0 had none: not listed
+
+
+def test_single_process_gather():
+    tuner = GemmTuner(min_flops=0, warmup=0, reps=1)
+    assert gather_gemm_choices(tuner) == {} and gather_gemm_choices(None) == {}
+    tuner.mm("fwd", *tp_linear_gemms()["fwd"])
+    assert gather_gemm_choices(tuner) == {"0": tuner.choices()}
+    assert gather_gemm_choices(tuner) == {}  # taken
+
+
+def test_metrics_row_tallies_new_picks_and_summary_keeps_all(tmp_path):
+    logger = MetricsLogger(
+        job_dir=tmp_path,
+        model=ModelSpec("m", n_layer=2, d_model=64, n_head=4, vocab_size=256, max_seq_len=64),
+        seq_len=64, recompute=False, world_size=2, peak_tflops_per_gpu=0.0, total_steps=3,
+        device=torch.device("cpu"), enabled=True, progress=False, stream=io.StringIO(),
+    )  # fmt: skip
+    stats = StepStats(step=1, loss=2.0, lr=1e-3, grad_norm=1.0, step_time_s=0.1, tokens=64)
+    first = {"0": {"fwd A": "direct", "dx B": "transposed"}, "1": {"fwd A": "direct"}}
+    with capture_log("axonn_launch.train.metrics") as lines:
+        logger.add_gemm_choices(first, step=1)
+    assert lines == [
+        "gemm tuning in step 1: 2 signatures on 2 ranks, picks: direct 2, transposed 1 "
+        "(each rank's in logs/rank_<N>.log)"
+    ]
+    logger.record(stats)
+    logger.record(StepStats(**{**stats.__dict__, "step": 2}))
+    logger.add_gemm_choices({"1": {"dx B": "direct_contiguous"}}, step=3)
+    logger.record(StepStats(**{**stats.__dict__, "step": 3}))
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["gemm_choices"] == {"fwd A": {"direct": 2}, "dx B": {"transposed": 1}}
+    assert "gemm_choices" not in rows[1]
+    assert rows[2]["gemm_choices"] == {"dx B": {"direct_contiguous": 1}}
+    assert logger.gemm_choices == {
+        "0": {"fwd A": "direct", "dx B": "transposed"},
+        "1": {"fwd A": "direct", "dx B": "direct_contiguous"},
+    }
+
+
 class capture_log:
-    """Collects the messages of the tuner's logger (the job's logging setup stops the
+    """Collects the messages of a logger (the job's logging setup stops the
     ``axonn_launch`` records from propagating, so pytest's caplog may not see them)."""
+
+    def __init__(self, name: str = "axonn_launch.train.gemm") -> None:
+        self.name = name
 
     def __enter__(self) -> list[str]:
         self.lines: list[str] = []
-        self.logger = logging.getLogger("axonn_launch.train.gemm")
+        self.logger = logging.getLogger(self.name)
         self.handler = logging.Handler()
         self.handler.emit = lambda record: self.lines.append(record.getMessage())
         self.level = self.logger.level
