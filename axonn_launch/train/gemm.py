@@ -39,11 +39,22 @@ MIN_FLOPS = 2**20
 STORAGES = ("given", "row", "col")
 
 
+def _row_major(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """As ``is_contiguous`` for a matrix: strides of size-1 dimensions do not count."""
+    (rows, cols), (row_stride, col_stride) = shape, stride
+    return (cols == 1 or col_stride == 1) and (rows == 1 or row_stride == cols)
+
+
+def storage_of(shape: tuple[int, ...], stride: tuple[int, ...]) -> str:
+    """``row`` (row-major), ``col`` (column-major) or ``strided``."""
+    if _row_major(shape, stride):
+        return "row"
+    return "col" if _row_major(shape[::-1], stride[::-1]) else "strided"
+
+
 def layout(t: torch.Tensor) -> str:
     """Storage of a matrix: ``row`` (row-major), ``col`` (column-major) or ``strided``."""
-    if t.is_contiguous():
-        return "row"
-    return "col" if t.t().is_contiguous() else "strided"
+    return storage_of(tuple(t.shape), t.stride())
 
 
 def stored(t: torch.Tensor, storage: str) -> torch.Tensor:
@@ -177,19 +188,21 @@ Signature = tuple
 
 
 def signature(op: str, a: torch.Tensor, b: torch.Tensor) -> Signature:
+    """What a pick depends on; strides stand for the layouts (cheaper, on every call)."""
     kind = a.device.type
     amp = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
-    return (op, tuple(a.shape), layout(a), a.dtype, tuple(b.shape), layout(b), b.dtype, kind, amp)
+    return (op, a.shape, a.stride(), a.dtype, b.shape, b.stride(), b.dtype, kind, amp)
 
 
 def describe(sig: Signature) -> str:
     """``fwd 256x64 row float32 @ 64x192 col float32 cpu autocast bfloat16``"""
-    op, a_shape, a_layout, a_dtype, b_shape, b_layout, b_dtype, kind, amp = sig
+    op, a_shape, a_stride, a_dtype, b_shape, b_stride, b_dtype, kind, amp = sig
 
-    def operand(shape, storage, dtype) -> str:
+    def operand(shape, stride, dtype) -> str:
+        storage = storage_of(tuple(shape), stride)
         return f"{'x'.join(map(str, shape))} {storage} {str(dtype).removeprefix('torch.')}"
 
-    text = f"{op} {operand(a_shape, a_layout, a_dtype)} @ {operand(b_shape, b_layout, b_dtype)}"
+    text = f"{op} {operand(a_shape, a_stride, a_dtype)} @ {operand(b_shape, b_stride, b_dtype)}"
     text += f" {kind}"
     return text + (f" autocast {str(amp).removeprefix('torch.')}" if amp is not None else "")
 
