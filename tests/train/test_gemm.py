@@ -9,7 +9,9 @@ import logging
 import pytest
 import torch
 
+from axonn_launch.grid import Grid
 from axonn_launch.models import ModelSpec
+from axonn_launch.train import run
 from axonn_launch.train.gemm import (
     FORMULATIONS,
     GemmTuner,
@@ -20,6 +22,7 @@ from axonn_launch.train.gemm import (
 from axonn_launch.train.loop import average_loss_and_flags, gather_gemm_choices
 from axonn_launch.train.metrics import MetricsLogger, StepStats
 from tests.train.dist_utils import run_world
+from tests.train.test_loop import launch, metrics, single_env, write_job
 
 M, K, N = 96, 40, 72  # tokens, in features, out features: nothing square
 
@@ -46,6 +49,14 @@ def test_layouts_of_the_operands():
     assert [layout(t) for t in gemms["fwd"]] == ["row", "col"]
     assert [layout(t) for t in gemms["dw"]] == ["col", "row"]
     assert layout(strided_pair()[0]) == "strided"
+
+
+@pytest.mark.parametrize("shape", [(1, 5), (5, 1), (1, 1), (3, 4)])
+def test_layout_agrees_with_is_contiguous_for_size_one_dims(shape):
+    t = torch.randn(*shape)
+    for view in (t, t.t(), torch.randn(shape[0], 2 * shape[1])[:, ::2]):
+        row, col = view.is_contiguous(), view.t().is_contiguous()
+        assert layout(view) == ("row" if row else "col" if col else "strided")
 
 
 @pytest.mark.parametrize("op", ["fwd", "dx", "dw", "strided"])
@@ -280,6 +291,73 @@ def test_metrics_row_tallies_new_picks_and_summary_keeps_all(tmp_path):
         "0": {"fwd A": "direct", "dx B": "transposed"},
         "1": {"fwd A": "direct", "dx B": "direct_contiguous"},
     }
+
+
+# ---------------------------------------------------------------------------------------
+# Training runs with gemm_tuning on and off
+
+
+def picked_lines(job_dir, rank: int) -> list[str]:
+    text = (job_dir / "logs" / f"rank_{rank}.log").read_text()
+    return [line for line in text.splitlines() if "axonn_launch.train.gemm: gemm " in line]
+
+
+def check_tuned_run(job_dir, ranks: int) -> dict:
+    """The picks of a tuned run are in every rank's log, the summary and step 1's row."""
+    summary = json.loads((job_dir / "summary.json").read_text())
+    choices = summary["gemm_choices"]
+    assert sorted(choices, key=int) == [str(r) for r in range(ranks)]
+    for rank, picks in choices.items():
+        assert picks and set(picks.values()) <= set(FORMULATIONS)
+        lines = picked_lines(job_dir, int(rank))
+        assert len(lines) == len(picks)  # one line per tuned signature, none repeated
+        for sig, name in picks.items():
+            assert sum(f"gemm {sig} (" in line and f"picked {name};" in line for line in lines) == 1
+    rows = metrics(job_dir)
+    tally = rows[0]["gemm_choices"]
+    assert sum(n for counts in tally.values() for n in counts.values()) == sum(
+        len(picks) for picks in choices.values()
+    )
+    assert all("gemm_choices" not in row for row in rows[1:])  # tuned in the first step only
+    assert f"on {ranks} ranks, picks:" in (job_dir / "logs" / "rank_0.log").read_text()
+    return summary
+
+
+def check_untuned_run(job_dir, ranks: int) -> None:
+    assert json.loads((job_dir / "summary.json").read_text())["gemm_choices"] == {}
+    assert all("gemm_choices" not in row for row in metrics(job_dir))
+    assert all(picked_lines(job_dir, rank) == [] for rank in range(ranks))
+
+
+def assert_same_losses(tuned, untuned) -> None:
+    a, b = metrics(tuned), metrics(untuned)
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for x, y in zip(a, b, strict=True):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-5, abs=0)
+        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4, abs=0)
+
+
+def test_one_rank_run_with_and_without_tuning(tmp_path):
+    tuned, untuned = tmp_path / "tuned", tmp_path / "untuned"
+    for job, on in ((tuned, True), (untuned, False)):
+        spec = write_job(job, Grid(), steps=6, warmup_steps=2, data="synthetic", gemm_tuning=on)
+        run(spec, env=single_env())
+    check_tuned_run(tuned, 1)
+    check_untuned_run(untuned, 1)
+    assert_same_losses(tuned, untuned)
+
+
+@pytest.mark.slow
+def test_four_rank_grid_with_and_without_tuning(tmp_path):
+    grid = Grid(x=2, z=2)
+    tuned, untuned = tmp_path / "tuned", tmp_path / "untuned"
+    for job, on in ((tuned, True), (untuned, False)):
+        write_job(job, grid, steps=6, warmup_steps=2, micro_batch=8, data="synthetic",
+                  gemm_tuning=on)  # fmt: skip
+        launch(job, 4, "axonn_launch.train")
+    check_tuned_run(tuned, 4)
+    check_untuned_run(untuned, 4)
+    assert_same_losses(tuned, untuned)
 
 
 class capture_log:
