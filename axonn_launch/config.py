@@ -59,10 +59,13 @@ class LaunchConfig:
     max_requeue: int = 3
     site: Site = field(default_factory=Site)
     objective: str = "final_loss"  # what a sweep point returns to an optimizer (sweep.py)
+    # check GEMM speed, bandwidth and network plugin in the allocation before training
+    # (train/preflight.py); None = the machine's default: on for Slurm machines
+    preflight: bool | None = None
 
 
 # Overrides that a point's name leaves out: already in the name, or not about the run.
-UNNAMED_KEYS = ("machine", "model", "name", "dry_run", "wait", "nodes", "objective")
+UNNAMED_KEYS = ("machine", "model", "name", "dry_run", "wait", "nodes", "objective", "preflight")
 NAME_MAX = 80
 
 

@@ -4,7 +4,9 @@ the ones worth bringing back.
 ``status [PATH...] [--json]``: one row per job directory (a folder holding ``job.json``,
 found anywhere under each PATH; default ``jobs/``): job id, name, machine, model, grid,
 nodes, state, step reached / total (``metrics.jsonl``), last loss, failure class
-(``axonn_launch.failures``) and attempts. States come from one batched ``sacct`` call for
+(``axonn_launch.failures``) and attempts; under the table, why each failed job failed and
+the slow nodes the preflight named (``axonn_launch.train.preflight``; a job it stopped
+counts as a node failure of those nodes). States come from one batched ``sacct`` call for
 all jobs; without accounting, from ``squeue`` for queued jobs and from submitit's result
 pickles and the logs for ended ones.
 
@@ -12,7 +14,8 @@ pickles and the logs for ended ones.
 for each failed job whose class allows it, submit a new attempt in a sibling directory
 ``<job_dir>_attempt<N>`` that starts from a hard-linked copy of the latest checkpoint,
 with the job's original overrides plus the given ones (validated like any launch), and
-``--exclude`` for the nodes a node or collective failure points at. Both records are
+``--exclude`` for the nodes a node or collective failure points at and for the slow nodes
+its preflight named. Both records are
 updated: the old one gets ``resubmitted_as``, the new one ``attempt``, ``parent`` and
 ``lineage``. A per-job lock and the ``resubmitted_as`` mark, written before submitting,
 make it idempotent: a job that is completed, still queued or running, or already
@@ -50,6 +53,8 @@ RETRIABLE = (failures.RESUME, failures.RESUME_EXCLUDING)
 # overrides that change what a job needs per GPU: with one, an out-of-memory job may retry
 RESHAPING_KEYS = ("grid", "nodes", "train.micro_batch", "train.activation_checkpointing")
 EXCLUDE_KEY = "+machine.slurm.extra_sbatch.exclude"
+NODE_NAME = re.compile(r"[A-Za-z0-9][\w.-]*")  # what may go into --exclude
+PREFLIGHT_FILE = "preflight.json"  # rank 0 of the job writes it (train/preflight.py)
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class JobStatus:
     attempt: int
     bad_nodes: list[str] = field(default_factory=list)
     resubmitted_as: str = ""
+    slow_nodes: list[str] = field(default_factory=list)  # named by this attempt's preflight
 
 
 # --- finding and reading job directories -------------------------------------------------
@@ -181,6 +187,26 @@ def current_job_id(record: dict) -> str:
     return str(ids[-1]) if ids else ""
 
 
+def preflight_of(job_dir: Path, record: dict) -> dict | None:
+    """The preflight verdict of the job ``record`` names now: job.json's, else the job's
+    own ``preflight.json`` (written a moment before job.json could be); None for another
+    job's (a reused job dir) or none at all."""
+    job_id = current_job_id(record)
+    found = record.get("preflight")
+    if not (isinstance(found, dict) and found.get("job_id") == job_id):
+        try:
+            found = json.loads((Path(job_dir) / PREFLIGHT_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+    return found if isinstance(found, dict) and job_id and found.get("job_id") == job_id else None
+
+
+def slow_nodes_of(preflight: dict | None) -> list[str]:
+    """The preflight's slow nodes that are plain node names (they go into --exclude)."""
+    nodes = (preflight or {}).get("slow_nodes") or []
+    return [str(n) for n in nodes if NODE_NAME.fullmatch(str(n))]
+
+
 # --- the scheduler's view ------------------------------------------------------------------
 
 
@@ -263,7 +289,8 @@ def task_logs(
     job_dir: Path, job_id: str, files: dict[str, dict[int, str]], every_task: bool = True
 ) -> dict[int, str]:
     """Tail of each task's stderr (tracebacks; srun and slurmstepd write into task 0's),
-    and of task 0's stdout (Slurm: submitit's files; machine=local: logs/).
+    and of task 0's stdout (Slurm: submitit's files; machine=local: logs/), each with the
+    ``NCCL WARN`` lines of the task's NCCL log (where the preflight sent NCCL's output).
 
     ``every_task=False`` reads task 0 only: with the result pickles that settles most
     classes; the other tasks' logs matter to find the node of a collective error.
@@ -272,12 +299,25 @@ def task_logs(
         logs = {0: tail(job_dir / "axonn_launch.log")}
         for path in (job_dir / "logs").glob("rank_*.log"):
             logs[int(path.stem.split("_")[1])] = tail(path)
-        return logs
-    errs = files["log.err"] if every_task else {0: files["log.err"].get(0, "")}
-    logs = {task: tail(path) for task, path in errs.items() if path}
-    if 0 in files["log.out"]:
-        logs[0] = tail(files["log.out"][0]) + "\n" + logs.get(0, "")
+    else:
+        errs = files["log.err"] if every_task else {0: files["log.err"].get(0, "")}
+        logs = {task: tail(path) for task, path in errs.items() if path}
+        if 0 in files["log.out"]:
+            logs[0] = tail(files["log.out"][0]) + "\n" + logs.get(0, "")
+    for task in logs:
+        warned = nccl_warnings(job_dir, task)
+        if warned:
+            logs[task] += "\n" + warned
     return logs
+
+
+NCCL_LOG_NAME = "nccl_rank{rank}.log"  # in <job_dir>/logs/; NCCL_DEBUG_FILE (train/startup.py)
+
+
+def nccl_warnings(job_dir: Path, rank: int) -> str:
+    """The ``NCCL WARN`` lines at the end of rank ``rank``'s NCCL log ("" without one)."""
+    text = tail(Path(job_dir) / "logs" / NCCL_LOG_NAME.format(rank=rank))
+    return "\n".join(line for line in text.splitlines() if "NCCL WARN" in line)
 
 
 def evidence(
@@ -369,8 +409,22 @@ def diagnose(job_dir: Path, record: dict, info: SchedulerInfo | None) -> tuple[s
         first = rankfail.first_failure(job_dir)
     if first is not None:  # the rank that failed first says why, in its own words
         diagnosis = replace(diagnosis, reason=rankfail.headline(first))
+    stopped = preflight_stop(preflight_of(job_dir, record), diagnosis)
     shown = ev.state or _state_from_class(diagnosis.failure)
-    return shown, diagnosis
+    return shown, stopped or diagnosis
+
+
+def preflight_stop(preflight: dict | None, diagnosis: Diagnosis) -> Diagnosis | None:
+    """A failed job that its preflight stopped for slow nodes: a node failure of those
+    nodes (resume without them), whatever its ranks' PreflightError looks like in the logs."""
+    slow = slow_nodes_of(preflight)
+    if not slow or not (preflight or {}).get("stopped"):
+        return None
+    if diagnosis.failure in (failures.COMPLETED, failures.RUNNING):
+        return None
+    why = preflight.get("slow_reason") or f"slow nodes {', '.join(slow)}"
+    reason = f"preflight stopped the job: {why}"
+    return Diagnosis(failures.NODE_FAILURE, reason, tuple(slow))
 
 
 def _state_from_class(failure: str) -> str:
@@ -381,6 +435,7 @@ def _state_from_class(failure: str) -> str:
 
 def job_status(job_dir: Path, record: dict, info: SchedulerInfo | None) -> JobStatus:
     state, diagnosis = diagnose(job_dir, record, info)
+    preflight = preflight_of(job_dir, record)
     metrics = last_metrics(job_dir)
     results = run_results(job_dir, metrics)
     grid = record.get("grid") or {}
@@ -404,6 +459,7 @@ def job_status(job_dir: Path, record: dict, info: SchedulerInfo | None) -> JobSt
         attempt=int(record.get("attempt", 1)),
         bad_nodes=list(diagnosis.bad_nodes),
         resubmitted_as=str(record.get("resubmitted_as", "")),
+        slow_nodes=slow_nodes_of(preflight),
     )
 
 
@@ -422,8 +478,19 @@ def collect(paths: list[str]) -> list[JobStatus]:
         if settled:  # job.json tells the truth from now on
             with contextlib.suppress(OSError, ValueError):
                 update_record(job_dir, status=settled, failure=row.failure)
+        fold_preflight(job_dir, record)
         rows.append(row)
     return rows
+
+
+def fold_preflight(job_dir: Path, record: dict) -> None:
+    """Copy a preflight verdict that only preflight.json holds into job.json."""
+    preflight = preflight_of(job_dir, record)
+    if preflight is None or record.get("preflight", {}).get("job_id") == preflight["job_id"]:
+        return
+    summary = {k: v for k, v in preflight.items() if k not in ("ranks", "expected")}
+    with contextlib.suppress(OSError, ValueError):
+        update_record(job_dir, preflight=summary, slow_nodes=slow_nodes_of(preflight))
 
 
 # --- status output -------------------------------------------------------------------------
@@ -464,11 +531,19 @@ def status_main(args: argparse.Namespace) -> int:
         print(json.dumps([asdict(r) for r in rows], indent=2))
         return 0
     print(format_table(rows))
-    reasons = [r for r in rows if r.failure not in (failures.COMPLETED, failures.RUNNING)]
-    for row in reasons:
-        if row.reason and not row.resubmitted_as:
-            print(f"  {row.job_id or Path(row.job_dir).name}: {row.reason}")
+    for row in rows:
+        for note in notes(row):
+            print(f"  {row.job_id or Path(row.job_dir).name}: {note}")
     return 0
+
+
+def notes(row: JobStatus) -> list[str]:
+    """The lines under the table for one job: why it failed, and its slow nodes."""
+    ended = row.failure not in (failures.COMPLETED, failures.RUNNING)
+    lines = [row.reason] if ended and row.reason and not row.resubmitted_as else []
+    if row.slow_nodes and not any("slow nodes" in line for line in lines):
+        lines.append(f"preflight named slow nodes: {', '.join(row.slow_nodes)}")
+    return lines
 
 
 # --- resubmission --------------------------------------------------------------------------
@@ -485,13 +560,31 @@ def job_lock(job_dir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def record_lock(job_dir: Path) -> Iterator[None]:
+    """Exclusive lock on job.json's read-modify-write (launcher, job and these commands
+    all write it); not ``job_lock``, which a resubmission holds while it launches."""
+    with open(Path(job_dir) / ".record.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def write_record_file(job_dir: Path, record: dict) -> None:
+    """Replace job.json atomically (callers hold ``record_lock``)."""
+    tmp = Path(job_dir) / f"job.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
+    tmp.replace(Path(job_dir) / "job.json")
+
+
 def update_record(job_dir: Path, **updates) -> dict:
     """Re-read job.json, apply ``updates`` and replace the file atomically."""
-    record = read_record(job_dir)
-    record.update(updates)
-    tmp = job_dir / f"job.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
-    tmp.replace(job_dir / "job.json")
+    with record_lock(job_dir):
+        record = read_record(Path(job_dir))
+        record.update(updates)
+        write_record_file(job_dir, record)
     return record
 
 
@@ -568,7 +661,7 @@ def new_overrides(old: list[str], given: list[str], exclude: tuple[str, ...]) ->
     """Old overrides, replaced key by key by the given ones, plus exclusions and no wait."""
     given_keys = {_key(o) for o in given}
     merged = [o for o in old if _key(o) not in given_keys | {"wait", "dry_run", _key(EXCLUDE_KEY)}]
-    previous = [o.split("=", 1)[1] for o in old if _key(o) == _key(EXCLUDE_KEY)]
+    previous = [o.split("=", 1)[1].strip("'\"") for o in old if _key(o) == _key(EXCLUDE_KEY)]
     nodes = sorted({n for p in previous for n in p.split(",") if n} | set(exclude))
     merged += given
     if nodes and _key(EXCLUDE_KEY) not in given_keys:
@@ -578,6 +671,15 @@ def new_overrides(old: list[str], given: list[str], exclude: tuple[str, ...]) ->
 
 def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
+
+
+def for_hydra(override: str) -> str:
+    """The exclude override with its node list quoted: ``n1,n2`` unquoted is a sweep to
+    Hydra. Node names are checked (``NODE_NAME``), so the quotes hold them whole."""
+    key, _, value = override.partition("=")
+    if _key(override) != _key(EXCLUDE_KEY) or "," not in value or value[:1] in "'\"":
+        return override
+    return f"{key}='{value}'"
 
 
 def attempt_dir(job_dir: Path, attempt: int) -> Path:
@@ -619,9 +721,11 @@ def resubmit_one(status: JobStatus, args: argparse.Namespace, out) -> str:
             return f"skip  {status.job_id or '-'} {job_dir}: {why_not}"
         attempt = int(record.get("attempt", 1)) + 1
         target = attempt_dir(job_dir, attempt)
-        overrides = new_overrides(
-            original_overrides(job_dir, record), args.overrides, tuple(status.bad_nodes)
-        )
+        exclude = tuple(dict.fromkeys(status.bad_nodes + status.slow_nodes))
+        overrides = [
+            for_hydra(o)
+            for o in new_overrides(original_overrides(job_dir, record), args.overrides, exclude)
+        ]
         if args.dry_run:
             return f"would resubmit {status.job_id} ({status.failure}) as {target}: " + " ".join(
                 overrides
@@ -683,7 +787,7 @@ def submit_attempt(
         parent=str(job_dir),
         lineage=lineage,
         resumed_from=resumed_from,
-        excluded_nodes=status.bad_nodes,
+        excluded_nodes=list(dict.fromkeys(status.bad_nodes + status.slow_nodes)),
     )
     return outcome.job_id
 

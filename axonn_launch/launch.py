@@ -13,12 +13,13 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from axonn_launch import local, rankfail, render, slurm
 from axonn_launch.config import LaunchConfig
 from axonn_launch.job import TrainJob
+from axonn_launch.jobs import current_job_id, record_lock, write_record_file
 from axonn_launch.memory import GIB
 from axonn_launch.spec import JobSpec, RuntimeConfig
 from axonn_launch.validate import Resolved, resolve
@@ -56,6 +57,7 @@ def launch(
     job_dir.mkdir(parents=True, exist_ok=True)
     spec = job_spec(cfg, resolved, job_dir)
     spec.save(job_dir / "spec.json")
+    write_preflight_expectations(cfg, job_dir)
     config_yaml = resolved_yaml(config, resolved)
     (job_dir / "config.yaml").write_text(config_yaml)
     script = batch_script(cfg, resolved, job_dir)
@@ -88,6 +90,23 @@ def resolved_yaml(config: dict, resolved: Resolved) -> str:
     return OmegaConf.to_yaml(OmegaConf.create(config))
 
 
+def preflight_on(cfg: LaunchConfig) -> bool:
+    """``preflight`` as given; unset (null): on for Slurm machines, off on this computer."""
+    return cfg.preflight if cfg.preflight is not None else cfg.machine.scheduler == "slurm"
+
+
+PREFLIGHT_EXPECTED = "preflight_expected.json"  # train/preflight.py reads it
+
+
+def write_preflight_expectations(cfg: LaunchConfig, job_dir: Path) -> None:
+    """What the job's preflight compares with, from the machine profile (or nothing)."""
+    path = job_dir / PREFLIGHT_EXPECTED
+    if not preflight_on(cfg):
+        path.unlink(missing_ok=True)
+        return
+    path.write_text(json.dumps(asdict(cfg.machine.preflight_expectations()), indent=2) + "\n")
+
+
 def job_spec(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> JobSpec:
     runtime = RuntimeConfig(
         backend=cfg.machine.backend,
@@ -95,6 +114,7 @@ def job_spec(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> JobSpec:
         device_index=cfg.machine.device_index,
         peak_tflops_per_gpu=cfg.machine.hardware.peak_tflops_per_gpu,
         master_port=cfg.machine.master_port,
+        preflight=preflight_on(cfg),
     )
     return JobSpec(
         name=cfg.name,
@@ -150,8 +170,27 @@ def summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
             f" x grid.data={grid.data} x {train.accumulation_steps(grid)} micro-step(s)",
             f"nodes      {resolved.nodes} x {resolved.tasks_per_node} tasks",
             f"memory     {mem}",
+            f"preflight  {preflight_words(cfg)}",
             f"job dir    {job_dir}",
         ]
+    )
+
+
+def preflight_words(cfg: LaunchConfig) -> str:
+    if not preflight_on(cfg):
+        return "off" + ("" if cfg.preflight is False else " (preflight=true runs it)")
+    ex = cfg.machine.preflight_expectations()
+    floor = f" or {ex.gemm_min_tflops:.3g} TFLOP/s" if ex.gemm_min_tflops else ""
+    bandwidth = (
+        f"warn below {ex.intra_node_min_gbps:.3g}/{ex.inter_node_min_gbps:.3g} GB/s inside/across"
+        " nodes"
+        if ex.intra_node_min_gbps or ex.inter_node_min_gbps
+        else "logged"
+    )
+    network = f"; network /{ex.network}/ across nodes" if ex.network else ""
+    return (
+        f"on: a rank below {ex.slow_fraction:g} x the median GEMM rate{floor} is slow"
+        f" ({ex.on_slow}); all-reduce bandwidth {bandwidth}{network}"
     )
 
 
@@ -188,11 +227,23 @@ def job_record(
     }
 
 
+JOB_WRITTEN_KEYS = ("preflight", "slow_nodes")  # what the running job adds to job.json
+
+
 def write_record(job_dir: Path, record: dict, **updates) -> dict:
+    """The launcher's record, keeping what the job itself wrote into job.json for the same
+    job id (its preflight verdict); another job's (a reused job dir) is dropped."""
     record.update(updates)
-    tmp = job_dir / "job.json.tmp"
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
-    tmp.replace(job_dir / "job.json")
+    with record_lock(job_dir):
+        try:
+            on_disk = json.loads((job_dir / "job.json").read_text())
+        except (OSError, ValueError):
+            on_disk = {}
+        preflight = on_disk.get("preflight")
+        job_id = current_job_id(record)
+        if job_id and isinstance(preflight, dict) and preflight.get("job_id") == job_id:
+            record.update({k: on_disk[k] for k in JOB_WRITTEN_KEYS if k in on_disk})
+        write_record_file(job_dir, record)
     return record
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 
@@ -44,6 +45,75 @@ class Container:
     python: str = ""  # the interpreter inside the container (its venv), never the login node's
 
 
+ON_SLOW = ("stop", "warn")
+GEMM_DTYPES = ("bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class PreflightSettings:
+    """What the preflight in the allocation (``axonn_launch.train.preflight``) expects.
+
+    Floors are fractions of the ``hardware`` numbers, so that each number has one source;
+    a zero hardware number (CPU profiles) means no floor, and only the relative rule holds:
+    a rank whose GEMM rate is below ``slow_fraction`` of the job's median is slow.
+    """
+
+    gemm_size: int = 512  # square GEMM, n x n times n x n
+    gemm_dtype: str = "fp32"  # bf16 | fp32
+    gemm_floor: float = 0.5  # x hardware.peak_tflops_per_gpu: a rank below it is slow
+    slow_fraction: float = 0.5  # x the median rank's GEMM TFLOP/s: a rank below it is slow
+    # x hardware.intra_node_gbps / inter_node_gbps: all-reduce bus bandwidth below it warns
+    bandwidth_floor: float = 0.5
+    allreduce_mib: int = 4  # all-reduce message size
+    # regex that NCCL's "Using network NAME" must match on multi-node jobs ("" = any)
+    network: str = ""
+    on_slow: str = "stop"  # stop: end the job before training; warn: log and train
+
+    def __post_init__(self) -> None:
+        if self.on_slow not in ON_SLOW:
+            raise ValueError(
+                f"machine.preflight.on_slow={self.on_slow!r}: expected one of {', '.join(ON_SLOW)}"
+            )
+        if self.gemm_dtype not in GEMM_DTYPES:
+            raise ValueError(
+                f"machine.preflight.gemm_dtype={self.gemm_dtype!r}: expected one of"
+                f" {', '.join(GEMM_DTYPES)}"
+            )
+        for name in ("gemm_size", "allreduce_mib"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"machine.preflight.{name}={getattr(self, name)}: must be >= 1")
+        try:
+            re.compile(self.network)
+        except re.error as exc:
+            raise ValueError(
+                f"machine.preflight.network={self.network!r}: not a regular expression ({exc})"
+            ) from None
+        for name in ("gemm_floor", "slow_fraction", "bandwidth_floor"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(
+                    f"machine.preflight.{name}={getattr(self, name)}: must be between 0 and 1"
+                )
+
+
+@dataclass(frozen=True)
+class PreflightExpectations:
+    """The numbers one job's preflight compares with: the profile's rule made concrete.
+
+    Written by the launcher as ``<job_dir>/preflight_expected.json``; 0 = no floor.
+    """
+
+    machine: str = ""
+    gemm_size: int = 512
+    gemm_dtype: str = "fp32"
+    gemm_min_tflops: float = 0.0
+    slow_fraction: float = 0.5
+    intra_node_min_gbps: float = 0.0
+    inter_node_min_gbps: float = 0.0
+    allreduce_mib: int = 4
+    network: str = ""
+    on_slow: str = "stop"
+
+
 @dataclass(frozen=True)
 class MachineProfile:
     name: str
@@ -68,6 +138,7 @@ class MachineProfile:
     default_grid: dict[str, int] = field(default_factory=dict)
     master_port: int = 29500
     max_local_processes: int = 64  # scheduler=local only
+    preflight: PreflightSettings = field(default_factory=PreflightSettings)
 
     def __post_init__(self) -> None:
         if self.container.engine and not (self.python or self.container.python):
@@ -76,6 +147,22 @@ class MachineProfile:
                 f" ({self.container.engine}); name the interpreter inside the container (a venv"
                 f" made in it, see machines/{self.name}/README.md), or set machine.python=PATH"
             )
+
+    def preflight_expectations(self) -> PreflightExpectations:
+        """The preflight's floors: the profile's fractions times its hardware numbers."""
+        rule, hardware = self.preflight, self.hardware
+        return PreflightExpectations(
+            machine=self.name,
+            gemm_size=rule.gemm_size,
+            gemm_dtype=rule.gemm_dtype,
+            gemm_min_tflops=rule.gemm_floor * hardware.peak_tflops_per_gpu,
+            slow_fraction=rule.slow_fraction,
+            intra_node_min_gbps=rule.bandwidth_floor * hardware.intra_node_gbps,
+            inter_node_min_gbps=rule.bandwidth_floor * hardware.inter_node_gbps,
+            allreduce_mib=rule.allreduce_mib,
+            network=rule.network,
+            on_slow=rule.on_slow,
+        )
 
     def task_python(self, login_python: str) -> str:
         """The interpreter of each task: ``machine.python``, else the container's, else the

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from axonn_launch.rankfail import record_failure
 from axonn_launch.rules import job_problem
 from axonn_launch.spec import JobSpec
+from axonn_launch.train import preflight
 from axonn_launch.train.bootstrap import DistEnv, bootstrap, init_distributed
 from axonn_launch.train.checkpoint import (
     LEGACY_FORMAT,
@@ -71,9 +72,11 @@ def train_rank(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool] | No
             f"the job has {env.world_size}"
         )
     configure_threads(env)
+    preflight.prepare(spec, env)  # before NCCL starts: its log names the network it uses
     init_distributed(env)
     try:
-        log_startup(env)  # hosts, torch, devices and network plugin, in the job log
+        startup = log_startup(env)  # hosts, torch, devices and network plugin, in the job log
+        preflight.run_preflight(spec, env, startup)  # raises PreflightError: do not train here
         return _run_initialized(spec, env, should_stop or (lambda: False))
     finally:
         dist.destroy_process_group()

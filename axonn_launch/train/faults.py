@@ -1,9 +1,10 @@
 """Fault injection for tests of failure handling, driven by one environment variable.
 
-``AXONN_FAULT`` holds comma-separated faults ``KIND@stepN[:rankR][:SECONDS]``; unset or
-empty, nothing happens. A fault fires once, on the step boundary after optimizer step N
-(1-based), on rank R (default: every rank for ``pause`` and ``slow``, rank 0 otherwise),
-and only in a job's first run (not after Slurm requeued it: ``SLURM_RESTART_COUNT`` > 0):
+``AXONN_FAULT`` holds comma-separated faults; unset or empty, nothing happens. Two forms:
+
+``KIND@stepN[:rankR|:node=NODE][:SECONDS]`` fires once, on the step boundary after
+optimizer step N (1-based), on rank R or on every rank of node NODE (default: every rank
+for ``pause`` and ``slow``, rank 0 otherwise):
 
 - ``collective``: raise the error a failed NCCL/RCCL collective raises
 - ``gpu_oom``: raise the error of a CUDA allocation that does not fit
@@ -14,9 +15,20 @@ and only in a job's first run (not after Slurm requeued it: ``SLURM_RESTART_COUN
   short job reaches its time limit
 - ``exit``: end the process at once with ``os._exit(SECONDS or 1)`` (a crash outside Python)
 
-Examples: ``AXONN_FAULT=collective@step5:rank1``, ``AXONN_FAULT=pause@step9:120``.
+``slow@preflight[:rankR|:node=NODE][:FACTOR]`` makes the preflight's GEMMs on rank R (or
+on every rank of node NODE; default: every rank) do FACTOR times the work (default 8), as
+a GPU clocked down would: the preflight (``axonn_launch.train.preflight``) must then name
+that node as slow. FACTOR is extra work, not a sleep, so it shows in wall-clock and in
+CPU-time measurements alike. Only ``slow`` has a preflight form.
+
+NODE is the Slurm node name (``SLURMD_NODENAME``, else the host name:
+``axonn_launch.train.startup.node_name``). Every fault fires only in a job's first run (not
+after Slurm requeued it: ``SLURM_RESTART_COUNT`` > 0).
+
+Examples: ``AXONN_FAULT=collective@step5:rank1``, ``AXONN_FAULT=pause@step9:120``,
+``AXONN_FAULT=slow@preflight:node=n2``, ``AXONN_FAULT=slow@preflight:rank3:20``.
 The job calls ``step_hook`` once per optimizer step (``axonn_launch.job.TrainJob`` wraps
-the loop's ``should_stop`` with it).
+the loop's ``should_stop`` with it) and the preflight asks ``preflight_slowdown``.
 """
 
 from __future__ import annotations
@@ -31,17 +43,28 @@ from dataclasses import dataclass
 ENV_VAR = "AXONN_FAULT"
 KINDS = ("collective", "gpu_oom", "code", "pause", "slow", "exit")
 EVERY_RANK = ("pause", "slow")
-_FAULT = re.compile(r"(?P<kind>\w+)@step(?P<step>\d+)(?::rank(?P<rank>\d+))?(?::(?P<arg>\d+))?")
+STEP, PREFLIGHT = "step", "preflight"  # when a fault fires
+PREFLIGHT_KINDS = ("slow",)
+DEFAULT_SLOWDOWN = 8
+_FAULT = re.compile(
+    r"(?P<kind>\w+)@(?:step(?P<step>\d+)|(?P<preflight>preflight))"
+    r"(?::rank(?P<rank>\d+)|:node=(?P<node>[A-Za-z0-9][\w.-]*))?(?::(?P<arg>\d+))?"
+)
+SYNTAX = "KIND@stepN[:rankR|:node=NODE][:SECONDS] or slow@preflight[:rankR|:node=NODE][:FACTOR]"
 
 
 @dataclass(frozen=True)
 class Fault:
     kind: str
-    step: int
-    rank: int | None = None  # None: the default for the kind
+    step: int  # 0 for a preflight fault
+    rank: int | None = None  # None: the default for the kind (or every rank of ``node``)
     arg: int | None = None
+    when: str = STEP  # STEP | PREFLIGHT
+    node: str | None = None  # fires on every rank of this node
 
-    def fires_on(self, rank: int) -> bool:
+    def fires_on(self, rank: int, node: str | None = None) -> bool:
+        if self.node is not None:
+            return node == self.node
         if self.rank is not None:
             return rank == self.rank
         return self.kind in EVERY_RANK or rank == 0
@@ -55,20 +78,41 @@ def parse(text: str) -> list[Fault]:
     faults = []
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         found = _FAULT.fullmatch(item)
-        if not found or found["kind"] not in KINDS:
+        preflight = bool(found and found["preflight"])
+        kinds = PREFLIGHT_KINDS if preflight else KINDS
+        if not found or found["kind"] not in kinds:
             raise ValueError(
-                f"{ENV_VAR}={text!r}: {item!r} is not KIND@stepN[:rankR][:SECONDS]"
-                f" with KIND one of {', '.join(KINDS)}"
+                f"{ENV_VAR}={text!r}: {item!r} is not {SYNTAX} with KIND one of {', '.join(KINDS)}"
             )
         faults.append(
             Fault(
                 kind=found["kind"],
-                step=int(found["step"]),
+                step=0 if preflight else int(found["step"]),
                 rank=int(found["rank"]) if found["rank"] else None,
                 arg=int(found["arg"]) if found["arg"] else None,
+                when=PREFLIGHT if preflight else STEP,
+                node=found["node"],
             )
         )
     return faults
+
+
+def _first_run(environ) -> bool:
+    return int(environ.get("SLURM_RESTART_COUNT") or 0) == 0
+
+
+def preflight_slowdown(*, rank: int, node: str, environ=os.environ) -> int:
+    """How many times its normal work each preflight GEMM of this rank does (1: no fault)."""
+    if not _first_run(environ):
+        return 1
+    factors = [
+        f.arg or DEFAULT_SLOWDOWN
+        for f in parse(environ.get(ENV_VAR, ""))
+        if f.when == PREFLIGHT and f.fires_on(rank, node)
+    ]
+    if factors:
+        print(f"{ENV_VAR}: preflight GEMMs on rank {rank} ({node}) do {max(factors)}x the work")
+    return max(factors, default=1)
 
 
 def step_hook(
@@ -79,8 +123,15 @@ def step_hook(
     ``should_stop`` is called once per optimizer step, so the n-th call after resuming
     from ``start_step`` follows step ``start_step + n``.
     """
-    faults = [f for f in parse(environ.get(ENV_VAR, "")) if f.fires_on(rank)]
-    if not faults or int(environ.get("SLURM_RESTART_COUNT") or 0) > 0:
+    faults = [f for f in parse(environ.get(ENV_VAR, "")) if f.when == STEP]
+    if any(f.node is not None for f in faults):
+        from axonn_launch.train.startup import node_name
+
+        node = node_name(environ)
+    else:
+        node = None
+    faults = [f for f in faults if f.fires_on(rank, node)]
+    if not faults or not _first_run(environ):
         return should_stop
     calls = [start_step]
 

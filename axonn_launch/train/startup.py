@@ -5,7 +5,14 @@ network plugin that backend loaded); rank 0 also logs the whole job, host by hos
 sites ask users to check the plugin (CSCS, NERSC: ``NCCL_DEBUG=INFO`` shows ``Using network
 AWS Libfabric``), because NCCL silently falls back to TCP sockets without it. NCCL and
 RCCL load their plugin when the first communicator is made, so the record is taken after
-the process group's first collective, from the shared libraries mapped into the process.
+the process group's first collective, from the shared libraries mapped into the process,
+and, when NCCL was asked for its log (``enable_nccl_log``, done by the preflight), from
+NCCL's own ``Using network NAME`` line: the network it really chose. A mapped plugin that
+failed to initialise leaves NCCL on ``Socket``; only that line tells.
+
+Each record names the rank's node: ``SLURMD_NODENAME`` (the name Slurm knows the node by,
+which ``--exclude`` takes; on the local test cluster every node has the same host name),
+else the host name.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from axonn_launch.jobs import NCCL_LOG_NAME
 from axonn_launch.train.bootstrap import DistEnv
 
 log = logging.getLogger(__name__)
@@ -30,6 +38,52 @@ PLUGIN_LIBRARY = re.compile(
     r"/(?:lib(?:nccl|rccl)-net[\w.-]*\.so[\w.]*|[^\s]*aws-ofi[^\s]*\.so[\w.]*)$"
 )
 PLUGIN_ENV = ("NCCL_NET_PLUGIN", "NCCL_NET")
+# NCCL and RCCL log "<host>:<pid>:<tid> [<dev>] NCCL INFO Using network <NAME>" once per
+# communicator (init.cc); aws-ofi-nccl's NAME is Libfabric, "AWS Libfabric" or OFI
+NCCL_NETWORK = re.compile(r"NCCL INFO Using network (?P<name>\S.*?)\s*$", re.M)
+
+
+def node_name(environ: Mapping[str, str] = os.environ) -> str:
+    """The node this process runs on, as the scheduler names it."""
+    return environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def enable_nccl_log(job_dir: str | Path, rank: int, environ=os.environ) -> None:
+    """Before NCCL starts: have it write its INIT and NET lines to
+    ``<job_dir>/logs/nccl_rank<R>.log``. Variables the user set are left as they are.
+    NCCL's WARN lines go there too, not to stderr: ``jobs status`` reads them there."""
+    environ.setdefault("NCCL_DEBUG", "INFO")
+    environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
+    path = Path(job_dir) / "logs" / NCCL_LOG_NAME.format(rank=rank)
+    environ.setdefault("NCCL_DEBUG_FILE", str(path))
+
+
+def nccl_log_path(environ: Mapping[str, str], pid: int, host: str) -> Path | None:
+    """The file NCCL_DEBUG_FILE names for this process (NCCL expands %h and %p)."""
+    template = environ.get("NCCL_DEBUG_FILE")
+    if not template:
+        return None
+    return Path(template.replace("%h", host).replace("%p", str(pid)))
+
+
+def nccl_networks(log_text: str) -> list[str]:
+    """The networks NCCL says it uses, from its log, each once, in order."""
+    found: list[str] = []
+    for match in NCCL_NETWORK.finditer(log_text):
+        if match["name"] not in found:
+            found.append(match["name"])
+    return found
+
+
+def chosen_network(backend: str, environ: Mapping[str, str] = os.environ) -> str:
+    """What NCCL's log says it chose in this process; "" when there is no such log."""
+    path = nccl_log_path(environ, os.getpid(), socket.gethostname())
+    if backend == "gloo" or path is None:
+        return ""
+    try:
+        return ", ".join(nccl_networks(path.read_text(errors="replace")))
+    except OSError:
+        return ""
 
 
 def plugin_libraries(maps_text: str) -> list[str]:
@@ -43,14 +97,17 @@ def plugin_libraries(maps_text: str) -> list[str]:
     return found
 
 
-def network_plugin(backend: str, maps_text: str, environ: Mapping[str, str]) -> str:
+def network_plugin(
+    backend: str, maps_text: str, environ: Mapping[str, str], chosen: str = ""
+) -> str:
     """What carries this rank's collectives across nodes, in words."""
     if backend == "gloo":
         return "gloo, no network plugin"
     libraries = plugin_libraries(maps_text)
     loaded = ", ".join(libraries) if libraries else "none loaded (NCCL's own sockets/IB)"
     asked = ", ".join(f"{key}={environ[key]!r}" for key in PLUGIN_ENV if environ.get(key))
-    return f"{_nccl_name()}, plugin: {loaded}" + (f"; {asked}" if asked else "")
+    using = f"; NCCL uses network {chosen}" if chosen else ""
+    return f"{_nccl_name()}, plugin: {loaded}{using}" + (f"; {asked}" if asked else "")
 
 
 def devices_seen(device: str) -> str:
@@ -68,15 +125,19 @@ def devices_seen(device: str) -> str:
     return f"{count} x {'/'.join(names)}, using {device}" + (f" ({where})" if where else "")
 
 
-def rank_record(env: DistEnv) -> dict[str, str | int]:
+def rank_record(env: DistEnv) -> dict:
     maps = Path("/proc/self/maps")
     maps_text = maps.read_text() if maps.exists() else ""
+    chosen = chosen_network(env.backend)
     return {
         "rank": env.rank,
         "host": socket.gethostname(),
+        "node": node_name(),
         "torch": torch.__version__,
         "devices": devices_seen(env.device),
-        "network": network_plugin(env.backend, maps_text, os.environ),
+        "network": network_plugin(env.backend, maps_text, os.environ, chosen),
+        "nccl_network": chosen,  # "" without NCCL's log
+        "plugin_libraries": plugin_libraries(maps_text) if env.backend != "gloo" else [],
     }
 
 
@@ -101,8 +162,8 @@ def log_startup(env: DistEnv) -> list[dict]:
 def job_summary(records: list[dict]) -> list[str]:
     """One line for the job, then one per host: its ranks and what they see."""
     hosts: dict[str, list[dict]] = {}
-    for record in records:
-        hosts.setdefault(str(record["host"]), []).append(record)
+    for record in records:  # by node: Slurm's name where the host names are all one
+        hosts.setdefault(str(record.get("node") or record["host"]), []).append(record)
     lines = [f"{len(records)} ranks on {len(hosts)} hosts: {', '.join(hosts)}"]
     for host, ranks in hosts.items():
         seen = {f"{r['devices']}; network: {r['network']}; torch {r['torch']}" for r in ranks}
