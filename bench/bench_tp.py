@@ -7,13 +7,22 @@ step) with a full training step (forward, backward, gradient sync, clipping, Ada
   (b) PyTorch's own tensor parallelism (``torch.distributed.tensor.parallel``,
       Megatron-style ColwiseParallel for q/k/v/MLP-up and RowwiseParallel for
       attention-out/MLP-down on a 1-D DeviceMesh; embeddings and norms replicated);
-  (c) ``axonn_launch.train.model.GPT`` on the grids x=2,y=2 / x=4 / z=4 (overlaps on).
+  (c) ``axonn_launch.train.model.GPT`` on the grids x=2,y=2 / x=4 / y=4 / z=4 (overlaps
+      on); y=4 is the layout of (b): heads and MLP units split, Linears' all-reduces of
+      T*h; x=4 splits the hidden dim instead and all-reduces 3x as much (tp_findings.md).
 
 All multi-rank runs use gloo on CPU with one thread per rank. Memory is the bytes of the
 rank's parameters + gradients + AdamW state after a step (the target is full/(x*y*z))
 and the process's peak RSS (which includes the PyTorch runtime itself).
 
   python bench/bench_tp.py [--steps 5] [--rounds 2] [--layers 4] [--hidden 512] [--seq 128]
+
+``--profile`` instead measures where each rank-0 step goes without trusting wall-clock
+on a shared machine: the share of torch.profiler self CPU time per kind of op (GEMM,
+attention, collectives, copies, element-wise, optimizer), the top ops, and the number of
+collectives per step and their elements (ours: from the ``Comm`` recorder; PyTorch TP:
+the c10d ops in the profile), for PyTorch TP and the grids x=4, y=4 and x=2,y=2.
+It writes ``bench/results/tp_profile.md``.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from axonn_launch.models import ModelSpec  # noqa: E402
 from axonn_launch.spec import OverlapConfig  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_tp.md"
+PROFILE_RESULTS = Path(__file__).resolve().parent / "results" / "tp_profile.md"
 LR, MAX_NORM = 1e-3, 1.0
 
 
@@ -126,7 +136,8 @@ def _batch(spec: ModelSpec, batch: int, seq: int, step: int):
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def run_axonn(rank: int, spec: ModelSpec, grid: Grid, batch: int, seq: int, steps: int):
+def axonn_step(rank: int, spec: ModelSpec, grid: Grid, batch: int, seq: int):
+    """(one training step of ours on this rank, the model, the optimizer)."""
     from axonn_launch.train.groups import build_groups
     from axonn_launch.train.model import GPT, clip_grad_norm_, finish_gradients
 
@@ -144,6 +155,11 @@ def run_axonn(rank: int, spec: ModelSpec, grid: Grid, batch: int, seq: int, step
         opt.step()
         opt.zero_grad(set_to_none=False)
 
+    return step, model, opt
+
+
+def run_axonn(rank: int, spec: ModelSpec, grid: Grid, batch: int, seq: int, steps: int):
+    step, model, opt = axonn_step(rank, spec, grid, batch, seq)
     times = _timed_steps(step, steps)
     return times, _state_bytes(list(model.parameters()), opt)
 
@@ -167,7 +183,8 @@ def _clip_mixed(params, max_norm: float) -> None:
         (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).mul_(coef)
 
 
-def run_torch_tp(rank: int, spec: ModelSpec, world: int, batch: int, seq: int, steps: int):
+def torch_tp_step(spec: ModelSpec, world: int, batch: int, seq: int):
+    """(one training step of PyTorch TP on this rank, the model, the optimizer)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -193,6 +210,11 @@ def run_torch_tp(rank: int, spec: ModelSpec, world: int, batch: int, seq: int, s
         opt.step()
         opt.zero_grad(set_to_none=False)
 
+    return step, model, opt
+
+
+def run_torch_tp(rank: int, spec: ModelSpec, world: int, batch: int, seq: int, steps: int):
+    step, model, opt = torch_tp_step(spec, world, batch, seq)
     times = _timed_steps(step, steps)
     return times, _state_bytes(list(model.parameters()), opt)
 
@@ -225,11 +247,123 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+# ---------------------------------------------------------------------------------------
+# --profile: where a step's time goes, as shares of profiler self time (not wall-clock)
+
+KINDS = (
+    ("collective", ("gloo", "c10d", "allreduce", "all_reduce", "allgather", "all_gather",
+                    "reduce_scatter", "_reduce_scatter", "record_param_comms", "wait")),
+    ("attention", ("scaled_dot_product", "flash_attention", "efficient_attention")),
+    ("gemm", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear",
+              "aten::matmul")),
+    ("copy", ("aten::copy_", "aten::clone", "aten::contiguous", "aten::cat", "aten::stack",
+              "aten::_to_copy", "aten::index_select", "aten::embedding", "aten::gather")),
+    ("optimizer", ("adam", "_foreach", "optimizer")),
+)  # fmt: skip
+
+
+def op_kind(name: str) -> str:
+    """The kind of a profiler op. The self time of an autograd Function's own event
+    (``_TPLinearFunction``, ...) is its Python and, above all, the blocking waits of the
+    collectives it issues (gloo's wait is no op of its own), hence its own kind."""
+    lowered = name.lower()
+    for kind, needles in KINDS:
+        if any(needle.lower() in lowered for needle in needles):
+            return kind
+    if "::" not in name and name != "PythonSubclass":
+        return "autograd Function (Python + blocking waits)"
+    return "elementwise/other"
+
+
+def profile_steps(step, steps: int) -> dict:
+    """Self CPU time per op over ``steps`` steps after two warm-up steps (rank-local)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for i in range(2):
+        step(i)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i in range(2, 2 + steps):
+            step(i)
+    ops = {}
+    for event in prof.key_averages():
+        ops[event.key] = (event.self_cpu_time_total / steps / 1e3, event.count / steps)
+    return ops  # name -> (self ms per step, calls per step)
+
+
+def _axonn_collectives(step, model) -> list[tuple[str, str, str, int, int]]:
+    """(op, axis, tag group, count, elements) per step, from the Comm recorder."""
+    with model.comm.recording() as rec:
+        step(100)
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for r in rec.records:
+        tag = r.tag.split(".")[-1] if r.tag.startswith("blocks.") else r.tag
+        entry = groups.setdefault((r.op, r.axis, tag), [0, 0])
+        entry[0] += 1
+        entry[1] += r.numel
+    return sorted((op, axis, tag, n, e) for (op, axis, tag), (n, e) in groups.items())
+
+
+def _profile_worker(rank: int, world: int, kind: str, args: dict) -> dict:
+    spec, batch, seq = ModelSpec(**args["spec"]), args["batch"], args["seq"]
+    if kind == "torch_tp":
+        step, model, _ = torch_tp_step(spec, world, batch, seq)
+        collectives = None
+    else:
+        step, model, _ = axonn_step(rank, spec, Grid(**args["grid"]), batch, seq)
+        collectives = _axonn_collectives(step, model)
+    ops = profile_steps(step, args["steps"])
+    return {"ops": ops, "collectives": collectives}
+
+
+def _profile_table(label: str, result: dict) -> list[str]:
+    ops = result["ops"]
+    total = sum(ms for ms, _ in ops.values()) or float("nan")
+    kinds: dict[str, float] = {}
+    for name, (ms, _) in ops.items():
+        kinds[op_kind(name)] = kinds.get(op_kind(name), 0.0) + ms
+    lines = [f"### {label}", "", f"Self CPU time of rank 0: {total:.0f} ms per step.", "",
+             "| kind | share | ms per step |", "|---|---|---|"]  # fmt: skip
+    for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {kind} | {ms / total:.1%} | {ms:.0f} |")
+    lines += ["", "| top op | kind | share | calls per step |", "|---|---|---|---|"]
+    for name, (ms, calls) in sorted(ops.items(), key=lambda kv: -kv[1][0])[:12]:
+        lines.append(f"| `{name}` | {op_kind(name)} | {ms / total:.1%} | {calls:.0f} |")
+    if result["collectives"] is not None:
+        lines += ["", "| collective | axis | tag | per step | elements per step |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for op, axis, tag, n, elements in result["collectives"]:
+            lines.append(f"| {op} | {axis} | {tag} | {n} | {elements} |")
+    else:
+        c10d = {k: calls for k, (_, calls) in ops.items() if k.startswith("c10d::")}
+        lines += ["", "c10d ops per step: " + ", ".join(f"`{k}` {v:.0f}" for k, v in
+                                                        sorted(c10d.items()))]  # fmt: skip
+    return lines + [""]
+
+
+def profile_report(args: dict, grids: list[Grid]) -> str:
+    results = [("PyTorch TP (Colwise/Rowwise)", run_world("profile:torch_tp", 4, args))]
+    for grid in grids:
+        grid_args = {**args, "grid": grid.as_dict()}
+        results.append((f"ours {grid.describe()}", run_world("profile:axonn", 4, grid_args)))
+    lines = []
+    for label, per_rank in results:
+        lines += _profile_table(label, per_rank[0]["profile"])
+    return "\n".join(lines)
+
+
 def _worker(rank: int, world: int, port: int, out_dir: str, kind: str, args: dict) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=600))  # fmt: skip
     spec = ModelSpec(**args["spec"])
+    if kind.startswith("profile:"):
+        result = _profile_worker(rank, world, kind.split(":", 1)[1], args) if rank == 0 else None
+        if rank != 0:  # the other ranks run the same steps unprofiled
+            _profile_worker(rank, world, kind.split(":", 1)[1], args)
+        Path(out_dir, f"{rank}.json").write_text(json.dumps({"profile": result}))
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     if kind == "torch_tp":
         times, state = run_torch_tp(rank, spec, world, args["batch"], args["seq"], args["steps"])
     else:
@@ -286,12 +420,28 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2, help="repeat all runs; keep the best")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--profile", action="store_true", help="profile shares, not timings")
     a = parser.parse_args()
     spec = ModelSpec("bench", n_layer=a.layers, d_model=a.hidden, n_head=a.heads,
                      vocab_size=a.vocab, max_seq_len=a.seq)  # fmt: skip
     args = {"spec": spec.__dict__, "batch": a.batch, "seq": a.seq, "steps": a.steps}
     torch.set_num_threads(1)
+    command = "python bench/bench_tp.py " + " ".join(sys.argv[1:])
+    if a.profile:
+        report = profile_report(args, [Grid(x=4), Grid(y=4), Grid(x=2, y=2)])
+        header = (
+            f"# Where a tensor-parallel step goes (torch.profiler self time, rank 0)\n\n"
+            f"Model: {spec.n_layer} layers, h={spec.d_model}, {spec.n_head} heads, "
+            f"s={a.seq}, vocab {spec.vocab_size}; {a.batch} sequences per step; "
+            f"{a.steps} profiled steps after 2 warm-up steps; gloo, 4 ranks, one "
+            f"thread each, torch {torch.__version__}.\n\nCommand: `{command.strip()}`\n\n"
+        )
+        print(header + report)
+        out = a.out or PROFILE_RESULTS
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(header + report)
+        return
 
     def single() -> list[dict]:
         times, state = run_single(spec, a.batch, a.seq, a.steps)
@@ -301,7 +451,7 @@ def main() -> None:
         ("(a) 1 rank", 1, 1, single),
         ("(b) PyTorch TP (Colwise/Rowwise)", 4, 4, lambda: run_world("torch_tp", 4, args)),
     ]
-    for grid in (Grid(x=2, y=2), Grid(x=4), Grid(z=4)):
+    for grid in (Grid(x=2, y=2), Grid(x=4), Grid(y=4), Grid(z=4)):
         grid_args = {**args, "grid": grid.as_dict()}
         runs.append((f"(c) ours {grid.describe()}", 4, grid.tensor_parallel,
                      lambda grid_args=grid_args: run_world("axonn", 4, grid_args)))  # fmt: skip
@@ -315,7 +465,6 @@ def main() -> None:
     rows = [_row(label, ranks, results[label], full_state, shards)
             for label, ranks, shards, _ in runs]  # fmt: skip
 
-    command = "python bench/bench_tp.py " + " ".join(sys.argv[1:])
     report = "\n".join([
         "# Tensor-parallel step time and memory",
         "",
@@ -336,8 +485,9 @@ def main() -> None:
         "",
     ])  # fmt: skip
     print(report)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(report)
+    out = a.out or RESULTS
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report)
 
 
 if __name__ == "__main__":

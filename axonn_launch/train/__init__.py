@@ -31,6 +31,7 @@ from axonn_launch.train.checkpoint import (
     rng_state,
     set_rng_state,
 )
+from axonn_launch.train.comm import resolve_wire
 from axonn_launch.train.data import Loader, open_source
 from axonn_launch.train.groups import build_groups
 from axonn_launch.train.logs import setup_logging
@@ -104,6 +105,10 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
         activation_checkpointing=train.activation_checkpointing,
         seed=train.seed,
         device=device,
+        wire=resolve_wire(train.wire, compute_dtype(train, device)),
+        cache_layers=train.cache_layers,
+        ors_window=train.ors_window,
+        gemm_tuning=train.gemm_tuning,
     )
     optimizer = build_optimizer(model, train)
     loader = Loader(

@@ -5,7 +5,13 @@ A ``Comm`` wraps the grid's ``Groups``. Collectives are addressed by axis name
 recorded). A ``Recorder`` attached to a ``Comm`` (``with comm.recording() as rec``)
 logs each collective as (op, axis, group size, elements, dtype, tag) so tests can
 count them. For all-gather and reduce-scatter the recorded size is the gathered
-(full) size, the convention of the AxoNN volume table.
+(full) size, the convention of the AxoNN volume table; ``CommRecord.bytes`` is that
+size times the element size of the dtype that travelled.
+
+Wire dtypes (axonn.md section 3.1): ``resolve_wire`` turns the job's ``WireConfig`` and
+compute dtype into a ``Wire`` of torch dtypes, the one place where "auto" is decided.
+The collectives that take a ``dtype`` send the tensor in that dtype and return the
+result in it; over a group of one nothing travels, so nothing is cast either.
 
 Gloo gained ``reduce_scatter_tensor`` only in recent torch releases. Where it is
 missing (or when ``reduce_scatter_fallback=True``) a reduce-scatter runs as an
@@ -23,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from axonn_launch.spec import WireConfig
 from axonn_launch.train.groups import Groups
 
 _GLOO_NATIVE_REDUCE_SCATTER = (2, 6)  # torch release from which gloo is assumed to have it
@@ -30,6 +37,43 @@ _GLOO_NATIVE_REDUCE_SCATTER = (2, 6)  # torch release from which gloo is assumed
 # Newer torch names the single-tensor collectives *_single and deprecates the old names.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+_WIRE_NAMES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Wire:
+    """The dtype in which each tensor-parallel collective travels.
+
+    ``all_gather``: weight blocks gathered over z (every ``TPLinear`` and the token
+    table); ``reduce_scatter``: their gradients reduce-scattered over z;
+    ``all_reduce``: the input-gradient (dX) all-reduces of the ``TPLinear``s over x and
+    y. Nothing else is affected: forward activations travel in the dtype the compute
+    produced, LayerNorm statistics and losses in fp32, and the z and data gradient
+    all-reduces of ``finish_gradients`` in the fp32 of ``param.grad``.
+    """
+
+    all_gather: torch.dtype = torch.float32
+    reduce_scatter: torch.dtype = torch.float32
+    all_reduce: torch.dtype = torch.float32
+
+
+FP32_WIRE = Wire()
+
+
+def resolve_wire(config: WireConfig, compute: torch.dtype) -> Wire:
+    """``auto`` is bf16 when the job computes in bf16 (autocast) and fp32 otherwise."""
+    auto = torch.bfloat16 if compute == torch.bfloat16 else torch.float32
+
+    def pick(name: str) -> torch.dtype:
+        return auto if name == "auto" else _WIRE_NAMES[name]
+
+    return Wire(
+        all_gather=pick(config.all_gather),
+        reduce_scatter=pick(config.reduce_scatter),
+        all_reduce=pick(config.all_reduce),
+    )
 
 
 @dataclass(frozen=True)
@@ -40,6 +84,11 @@ class CommRecord:
     numel: int  # all-reduce: tensor size; all-gather / reduce-scatter: gathered size
     dtype: torch.dtype
     tag: str = ""
+
+    @property
+    def bytes(self) -> int:
+        """Size in bytes of the dtype that travelled (gathered size for AG / RS)."""
+        return self.numel * self.dtype.itemsize
 
 
 @dataclass
@@ -64,6 +113,11 @@ class Recorder:
     def total(self, op: str | None = None, axis: str | None = None, tag: str | None = None) -> int:
         return sum(r.numel for r in self.select(op, axis, tag))
 
+    def total_bytes(
+        self, op: str | None = None, axis: str | None = None, tag: str | None = None
+    ) -> int:
+        return sum(r.bytes for r in self.select(op, axis, tag))
+
     def clear(self) -> None:
         self.records.clear()
 
@@ -86,6 +140,11 @@ class Handle:
 
 def _done() -> Handle:
     return Handle()
+
+
+def _on_wire(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """The tensor as it is sent: cast to ``dtype`` (a copy) when that differs."""
+    return tensor if dtype is None else tensor.to(dtype)
 
 
 class Comm:
@@ -139,6 +198,20 @@ class Comm:
         )
         return Handle(work)
 
+    def all_reduce_as(
+        self, tensor: torch.Tensor, axis: str, dtype: torch.dtype, *, tag: str = "",
+        async_op: bool = False,
+    ) -> tuple[torch.Tensor, Handle]:  # fmt: skip
+        """Sum over ``axis`` sent in ``dtype``; returns the sum (in ``dtype``).
+
+        ``tensor`` itself is summed in place when it already has ``dtype``; otherwise a
+        cast copy is. Over a group of one, ``tensor`` comes back unchanged.
+        """
+        if self.size(axis) == 1:
+            return tensor, _done()
+        sent = _on_wire(tensor, dtype)
+        return sent, self.all_reduce(sent, axis, tag=tag, async_op=async_op)
+
     def all_gather(
         self,
         shard: torch.Tensor,
@@ -147,16 +220,18 @@ class Comm:
         tag: str = "",
         async_op: bool = False,
         group_name: str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> tuple[torch.Tensor, Handle]:
         """Concatenate every member's ``shard`` along dim 0, in group order.
 
         ``group_name`` picks another communicator with the same members as ``axis``
-        (``"z_gather"``); the record still names ``axis``.
+        (``"z_gather"``); the record still names ``axis``. With ``dtype`` the shard is
+        sent, and the result returned, in that dtype.
         """
         p = self.size(axis)
         if p == 1:
             return shard, _done()
-        shard = shard.contiguous()
+        shard = _on_wire(shard, dtype).contiguous()
         out = shard.new_empty((p * shard.shape[0], *shard.shape[1:]))
         self._record("all_gather", axis, out.numel(), shard.dtype, tag)
         group = self.groups.group(group_name or axis)
@@ -164,16 +239,23 @@ class Comm:
         return out, Handle(work)
 
     def reduce_scatter(
-        self, full: torch.Tensor, axis: str, *, tag: str = "", async_op: bool = False
+        self,
+        full: torch.Tensor,
+        axis: str,
+        *,
+        tag: str = "",
+        async_op: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> tuple[torch.Tensor, Handle]:
         """Sum ``full`` over ``axis`` and keep this rank's dim-0 chunk.
 
-        ``full`` may be overwritten (the fallback reduces it in place).
+        ``full`` may be overwritten (the fallback reduces it in place). With ``dtype``
+        it is sent, and the chunk returned, in that dtype.
         """
         p = self.size(axis)
         if p == 1:
             return full, _done()
-        full = full.contiguous()
+        full = _on_wire(full, dtype).contiguous()
         self._record("reduce_scatter", axis, full.numel(), full.dtype, tag)
         group = self.groups.group(axis)
         out = full.new_empty((full.shape[0] // p, *full.shape[1:]))

@@ -5,14 +5,29 @@
   flattened and split again over z. Non-transposed: inner = x, outer = y; transposed:
   inner = y, outer = x, so a non-transposed layer feeds a transposed one with no
   re-distribution. Forward: all-gather W over z, GEMM, all-reduce over inner.
-  Backward: all-gather W over z again (nothing but the z shard is kept between the
-  passes), dX GEMM, all-reduce dX over outer, dW GEMM, reduce-scatter dW over z.
-* ``OverlapRuntime``: the three switchable overlaps of the AxoNN paper (OAR, ORS, OAG).
-* ``TPLayerNorm``: LayerNorm over a hidden dimension split over x, exact because the
-  mean and variance are all-reduced over x.
+  Backward: all-gather W over z again (unless the layer's block is cached, below),
+  dX GEMM, all-reduce dX over outer, dW GEMM, reduce-scatter dW over z. The three
+  GEMMs go through the model's ``GemmTuner`` (``fwd``, ``dx``, ``dw``).
+* ``OverlapRuntime``: the per-model state of the three switchable overlaps of the
+  AxoNN paper (OAR, ORS, OAG), the weight cache, the bound on pending reduce-scatters
+  (the ORS window), the wire dtypes and the GEMM tuner.
+* ``TPLayerNorm``: LayerNorm over a hidden dimension split over x, exact at any mean
+  offset: each x member's per-token (shift, mean correction, M2) are all-gathered over
+  x and merged (Chan et al.'s parallel variance), one collective forward and one
+  all-reduce of (sum g, sum g*x_hat) backward.
 * ``VocabParallelEmbedding``: token embedding split by vocab rows over the x*y plane
   and flattened over z, position embedding split by columns over x, the tied LM head
   and the vocab-parallel cross-entropy.
+
+Wire dtypes (``comm.Wire``): the z all-gathers of weight blocks (every ``TPLinear`` and
+the token table), the z reduce-scatters of their gradients and the dX all-reduces of
+the ``TPLinear``s travel in the wire dtype; reduce-scattered shards are added to the
+fp32 ``param.grad``. Master weights stay fp32.
+
+Weight caching (``set_plans(cached=...)``): a cached Linear keeps the block gathered by
+its forward (in the wire dtype) for the recomputed forward of activation checkpointing
+and for its backward, which frees it; nothing is re-gathered and OAG prefetches skip
+those requests. The cache is emptied by ``begin_micro_step`` and ``drop_prefetched``.
 
 Activations between layers are ``[batch, seq, h/x]``, replicated over y.
 """
@@ -20,6 +35,7 @@ Activations between layers are ``[batch, seq, h/x]``, replicated over y.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +43,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from axonn_launch.spec import OverlapConfig
-from axonn_launch.train.comm import Comm, Handle
+from axonn_launch.train.comm import FP32_WIRE, Comm, Handle, Wire
+from axonn_launch.train.gemm import GemmTuner
 from axonn_launch.train.groups import Groups
 
 # ---------------------------------------------------------------------------------------
@@ -95,28 +112,93 @@ def _chunk_or_fail(size: int, parts: int, what: str) -> int:
 # Overlap runtime: prefetched weight all-gathers and deferred weight-grad reduce-scatters
 
 
+# What a scheduled weight request does with the weight cache
+GATHER, KEEP, REUSE, RELEASE = "gather", "keep", "reuse", "release"
+
+
+@dataclass(frozen=True)
+class _Request:
+    layer: TPLinear
+    action: str  # GATHER | KEEP (gather and cache) | REUSE (cached) | RELEASE (cached, last use)
+    next_gather: int | None  # the next position in the schedule that gathers (OAG)
+
+
+def _cache_actions(plan: list[TPLinear], cached: list[TPLinear]) -> list[str]:
+    """A cached layer gathers at its first request, reads the cache at the later ones
+    and frees it at its last; every other request gathers."""
+    cached_ids = {id(layer) for layer in cached}
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for position, layer in enumerate(plan):
+        first.setdefault(id(layer), position)
+        last[id(layer)] = position
+    actions = []
+    for position, layer in enumerate(plan):
+        key = id(layer)
+        if key not in cached_ids or first[key] == last[key]:
+            actions.append(GATHER)
+        else:
+            actions.append(KEEP if position == first[key] else
+                           RELEASE if position == last[key] else REUSE)  # fmt: skip
+    return actions
+
+
+def _schedule(plan: list[TPLinear], cached: list[TPLinear]) -> list[_Request]:
+    """The plan's requests with their cache action and the next request that gathers."""
+    actions = _cache_actions(plan, cached)
+    requests: list[_Request] = []
+    upcoming = None
+    for position in reversed(range(len(plan))):
+        requests.append(_Request(plan[position], actions[position], upcoming))
+        if actions[position] in (GATHER, KEEP):
+            upcoming = position
+    return requests[::-1]
+
+
 class OverlapRuntime:
     """State of the overlaps for one model, shared by its ``TPLinear`` layers.
 
     OAG: the model gives the order in which layers will ask for their gathered weights
     during a micro-step (``set_plans``); whenever a layer takes its weight, the all-gather
-    of the next layer in that order is started. A layer that was not prefetched gathers
-    synchronously, so a wrong guess only costs time. ORS: weight-grad reduce-scatters
-    are started in backward and waited in ``flush_deferred_grads`` (the start of the next
-    forward, or ``finish_gradients``), where the shard is added to ``param.grad``.
+    of the next request in that order that gathers is started. A layer that was not
+    prefetched gathers synchronously, so a wrong guess only costs time. ORS:
+    weight-grad reduce-scatters are started in backward and waited in
+    ``flush_deferred_grads`` (the start of the next forward, or ``finish_gradients``),
+    where the shard is added to ``param.grad``; with ``max_pending`` > 0, starting one
+    more than that many waits the oldest first, in order (0 = no bound). Adding the same
+    shards in the same order, the bound does not change any gradient bit.
     """
 
-    def __init__(self, comm: Comm, overlap: OverlapConfig) -> None:
+    def __init__(
+        self,
+        comm: Comm,
+        overlap: OverlapConfig,
+        *,
+        wire: Wire = FP32_WIRE,
+        max_pending: int = 0,
+        gemm_tuning: bool = False,
+    ) -> None:
         self.comm = comm
         self.overlap = overlap
-        self._plans: dict[bool, list[TPLinear]] = {True: [], False: []}
-        self._schedule: list[TPLinear] = []
+        self.wire = wire
+        self.max_pending = max_pending
+        self.peak_pending = 0  # most reduce-scatters pending at once so far (a measurement)
+        self.tuner = GemmTuner(enabled=gemm_tuning)
+        self._plans: dict[bool, list[_Request]] = {True: [], False: []}
+        self._schedule: list[_Request] = []
         self._cursor = 0
         self._prefetched: dict[int, tuple[torch.Tensor, Handle]] = {}
-        self._deferred: list[tuple[nn.Parameter, torch.Tensor, Handle]] = []
+        self._cache: dict[int, torch.Tensor] = {}
+        self._deferred: deque[tuple[nn.Parameter, torch.Tensor, Handle]] = deque()
 
-    def set_plans(self, *, training: list[TPLinear], inference: list[TPLinear]) -> None:
-        self._plans = {True: list(training), False: list(inference)}
+    def set_plans(
+        self, *, training: list[TPLinear], inference: list[TPLinear],
+        cached: list[TPLinear] = (),
+    ) -> None:  # fmt: skip
+        """Request orders of a training and an inference micro-step; ``cached`` layers
+        keep their gathered weight through a training micro-step."""
+        self._plans = {True: _schedule(list(training), list(cached)),
+                       False: _schedule(list(inference), [])}  # fmt: skip
 
     def begin_micro_step(self, *, training: bool) -> None:
         """Start of a forward: settle pending work, then prefetch the first weight."""
@@ -125,23 +207,41 @@ class OverlapRuntime:
         self._schedule = self._plans[training]
         self._cursor = 0
         if self.overlap.all_gather and self._schedule:
-            self._prefetch(self._schedule[0])
+            self._prefetch(self._schedule[0].layer)
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of the gathered weight blocks held in the cache now."""
+        return sum(flat.numel() * flat.element_size() for flat in self._cache.values())
 
     def gathered_weight(self, layer: TPLinear) -> torch.Tensor:
         position = self._advance_to(layer)
+        action = GATHER if position is None else self._schedule[position].action
+        flat = self._cache.get(id(layer))
+        if flat is not None and action == RELEASE:
+            del self._cache[id(layer)]
+        if flat is None:
+            flat = self._take_gathered(layer)
+            if action == KEEP:
+                self._cache[id(layer)] = flat
+        if self.overlap.all_gather and position is not None:
+            upcoming = self._schedule[position].next_gather
+            if upcoming is not None:
+                self._prefetch(self._schedule[upcoming].layer)
+        return flat.view(layer.block_shape)
+
+    def _take_gathered(self, layer: TPLinear) -> torch.Tensor:
         entry = self._prefetched.pop(id(layer), None)
         if entry is None:
             flat, _ = layer.gather_weight(async_op=False)
-        else:
-            flat, handle = entry
-            handle.wait()
-        if self.overlap.all_gather and position is not None and position + 1 < len(self._schedule):
-            self._prefetch(self._schedule[position + 1])
-        return flat.view(layer.block_shape)
+            return flat
+        flat, handle = entry
+        handle.wait()
+        return flat
 
     def _advance_to(self, layer: TPLinear) -> int | None:
         for position in range(self._cursor, len(self._schedule)):
-            if self._schedule[position] is layer:
+            if self._schedule[position].layer is layer:
                 self._cursor = position + 1
                 return position
         return None
@@ -151,21 +251,30 @@ class OverlapRuntime:
             self._prefetched[id(layer)] = layer.gather_weight(async_op=True)
 
     def drop_prefetched(self) -> None:
+        """Wait for prefetches and drop them and every cached weight (weights may change)."""
         for _, handle in self._prefetched.values():
             handle.wait()
         self._prefetched.clear()
+        self._cache.clear()
 
     def defer(self, param: nn.Parameter, grad: torch.Tensor, handle: Handle) -> None:
         self._deferred.append((param, grad, handle))
+        while self.max_pending and len(self._deferred) > self.max_pending:
+            self._settle(*self._deferred.popleft())
+        self.peak_pending = max(self.peak_pending, len(self._deferred))
 
     def flush_deferred_grads(self) -> None:
-        for param, grad, handle in self._deferred:
-            handle.wait()
-            if param.grad is None:
-                param.grad = grad
-            else:
-                param.grad.add_(grad)
-        self._deferred.clear()
+        while self._deferred:
+            self._settle(*self._deferred.popleft())
+
+    @staticmethod
+    def _settle(param: nn.Parameter, grad: torch.Tensor, handle: Handle) -> None:
+        """Wait for one reduce-scatter and add its shard (any wire dtype) to param.grad."""
+        handle.wait()
+        if param.grad is None:
+            param.grad = grad.to(param.dtype)
+        else:
+            param.grad.add_(grad)
 
 
 # ---------------------------------------------------------------------------------------
@@ -179,8 +288,8 @@ class _TPLinearFunction(torch.autograd.Function):
         kind = x.device.type
         ctx.amp = dict(device_type=kind, enabled=torch.is_autocast_enabled(kind))
         ctx.amp["dtype"] = torch.get_autocast_dtype(kind)
-        w = layer.runtime.gathered_weight(layer)
-        y = x.reshape(-1, x.shape[-1]) @ w.t()
+        w = layer.gemm_weight(x)
+        y = layer.runtime.tuner.mm("fwd", x.reshape(-1, x.shape[-1]), w.t())
         layer.comm.all_reduce(y, layer.inner, tag=layer.name)
         ctx.save_for_backward(x)
         ctx.layer = layer
@@ -248,9 +357,17 @@ class TPLinear(nn.Module):
             )
 
     def gather_weight(self, *, async_op: bool) -> tuple[torch.Tensor, Handle]:
+        """The flat weight block, all-gathered over z in the wire dtype."""
         return self.comm.all_gather(
-            self.weight.detach(), "z", tag=self.name, async_op=async_op, group_name="z_gather"
-        )
+            self.weight.detach(), "z", tag=self.name, async_op=async_op, group_name="z_gather",
+            dtype=self.runtime.wire.all_gather,
+        )  # fmt: skip
+
+    def gemm_weight(self, like: torch.Tensor) -> torch.Tensor:
+        """The gathered block as a GEMM operand next to ``like``: under autocast the GEMM
+        casts it itself; otherwise it takes ``like``'s dtype (a bf16 wire in fp32 runs)."""
+        w = self.runtime.gathered_weight(self)
+        return w if torch.is_autocast_enabled(like.device.type) else w.to(like.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = _TPLinearFunction.apply(x, self.weight, self)
@@ -260,56 +377,45 @@ class TPLinear(nn.Module):
         self, x: torch.Tensor, dy: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Input and weight-shard gradients; the latter is None when deferred (ORS)."""
-        overlap = self.runtime.overlap
+        runtime = self.runtime
         dy2 = dy.reshape(-1, dy.shape[-1])
         x2 = x.reshape(-1, x.shape[-1])
-        early_rs = overlap.reduce_scatter and self.comm.size(self.outer) == 1
+        early_rs = runtime.overlap.reduce_scatter and self.comm.size(self.outer) == 1
         dw = self._weight_grad(dy2, x2) if early_rs else None  # RS overlaps the dX GEMM
-        w = self.runtime.gathered_weight(self)
-        dx = (dy2 @ w).to(x.dtype)
-        handle = self.comm.all_reduce(
-            dx, self.outer, tag=self.name, async_op=overlap.all_reduce
-        )  # OAR: overlaps the dW GEMM below
+        dx, handle = self.comm.all_reduce_as(
+            runtime.tuner.mm("dx", dy2, self.gemm_weight(dy2)), self.outer,
+            runtime.wire.all_reduce, tag=self.name, async_op=runtime.overlap.all_reduce,
+        )  # fmt: skip  # OAR: overlaps the dW GEMM below
         if not early_rs:
             dw = self._weight_grad(dy2, x2)
         handle.wait()
-        return dx.view(x.shape), dw
+        return dx.to(x.dtype).view(x.shape), dw
 
     def _weight_grad(self, dy2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor | None:
-        full = (dy2.t() @ x2).to(self.weight.dtype).reshape(-1)
+        full = self.runtime.tuner.mm("dw", dy2.t(), x2).reshape(-1)
         deferred = self.runtime.overlap.reduce_scatter and self.comm.size("z") > 1
-        shard, handle = self.comm.reduce_scatter(full, "z", tag=self.name, async_op=deferred)
+        shard, handle = self.comm.reduce_scatter(
+            full, "z", tag=self.name, async_op=deferred, dtype=self.runtime.wire.reduce_scatter
+        )
         if deferred:
             self.runtime.defer(self.weight, shard, handle)
             return None
-        return shard
+        return shard.to(self.weight.dtype)
 
 
 # ---------------------------------------------------------------------------------------
 # Autograd-aware collectives for the layers around the Linears
 
 
-class _AllReduceSum(torch.autograd.Function):
-    """Sum over an axis whose members then use the result differently: the backward
-    also sums (each member's input influences every member's output)."""
-
-    @staticmethod
-    def forward(ctx, t: torch.Tensor, comm: Comm, axis: str, tag: str):
-        ctx.comm, ctx.axis, ctx.tag = comm, axis, tag
-        out = t.clone()
-        comm.all_reduce(out, axis, tag=tag)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        grad = grad.clone()
-        ctx.comm.all_reduce(grad, ctx.axis, tag=ctx.tag)
-        return grad, None, None, None
-
-
 def _gather_last_dim(t: torch.Tensor, comm: Comm, axis: str, tag: str) -> torch.Tensor:
-    gathered, _ = comm.all_gather(t.movedim(-1, 0).contiguous(), axis, tag=tag)
-    return gathered.movedim(0, -1).contiguous()
+    """The members' ``t`` side by side along the last dim: gathered along dim 0 as they
+    lie, then put in place by one copy (not a transposed copy before and after)."""
+    parts = comm.size(axis)
+    if parts == 1:
+        return t
+    gathered, _ = comm.all_gather(t.contiguous(), axis, tag=tag)
+    stacked = gathered.view(parts, *t.shape).movedim(0, -2)  # [..., parts, n]
+    return stacked.reshape(*t.shape[:-1], parts * t.shape[-1])
 
 
 def _slice_last_dim(t: torch.Tensor, comm: Comm, axis: str) -> torch.Tensor:
@@ -343,24 +449,28 @@ class _HiddenToPlane(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        grad = grad.contiguous().clone()
+        grad = grad.clone(memory_format=torch.contiguous_format)  # reduced in place
         ctx.comm.all_reduce(grad, "plane", tag="lm_head")
         return _slice_last_dim(grad, ctx.comm, "x"), None
 
 
 class _GatherOverZ(torch.autograd.Function):
-    """Flat z shard -> full block (all-gather); backward: reduce-scatter over z."""
+    """Flat z shard -> full block (all-gather); backward: reduce-scatter over z. Both
+    travel in the wire dtype; the block is used, and its gradient summed locally, in the
+    shard's dtype."""
 
     @staticmethod
-    def forward(ctx, shard: torch.Tensor, comm: Comm, tag: str):
-        ctx.comm, ctx.tag = comm, tag
-        full, _ = comm.all_gather(shard.detach(), "z", tag=tag)
-        return full
+    def forward(ctx, shard: torch.Tensor, comm: Comm, tag: str, wire: Wire):
+        ctx.comm, ctx.tag, ctx.wire, ctx.dtype = comm, tag, wire, shard.dtype
+        full, _ = comm.all_gather(shard.detach(), "z", tag=tag, dtype=wire.all_gather)
+        return full.to(shard.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        shard, _ = ctx.comm.reduce_scatter(grad.contiguous().clone(), "z", tag=ctx.tag)
-        return shard, None, None
+        shard, _ = ctx.comm.reduce_scatter(
+            grad.contiguous().clone(), "z", tag=ctx.tag, dtype=ctx.wire.reduce_scatter
+        )
+        return shard.to(ctx.dtype), None, None, None
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -400,8 +510,70 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 # LayerNorm and embeddings
 
 
+def _merged_statistics(
+    xf: torch.Tensor, comm: Comm, tag: str, hidden: int, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token ``(shift, offset, rstd)``: the mean over all h is ``shift + offset``.
+
+    Each x member shifts its slice by its own rounded mean (``shift``), so that the
+    centred values ``d`` carry no offset; their mean ``c`` (the rounding of ``shift``)
+    and ``M2 = sum((d - c)^2)`` are exact. The members' (shift, c, M2) are all-gathered
+    over x and merged as Chan et al. do for equal counts n: relative to member 0's
+    shift, member r's mean is ``delta_r = (shift_r - shift_0) + c_r`` (a difference of
+    nearby numbers, exact), the mean is ``mu = mean_r delta_r`` and
+    ``M2 = sum_r M2_r + n sum_r (delta_r - mu)^2``. Every member merges the same
+    gathered values, so all hold the same statistics. ``offset = (shift_0 - shift) + mu``
+    is small, so ``(x - shift) - offset`` keeps fp32's relative precision at any offset.
+    """
+    shift = xf.mean(dim=-1, keepdim=True)
+    d = xf - shift
+    c = d.mean(dim=-1, keepdim=True)
+    m2 = (d - c).square().sum(dim=-1, keepdim=True)
+    stats = torch.stack([shift, c, m2])
+    gathered, _ = comm.all_gather(stats, "x", tag=tag)
+    shifts, cs, m2s = gathered.view(comm.size("x"), *stats.shape).unbind(1)
+    delta = (shifts - shifts[0]) + cs
+    mu = delta.mean(dim=0)
+    var = (m2s.sum(dim=0) + xf.shape[-1] * (delta - mu).square().sum(dim=0)) / hidden
+    return shift, (shifts[0] - shift) + mu, torch.rsqrt(var + eps)
+
+
+class _LayerNormOverX(torch.autograd.Function):
+    """LayerNorm of ``[..., h/x]`` slices over the full h (see ``_merged_statistics``).
+
+    Saves the input and three numbers per token; the backward recomputes x_hat and
+    needs ``sum(g)`` and ``sum(g * x_hat)`` over all h (g = dy * weight): one all-reduce
+    of both over x.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                norm: TPLayerNorm):  # fmt: skip
+        xf = x.float()
+        shift, offset, rstd = _merged_statistics(xf, norm.comm, norm.name, norm.hidden, norm.eps)
+        ctx.save_for_backward(x, weight, shift, offset, rstd)
+        ctx.norm = norm
+        return (((xf - shift) - offset) * rstd * weight + bias).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, weight, shift, offset, rstd = ctx.saved_tensors
+        norm = ctx.norm
+        normed = ((x.float() - shift) - offset) * rstd
+        g = dy.float()
+        gw = g * weight
+        sums = torch.stack([gw.sum(dim=-1), (gw * normed).sum(dim=-1)])
+        norm.comm.all_reduce(sums, "x", tag=norm.name)
+        mean_g, mean_gx = (sums / norm.hidden).unsqueeze(-1).unbind(0)
+        dx = rstd * (gw - mean_g - normed * mean_gx)
+        n = x.shape[-1]
+        dweight = (g * normed).reshape(-1, n).sum(dim=0)
+        dbias = g.reshape(-1, n).sum(dim=0)
+        return dx.to(x.dtype), dweight.to(weight.dtype), dbias.to(weight.dtype), None
+
+
 class TPLayerNorm(nn.Module):
-    """LayerNorm over h for activations holding h/x features; statistics reduced over x."""
+    """LayerNorm over h for activations holding h/x features; exact statistics over x."""
 
     def __init__(self, hidden: int, *, comm: Comm, name: str = "", eps: float = 1e-5,
                  device: torch.device | str = "cpu") -> None:  # fmt: skip
@@ -418,13 +590,7 @@ class TPLayerNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.comm.size("x") == 1:
             return F.layer_norm(x, (self.hidden,), self.weight, self.bias, self.eps)
-        xf = x.float()
-        sums = torch.stack([xf.sum(dim=-1), (xf * xf).sum(dim=-1)], dim=-1)
-        sums = _AllReduceSum.apply(sums, self.comm, "x", self.name)
-        mean = sums[..., 0:1] / self.hidden
-        var = (sums[..., 1:2] / self.hidden - mean * mean).clamp_min(0.0)
-        normed = (xf - mean) * torch.rsqrt(var + self.eps)
-        return (normed * self.weight + self.bias).to(x.dtype)
+        return _LayerNormOverX.apply(x, self.weight, self.bias, self)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -436,9 +602,9 @@ class VocabParallelEmbedding(nn.Module):
     """
 
     def __init__(self, vocab_size: int, max_seq_len: int, hidden: int, *, comm: Comm,
-                 device: torch.device | str = "cpu") -> None:  # fmt: skip
+                 device: torch.device | str = "cpu", wire: Wire = FP32_WIRE) -> None:  # fmt: skip
         super().__init__()
-        self.comm, self.vocab_size, self.hidden = comm, vocab_size, hidden
+        self.comm, self.vocab_size, self.hidden, self.wire = comm, vocab_size, hidden, wire
         plane = comm.size("plane")
         self.padded_vocab = -(-vocab_size // plane) * plane
         self.local_vocab = self.padded_vocab // plane
@@ -464,7 +630,7 @@ class VocabParallelEmbedding(nn.Module):
         """This plane member's vocab rows ``[V_l, h]``, gathered over z (differentiable)."""
         if self.comm.size("z") == 1:
             return self.wte.view(self.local_vocab, self.hidden)
-        block = _GatherOverZ.apply(self.wte, self.comm, "wte")
+        block = _GatherOverZ.apply(self.wte, self.comm, "wte", self.wire)
         return block.view(self.local_vocab, self.hidden)
 
     def embed(self, idx: torch.Tensor, table: torch.Tensor) -> torch.Tensor:

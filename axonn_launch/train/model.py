@@ -8,6 +8,13 @@ hidden dimension over x. The batch is split over data and z by the caller.
 
 Parameter names double as the keys of ``full_state_dict``; the full tensors have the
 usual single-process shapes (``blocks.i.attn.qkv.weight`` is ``[3h, h]`` with rows q|k|v).
+
+Throughput knobs (``TrainConfig``): ``wire`` (the dtypes of the weight all-gathers,
+weight-grad reduce-scatters and dX all-reduces, ``comm.Wire``), ``cache_layers`` (the
+first N blocks keep their four Linears' gathered weights from forward to backward),
+``ors_window`` (at most that many blocks' worth, 4 Linears each, of weight-grad
+reduce-scatters pending; 0 = no bound) and ``gemm_tuning``. The defaults of ``GPT``
+are today's fp32 behaviour: fp32 wire, no cache, no bound, no tuning.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from torch.utils.checkpoint import checkpoint
 
 from axonn_launch.models import ModelSpec
 from axonn_launch.spec import OverlapConfig
-from axonn_launch.train.comm import Comm
+from axonn_launch.train.comm import FP32_WIRE, Comm, Wire
 from axonn_launch.train.groups import Groups
 from axonn_launch.train.init import init_shard
 from axonn_launch.train.layers import (
@@ -101,7 +108,11 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """One model replica's shard on this rank; see the module docstring."""
+    """One model replica's shard on this rank; see the module docstring.
+
+    ``cache_layers`` (0..n_layer) and ``ors_window`` (>= 0) count transformer blocks;
+    their ranges are checked by ``axonn_launch.rules.throughput_problem``.
+    """
 
     def __init__(
         self,
@@ -112,21 +123,30 @@ class GPT(nn.Module):
         activation_checkpointing: bool = False,
         seed: int = 0,
         device: torch.device | str = "cpu",
+        wire: Wire = FP32_WIRE,
+        cache_layers: int = 0,
+        ors_window: int = 0,
+        gemm_tuning: bool = False,
     ) -> None:
         super().__init__()
         self.spec, self.groups = spec, groups
         self.activation_checkpointing = activation_checkpointing
         self.comm = Comm(groups)
-        self.runtime = OverlapRuntime(self.comm, overlap)
+        self.runtime = OverlapRuntime(self.comm, overlap, wire=wire, gemm_tuning=gemm_tuning)
         self.embedding = VocabParallelEmbedding(
-            spec.vocab_size, spec.max_seq_len, spec.d_model, comm=self.comm, device=device
-        )
+            spec.vocab_size, spec.max_seq_len, spec.d_model, comm=self.comm, device=device,
+            wire=wire,
+        )  # fmt: skip
         self.blocks = nn.ModuleList(
             Block(spec, comm=self.comm, runtime=self.runtime, name=f"blocks.{i}", device=device)
             for i in range(spec.n_layer)
         )
         self.ln_f = TPLayerNorm(spec.d_model, comm=self.comm, name="ln_f", device=device)
-        self.runtime.set_plans(training=self._training_plan(), inference=self._forward_plan())
+        cached = [layer for block in self.blocks[:cache_layers] for layer in block.linears()]
+        self.runtime.set_plans(
+            training=self._training_plan(), inference=self._forward_plan(), cached=cached
+        )
+        self.runtime.max_pending = ors_window * len(self.blocks[0].linears())
         self._initialize(seed)
 
     def _forward_plan(self) -> list[TPLinear]:

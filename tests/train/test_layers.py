@@ -13,8 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from axonn_launch.grid import Grid
+from axonn_launch.models import ModelSpec
 from axonn_launch.spec import OverlapConfig
 from axonn_launch.train.comm import Comm
+from axonn_launch.train.gemm import GemmTuner
 from axonn_launch.train.groups import build_groups, single_process_groups
 from axonn_launch.train.layers import (
     OverlapRuntime,
@@ -23,6 +25,7 @@ from axonn_launch.train.layers import (
     TPLinear,
     VocabParallelEmbedding,
 )
+from axonn_launch.train.model import GPT
 from tests.train.dist_utils import run_world
 
 GRIDS = [
@@ -69,8 +72,11 @@ def _reference_chain(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {"out": out.detach(), **{f"d{k}": v.grad for k, v in leaves.items()}}
 
 
-def _check_linear_chain(comm: Comm, overlap: OverlapConfig, label: str) -> None:
+def _check_linear_chain(
+    comm: Comm, overlap: OverlapConfig, label: str, tuner: GemmTuner | None = None
+) -> None:
     runtime = OverlapRuntime(comm, overlap)
+    runtime.tuner = tuner or runtime.tuner
     up = TPLinear(D_IN, D_MID, comm=comm, runtime=runtime, transpose=False, name="up")
     down = TPLinear(D_MID, D_OUT, comm=comm, runtime=runtime, transpose=True, name="down")
     runtime.set_plans(training=[up, down, down, up], inference=[up, down])
@@ -221,6 +227,28 @@ def test_single_process_chain_and_groups():
         _check_linear_chain(comm, overlap, "[single]")
     _check_layer_norm(comm, "[single]")
     _check_embedding_and_loss(comm, "[single]")
+
+
+def test_linear_gemms_go_through_the_models_tuner():
+    """The three GEMMs of each Linear are the tuner's ``fwd``, ``dx`` and ``dw``, with
+    the shapes of X W^T, dY W and dY^T X; the chain's results stay those of one process."""
+    tuner = GemmTuner(min_flops=0, warmup=0, reps=1)  # tunes every GEMM, however small
+    _check_linear_chain(Comm(single_process_groups()), OVERLAPS[1], "[tuned]", tuner)
+    tuned = {tuple(key.split()[i] for i in (0, 1, 5)) for key in tuner.choices()}
+    expected = set()
+    for d_in, d_out in ((D_IN, D_MID), (D_MID, D_OUT)):
+        expected |= {("fwd", f"{TOKENS}x{d_in}", f"{d_in}x{d_out}"),
+                     ("dx", f"{TOKENS}x{d_out}", f"{d_out}x{d_in}"),
+                     ("dw", f"{d_out}x{TOKENS}", f"{TOKENS}x{d_in}")}  # fmt: skip
+    assert tuned == expected
+
+
+def test_gpt_tuner_follows_gemm_tuning():
+    spec = ModelSpec("tiny", n_layer=1, d_model=16, n_head=2, vocab_size=32, max_seq_len=8)
+    for enabled in (False, True):
+        model = GPT(spec, groups=single_process_groups(), overlap=OVERLAPS[0],
+                    gemm_tuning=enabled)  # fmt: skip
+        assert model.runtime.tuner.enabled is enabled
 
 
 def _group_members(rank: int, grid: Grid) -> dict:
