@@ -13,7 +13,10 @@ layout run all-reduce, all-gather and reduce-scatter at the same time, as the gr
 groups do in training, at three message sizes; a least-squares line through the times
 fits the ring model of ``perf.ring_time``: t = steps * alpha + factor * M / B, giving the
 bus bandwidth B and the per-step latency alpha of that (size, ranks per node) layout.
-GEMMs of a few square sizes, and element-wise adds of a few sizes (memory bandwidth), run
+GEMMs of a few square sizes; with ``model=NAME`` also that model's GEMMs at the local
+block shapes of the planner's best grids for the job (``nodes=``, ``global_batch=``), in
+every distinct layout the job's GEMM tuner chooses from (``measure_gemm_shapes``); and
+element-wise adds of a few sizes (memory bandwidth), run
 on every rank at once, in blocks long enough that each rank computes while its neighbours
 do. Last, the overlap efficiency: how much of an
 all-reduce a GEMM running at the same time hides (``measure_overlap``). Every timing is
@@ -37,13 +40,26 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from axonn_launch.perf import ALL_GATHER, ALL_REDUCE, COLLECTIVES, REDUCE_SCATTER
+from axonn_launch.perf import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    COLLECTIVES,
+    PLAIN_FORMULATION,
+    REDUCE_SCATTER,
+    BandwidthSample,
+    Calibration,
+    Gemm,
+    planned_gemms,
+)
 from axonn_launch.usage import help_page, run_tool, wants_help
 
 GPU_GEMM_SIZES = (1024, 2048, 4096, 8192)
 CPU_GEMM_SIZES = (64, 128, 256, 512)
 GPU_ADD_ELEMENTS = (1 << 18, 1 << 22, 1 << 26)
 CPU_ADD_ELEMENTS = (1 << 14, 1 << 17, 1 << 20)
+
+
+PLAIN = PLAIN_FORMULATION
 
 
 class CalibrateError(ValueError):
@@ -61,6 +77,10 @@ class Settings:
     warmup: int = 2
     block_seconds: float = 0.05  # length of one timed block of GEMM or element-wise calls
     gpus_per_node: int = 0  # 0: the machine profile's (local: nproc)
+    model: str = ""  # a model preset: also time its GEMMs at the planned grids' shapes
+    nodes: int = 0  # nodes of the job to plan those grids for; 0: this allocation's
+    global_batch: int = 0  # that job's global batch; 0: the preset's
+    gemm_grids: int = 4  # how many of the planner's best grids' GEMM shapes to time
 
     def output_path(self) -> Path:
         if self.output:
@@ -79,6 +99,10 @@ KEY_HELP = {
     "warmup=N": "untimed calls before each timing (default 2)",
     "block_seconds=S": "length of one timed block of GEMMs or element-wise adds (default 0.05)",
     "gpus_per_node=N": "ranks per node (default: the machine profile's; local: nproc)",
+    "model=NAME": "also time every layout of this model's GEMMs at its planned grids' shapes",
+    "nodes=N": "plan those grids for N nodes (default: the nodes of this allocation)",
+    "global_batch=N": "...and this global batch (default: the model preset's)",
+    "gemm_grids=K": "time the GEMM shapes of the planner's K best grids (default 4)",
 }
 ALIASES = {"out": "output"}
 
@@ -136,6 +160,51 @@ def fit_ring(collective: str, p: int, sizes: tuple[float, ...], times: tuple[flo
     return 1 / slope / 1e9, alpha * 1e6
 
 
+# --------------------------------------------------------------------------- published
+
+
+# Bus bandwidths (GB/s) measured by AxoNN and hard-coded in Megatron-AxoNN's
+# comm_model.py (axonn.md §4.2), by ip (product of the sizes of the axes inside this one)
+# and my (this axis's size); the last row / column stands for everything beyond.
+AXONN_BUS_GBPS = {
+    "perlmutter": {1: (76, 225, 80, 80), 2: (76, 40, 40, 40), 4: (20, 20, 20, 20)},
+    "frontier": {
+        1: (129, 52, 135, 40),
+        2: (50, 72, 20, 20),
+        4: (36, 10, 10, 10),
+        8: (5, 5, 5, 5),
+    },  # fmt: skip
+}
+
+
+def published_calibration(machine_name: str, gpus_per_node: int, latency_us: float) -> Calibration:
+    """AxoNN's measured bus bandwidths as a Calibration (no GEMM numbers): one sample per
+    (group size, ranks per node) of every collective, with the profile's latency. A
+    (size, per_node) layout takes the row of the smallest ip that gives it."""
+    table = AXONN_BUS_GBPS[machine_name]
+    samples: dict[tuple[int, int], float] = {}
+    size = 2
+    while size <= 65536:
+        ip = 1
+        while ip * size <= 65536:
+            row = table[min(ip, max(table))]
+            column = min(int(size).bit_length() - 2, 3)  # my = 2, 4, 8, >= 16
+            per_node = (
+                size if ip * size <= gpus_per_node else max(1, min(size, gpus_per_node // ip))
+            )
+            samples.setdefault((size, per_node), row[column])
+            ip *= 2
+        size *= 2
+    return Calibration(
+        collectives=tuple(
+            BandwidthSample(c, size=p, per_node=k, bus_gbps=bw, alpha_us=latency_us)
+            for (p, k), bw in samples.items()
+            for c in COLLECTIVES
+        ),
+        source="AxoNN comm_model.py table",
+    )
+
+
 # --------------------------------------------------------------------------- measuring (torch)
 
 
@@ -177,6 +246,10 @@ def measure(settings: Settings, gpus_per_node: int) -> dict[str, Any] | None:
             )
     phase("GEMM throughput")
     gemm = measure_gemm(device, settings)
+    shapes, planned = gemm_shapes_to_measure(settings, world, gpus_per_node)
+    if shapes:
+        phase(f"{len(shapes)} GEMM shapes of {settings.model} on {planned}, every layout")
+    shaped = measure_gemm_shapes(shapes, device, settings)
     phase("element-wise (memory) throughput")
     elementwise = measure_elementwise(device, settings)
     if world > 1:
@@ -193,6 +266,7 @@ def measure(settings: Settings, gpus_per_node: int) -> dict[str, Any] | None:
         "torch": torch.__version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "gemm": gemm,
+        **({"gemm_shapes": shaped, "gemm_shapes_for": planned} if shapes else {}),
         "elementwise": elementwise,
         **({"overlap": overlap} if overlap else {}),
         "collectives": results,
@@ -281,6 +355,110 @@ def measure_gemm(device, settings: Settings) -> list[list[float]]:
         seconds = _best_seconds(block, device, settings) / calls
         points.append([float(2 * n**3), 2 * n**3 / seconds / 1e12])
     return points
+
+
+def gemm_shapes_to_measure(
+    settings: Settings, world: int, gpus_per_node: int
+) -> tuple[list[Gemm], str]:
+    """The distinct GEMM shapes (``perf.planned_gemms``) of the planner's
+    ``gemm_grids`` best grids for ``settings.model`` on ``settings.nodes`` nodes (default:
+    this allocation's), and a line naming them; none without a model. Torch-free: every
+    rank computes the same list."""
+    if not settings.model:
+        return [], ""
+    from axonn_launch.config import load
+    from axonn_launch.plan import plan
+
+    overrides = [f"machine={settings.machine}", f"model={settings.model}"]
+    if settings.global_batch:
+        overrides.append(f"train.global_batch={settings.global_batch}")
+    cfg = load(overrides)
+    if settings.machine == "local":  # one node of nproc ranks, as in run_local
+        hw = replace(cfg.machine.hardware, gpus_per_node=gpus_per_node)
+        cfg = replace(cfg, machine=replace(cfg.machine, hardware=hw))
+    nodes = settings.nodes or max(1, world // max(1, cfg.machine.hardware.gpus_per_node))
+    rows = plan(machine=cfg.machine, model=cfg.model, train=cfg.train, nodes=nodes,
+                top=settings.gemm_grids)  # fmt: skip
+    shapes: dict[tuple, Gemm] = {}
+    for row in rows:
+        train = replace(cfg.train, micro_batch=row.micro_batch)
+        for g in planned_gemms(cfg.model, row.grid, train):
+            shapes.setdefault(g.key, g)
+    grids = ", ".join(f"({r.grid.describe()} mb={r.micro_batch})" for r in rows)
+    return sorted(shapes.values(), key=lambda g: g.key), f"{nodes} node(s): {grids}"
+
+
+def measure_gemm_shapes(shapes: list[Gemm], device, settings: Settings) -> list[dict[str, Any]]:
+    """TFLOP/s of every distinct formulation (``train/gemm.py``) of each GEMM shape, on
+    operands laid out as the training core passes them (``gemm_operands``); the slowest
+    rank's time per formulation, all ranks timing at once. Without the tuner module only
+    the plain ``a @ b`` ("direct") is timed."""
+    import torch.distributed as dist
+
+    out = []
+    for g in shapes:
+        a, b = gemm_operands(g, device)
+        dist.barrier()
+        seconds = _slowest(_time_layouts(a, b, settings), device)
+        rates = {name: g.flops / t / 1e12 for name, t in seconds.items()}
+        best = max(rates, key=rates.__getitem__)
+        out.append({"op": g.op, "linear": g.linear, "m": g.m, "n": g.n, "k": g.k,
+                    "tflops": rates, "best": best})  # fmt: skip
+        del a, b
+    return out
+
+
+def gemm_operands(g: Gemm, device):
+    """(A, B) with the training core's storage: forward X @ W^T (W row-major, so B is a
+    transposed view), dX = dY @ W, dW = dY^T @ X (A a transposed view)."""
+    import torch
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+
+    def rand(*shape):
+        return torch.randn(*shape, dtype=dtype, device=device)
+
+    if g.op == "fwd":
+        return rand(g.m, g.k), rand(g.n, g.k).t()
+    if g.op == "dx":
+        return rand(g.m, g.k), rand(g.k, g.n)
+    return rand(g.k, g.m).t(), rand(g.k, g.n)
+
+
+def _time_layouts(a, b, settings: Settings) -> dict[str, float]:
+    """Seconds per call of each distinct formulation of a @ b (gemm.py), else of a @ b."""
+    try:
+        from axonn_launch.train import gemm
+    except ImportError:
+        gemm = None
+    if gemm is None or not hasattr(gemm, "time_formulations"):
+        return {PLAIN: _plain_seconds(a, b, settings)}
+    names = gemm.distinct_formulations(a, b)
+    if 2 * a.shape[0] * a.shape[1] * b.shape[1] < gemm.MIN_FLOPS:
+        names = [PLAIN]  # the job's tuner leaves GEMMs this small as they are
+    return gemm.time_formulations(a, b, settings.reps, warmup=settings.warmup, names=names)
+
+
+def _plain_seconds(a, b, settings: Settings) -> float:
+    for _ in range(settings.warmup):
+        a @ b
+    _sync(a.device)
+    start = time.perf_counter()
+    for _ in range(settings.reps):
+        a @ b
+    _sync(a.device)
+    return (time.perf_counter() - start) / settings.reps
+
+
+def _slowest(seconds: dict[str, float], device) -> dict[str, float]:
+    """Per name, the largest value over the ranks (every rank passes the same names)."""
+    import torch
+    import torch.distributed as dist
+
+    names = sorted(seconds)
+    t = torch.tensor([seconds[n] for n in names], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return dict(zip(names, t.tolist(), strict=True))
 
 
 def measure_elementwise(device, settings: Settings) -> list[list[float]]:

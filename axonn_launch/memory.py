@@ -12,16 +12,26 @@ f = d_ff, V = vocab, S = max_seq_len, l = layers.
   4 (fp32 weights) + 4 (fp32 grads) + 8 (two fp32 Adam moments). Linear weights and the
   token table are split over x*y and then flattened and split over z (axonn.md §2.3
   step 3); biases, LayerNorms and positions are split over x or y only.
-* weight buffers: gathered fp32 blocks of the Linear in use and of the one prefetched
-  (OAG), plus the bf16 copy the GEMM reads: (2*4 + 2) bytes times the largest block,
-  4h^2/(x*y) elements (MLP). Nothing else is kept: the backward re-gathers.
-* embedding buffers: the token table gathered over z, V/(x*y)*h elements, fp32 plus its
-  bf16 copy for the LM head; alive for the whole micro-step.
-* reduce-scatter buffers: the full fp32 dW block of a Linear before it is reduce-
-  scattered over z, (4h^2 + 2hf)/(x*y) per layer. With ORS the collectives are waited
-  for only at the next micro-step's forward (or in ``finish_gradients``), so every
-  layer's blocks (and their 1/z results) stay alive; without ORS one Linear's at a time
-  (the largest, h*f/(x*y)). Nothing when z == 1.
+* wire dtypes: gathered weights and weight-gradient blocks are held in the dtype they
+  travel in over z (``train.wire``, resolved by ``traffic.wire_bytes`` as on a GPU:
+  ``auto`` is bf16 unless train.dtype is fp32). Below, g = bytes of a gathered weight
+  element (``wire.all_gather``), r = bytes of a reduce-scattered gradient element
+  (``wire.reduce_scatter``), c = bytes of the compute dtype.
+* weight buffers: the gathered block of the Linear in use and of the one prefetched
+  (OAG), plus the copy autocast makes when g differs from c: (2*g + [g != c]*c) bytes
+  times the largest block, h*f/(x*y) elements (MLP). Nothing else is kept for blocks that
+  are not cached: their backward re-gathers.
+* weight cache: the first ``train.cache_layers`` blocks keep their gathered weights
+  from the forward to the backward, (4h^2 + 2hf)/(x*y) elements per block at g bytes,
+  alive for the whole micro-step. Nothing when z == 1 (there is no gather to keep).
+* embedding buffers: the token table gathered over z, V/(x*y)*h elements at g bytes,
+  plus autocast's copy when g != c, for the LM head; alive for the whole micro-step.
+* reduce-scatter buffers: the full dW block of a Linear (r bytes) before it is
+  reduce-scattered over z, and its 1/z result: (4h^2 + 2hf)/(x*y) * r * (1 + 1/z) per
+  block. With ORS at most ``train.ors_window`` = K blocks' reduce-scatters are pending
+  (older ones are waited for, in order), so K blocks' buffers are alive; K = 0 (no
+  bound) keeps every block's until the next micro-step's forward. Without ORS one
+  Linear's at a time (the largest, h*f/(x*y)). Nothing when z == 1.
 * activations: what each layer saves for its backward, counted tensor by tensor
   (``layer_activation_bytes``, checked against the training core's saved tensors).
   With full activation checkpointing (one layer per block) the stack keeps each
@@ -36,12 +46,13 @@ The totals are compared with ``Hardware.mem_per_gpu_gb`` read as GiB (``fits``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from axonn_launch.grid import Grid
 from axonn_launch.models import ModelSpec
 from axonn_launch.rules import local_vocab
 from axonn_launch.spec import TrainConfig
+from axonn_launch.traffic import WireBytes, wire_bytes
 
 GIB = 1024**3
 RUNTIME_RESERVE_GIB = 1.5  # context + NCCL/RCCL buffers + fragmentation, per GPU
@@ -69,20 +80,66 @@ class MemoryEstimate:
         return mem_per_gpu_gb <= 0 or self.total <= mem_per_gpu_gb * GIB
 
 
-def estimate_memory(*, model: ModelSpec, grid: Grid, train: TrainConfig) -> MemoryEstimate:
+def estimate_memory(
+    *, model: ModelSpec, grid: Grid, train: TrainConfig, on_gpu: bool = True
+) -> MemoryEstimate:
+    """Bytes per GPU by term (module docstring); ``on_gpu`` resolves the ``auto`` dtypes."""
     if train.micro_batch is None:
         raise ValueError("estimate_memory needs a micro_batch (rules.largest_fitting_micro_batch)")
-    half = 4 if train.dtype == "fp32" else 2  # bytes of an autocast (bf16) tensor
+    wire = wire_bytes(train, on_gpu=on_gpu)
+    half = wire.compute
     local = local_param_elements(model, grid)
     tokens = train.micro_batch / grid.z * train.seq_len
+    vocab_rows = local_vocab(model.vocab_size, grid)
     terms = {name: local * nbytes for name, nbytes in BYTES_PER_PARAM_STATE.items()}
-    terms["weight buffers"] = (2 * 4 + half) * model.d_model * model.d_ff / (grid.x * grid.y)
-    terms["embedding buffers"] = local_vocab(model.vocab_size, grid) * model.d_model * (4 + half)
-    terms["reduce-scatter buffers"] = _reduce_scatter_buffers(model, grid, train)
+    terms["weight buffers"] = (2 * wire.all_gather + _cast_copy(wire)) * _largest_block(model, grid)
+    terms["weight cache"] = cached_blocks(model, grid, train) * cache_bytes_per_block(
+        model, grid, wire
+    )
+    terms["embedding buffers"] = vocab_rows * model.d_model * (wire.all_gather + _cast_copy(wire))
+    terms["reduce-scatter buffers"] = reduce_scatter_buffers(model, grid, train, wire)
     terms["activations"] = _activations(model, grid, train, tokens, half)
-    terms["logits"] = tokens * local_vocab(model.vocab_size, grid) * LOGIT_BYTES
+    terms["logits"] = tokens * vocab_rows * LOGIT_BYTES
     terms["runtime reserve"] = RUNTIME_RESERVE_GIB * GIB
     return MemoryEstimate(terms=terms)
+
+
+def _cast_copy(wire: WireBytes) -> int:
+    """Bytes per element of autocast's copy of a gathered weight (none if it is already
+    in the compute dtype)."""
+    return wire.compute if wire.all_gather != wire.compute else 0
+
+
+def _largest_block(model: ModelSpec, grid: Grid) -> float:
+    return model.d_model * model.d_ff / (grid.x * grid.y)
+
+
+def cached_blocks(model: ModelSpec, grid: Grid, train: TrainConfig) -> int:
+    """Blocks whose gathered weights are kept (none when z == 1: nothing is gathered)."""
+    return 0 if grid.z == 1 else min(train.cache_layers or 0, model.n_layer)
+
+
+def cache_bytes_per_block(model: ModelSpec, grid: Grid, wire: WireBytes) -> float:
+    """One cached block's gathered weights: its four Linear blocks at the gather dtype."""
+    return linear_weight_elements(model) / (grid.x * grid.y) * wire.all_gather
+
+
+def largest_cache_that_fits(
+    model: ModelSpec, grid: Grid, train: TrainConfig, mem_per_gpu_gb: float, *, on_gpu: bool = True
+) -> int:
+    """The most blocks (<= n_layer) whose weights can be cached on top of ``train``'s
+    estimate without its cache (its micro-batch as given) and still fit
+    ``mem_per_gpu_gb`` (GiB; 0 = unbounded: every block). 0 when z == 1, or when even the
+    uncached estimate does not fit. The cache is the only term that grows with N."""
+    if grid.z == 1:
+        return 0
+    uncached = replace(train, cache_layers=0)
+    base = estimate_memory(model=model, grid=grid, train=uncached, on_gpu=on_gpu)
+    if mem_per_gpu_gb <= 0:
+        return model.n_layer
+    per_block = cache_bytes_per_block(model, grid, wire_bytes(train, on_gpu=on_gpu))
+    room = mem_per_gpu_gb * GIB - base.total
+    return max(0, min(model.n_layer, int(room // per_block)))
 
 
 def linear_weight_elements(model: ModelSpec) -> int:
@@ -110,13 +167,27 @@ def replicated_over_z_elements(model: ModelSpec, grid: Grid) -> float:
     return model.n_layer * per_layer + model.max_seq_len * h / x + 2 * h / x
 
 
-def _reduce_scatter_buffers(model: ModelSpec, grid: Grid, train: TrainConfig) -> float:
+def reduce_scatter_buffers(
+    model: ModelSpec, grid: Grid, train: TrainConfig, wire: WireBytes
+) -> float:
+    """Bytes of the weight-gradient blocks alive before and after their reduce-scatter."""
     if grid.z == 1:
         return 0.0
-    xy = grid.x * grid.y
-    if train.overlap.reduce_scatter:
-        return model.n_layer * linear_weight_elements(model) / xy * 4 * (1 + 1 / grid.z)
-    return model.d_model * model.d_ff / xy * 4
+    per_element = wire.reduce_scatter * (1 + 1 / grid.z)  # the full block and its shard
+    if not train.overlap.reduce_scatter:
+        return _largest_block(model, grid) * per_element
+    return (
+        pending_blocks(model, train)
+        * linear_weight_elements(model)
+        / (grid.x * grid.y)
+        * per_element
+    )
+
+
+def pending_blocks(model: ModelSpec, train: TrainConfig) -> int:
+    """Blocks whose reduce-scatters ORS may have in flight: the window, or every block."""
+    window = train.ors_window
+    return model.n_layer if window <= 0 else min(window, model.n_layer)
 
 
 def _activations(

@@ -4,25 +4,38 @@ The model follows AxoNN's 3D tensor-parallel GPT layer (reference axonn.md §2.3
 the training core (``axonn_launch.train``) runs it, and extends the bandwidth-only model
 of Megatron-AxoNN's ``comm_model.py`` (§4.1) with
 
-* a compute term: the per-GPU FLOPs of every GEMM at a throughput that calibration sets
-  (``Calibration``; default: a fraction of the dense peak plus a fixed cost per call);
+* a compute term: the per-GPU FLOPs of every GEMM at a throughput that calibration sets.
+  Each GEMM has its shape (``block_gemms``: forward, dX and dW of QKV, projection, MLP up
+  and down at the grid's local block sizes; ``head_gemms`` for the LM head). A shape
+  measured by calibration (``Calibration.gemm_shapes``: TFLOP/s per formulation) runs
+  at its fastest formulation with ``train.gemm_tuning`` (the job's tuner picks it) or at
+  the plain ``a @ b`` without; any other GEMM at the rate measured for square GEMMs of
+  its FLOPs (``Calibration.gemm``), else a fraction of the dense peak plus a fixed cost
+  per call (``Calibration.gemm_efficiency``, ``kernel_overhead_us``);
 * an element-wise term: the bytes LayerNorm, residual adds, GeLU, layout copies and the
   loss's softmax read and write (``elementwise_elements``) at the memory bandwidth
   (measured per kernel size by calibration, else ``Hardware.memory_gbps``; without
   either the term is left out);
 * a latency term per ring step (alpha);
-* the exact per-GEMM volumes of §2.7, i.e. with the §4.3 correction for the MLP
-  down-projection (its forward all-reduce runs over y with T*h/x elements, its backward
-  all-reduce over x with T*4h/y elements);
+* every collective of a block as ``traffic.block_collectives`` lists it: the exact
+  per-GEMM volumes of §2.7 with the §4.3 correction for the MLP down-projection, in the
+  dtypes the core sends (``train.wire``: bf16 weight all-gathers, weight-gradient
+  reduce-scatters and dX all-reduces under bf16; forward all-reduces in the compute
+  dtype), without the recompute gather and the backward re-gather of the cached blocks
+  (``train.cache_layers``);
 * bandwidths that follow where an axis's ranks sit (x innermost, then y, z, data);
 * the three overlaps of §3.1 (OAR, ORS, OAG) subtracting what they hide, scaled by the
   overlap efficiency e that calibration measures (``Calibration.overlap_efficiency``:
   the fraction of the shorter of a collective and a GEMM that disappears when they run
   at the same time; 1 where communication has its own engines, near 0 where it needs
   the same cores as the GEMMs, as with gloo on a CPU with more ranks than cores):
-  exposed = raw - e * (raw - exposed with perfect overlap);
+  exposed = raw - e * (raw - exposed with perfect overlap). The z collectives that
+  overlap share one z link: the forward's prefetched gathers form one stream behind the
+  forward work, the backward's gathers and deferred reduce-scatters another behind the
+  recompute and backward work (``stream_exposed``);
 * the traffic around the blocks: vocab-parallel embedding and loss over the x*y plane,
-  LayerNorm statistics over x, and the once-per-step z and data gradient all-reduces.
+  the token table's gather and gradient reduce-scatter over z, and the once-per-step z
+  and data gradient all-reduces (fp32).
 
 ``step_time`` returns the compute time and the exposed (and raw) communication time
 per axis: x, y, z, data and "xy" (the plane).
@@ -55,11 +68,22 @@ from axonn_launch.memory import local_param_elements, replicated_over_z_elements
 from axonn_launch.models import ModelSpec
 from axonn_launch.rules import local_vocab
 from axonn_launch.spec import TrainConfig
+from axonn_launch.traffic import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    BACKWARD,
+    COLLECTIVES,
+    FORWARD,
+    REDUCE_SCATTER,
+    Collective,
+    WireBytes,
+    block_collectives,
+    block_linears,
+    tokens_per_gpu,
+    wire_bytes,
+)
 
-ALL_REDUCE = "all_reduce"
-ALL_GATHER = "all_gather"
-REDUCE_SCATTER = "reduce_scatter"
-COLLECTIVES = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER)
+__all__ = ["ALL_GATHER", "ALL_REDUCE", "COLLECTIVES", "REDUCE_SCATTER"]  # re-exported
 
 # Breakdown keys: the four grid axes plus the x*y plane (vocab-parallel embedding and loss).
 COMM_AXES = ("x", "y", "z", "data", "xy")
@@ -68,6 +92,8 @@ DEFAULT_GEMM_EFFICIENCY = 0.75  # fraction of dense peak a large bf16 GEMM reach
 DEFAULT_KERNEL_OVERHEAD_US = 2.0  # fixed cost per GEMM call (launch, tail effects)
 DEFAULT_OVERLAP_EFFICIENCY = 1.0  # communication overlaps compute fully (own engines)
 NOMINAL_CPU_TFLOPS = 0.05  # used only when the hardware has no peak and nothing was measured
+PLAIN_FORMULATION = "direct"  # the tuner's name for a @ b on the operands as given (gemm.py)
+GEMM_OPS = ("fwd", "dx", "dw")
 
 
 # --------------------------------------------------------------------------- calibration
@@ -92,8 +118,10 @@ class BandwidthSample:
 class Calibration:
     """Measured numbers that replace the nominal ones of ``Hardware``.
 
-    ``gemm`` holds (FLOPs per GEMM call, achieved TFLOP/s) pairs; between them the
-    throughput is interpolated in log(FLOPs). Without them the GEMM time is
+    ``gemm_shapes`` maps a GEMM shape (op, m, n, k) to the TFLOP/s of each formulation
+    measured for it (``calibrate.measure_gemm_shapes``; "direct" is the plain a @ b).
+    ``gemm`` holds (FLOPs per GEMM call, achieved TFLOP/s) pairs of square GEMMs; between
+    them the throughput is interpolated in log(FLOPs). Without either the GEMM time is
     FLOPs / (peak * gemm_efficiency) + kernel_overhead_us.
     """
 
@@ -101,6 +129,7 @@ class Calibration:
     kernel_overhead_us: float = DEFAULT_KERNEL_OVERHEAD_US
     overlap_efficiency: float = DEFAULT_OVERLAP_EFFICIENCY
     gemm: tuple[tuple[float, float], ...] = ()
+    gemm_shapes: dict[tuple[str, int, int, int], dict[str, float]] = field(default_factory=dict)
     elementwise: tuple[tuple[float, float], ...] = ()  # (bytes per kernel, GB/s)
     collectives: tuple[BandwidthSample, ...] = ()
     source: str = ""  # where the numbers come from (a file path), for reports
@@ -108,6 +137,14 @@ class Calibration:
     def gemm_tflops(self, flops: float) -> float | None:
         """Achieved TFLOP/s for a GEMM of ``flops``, interpolated from measurements."""
         return log_interpolate(self.gemm, flops)
+
+    def shape_tflops(self, gemm: Gemm, *, tuned: bool) -> float | None:
+        """Measured TFLOP/s of this exact shape: the fastest formulation when the job
+        tunes, else the plain one; None when the shape (or the plain one) was not measured."""
+        rates = self.gemm_shapes.get(gemm.key)
+        if not rates:
+            return None
+        return max(rates.values()) if tuned else rates.get(PLAIN_FORMULATION)
 
     def memory_gbps(self, kernel_bytes: float) -> float | None:
         """Element-wise GB/s for kernels moving ``kernel_bytes``, from measurements."""
@@ -158,6 +195,12 @@ def load_calibration(path: str | Path) -> Calibration:
         for c in raw.get("collectives", [])
     )
     gemm = tuple((float(f), float(r)) for f, r in raw.get("gemm", []))
+    shapes = {
+        (str(g["op"]), int(g["m"]), int(g["n"]), int(g["k"])): {
+            str(name): float(rate) for name, rate in g["tflops"].items()
+        }
+        for g in raw.get("gemm_shapes", [])
+    }
     return Calibration(
         gemm_efficiency=float(raw.get("gemm_efficiency", DEFAULT_GEMM_EFFICIENCY)),
         kernel_overhead_us=float(raw.get("kernel_overhead_us", DEFAULT_KERNEL_OVERHEAD_US)),
@@ -166,6 +209,7 @@ def load_calibration(path: str | Path) -> Calibration:
         ),
         elementwise=tuple((float(b), float(r)) for b, r in raw.get("elementwise", [])),
         gemm=gemm,
+        gemm_shapes=shapes,
         collectives=samples,
         source=str(path),
     )
@@ -242,8 +286,59 @@ def ring_time(collective: str, p: int, nbytes: float, gbps: float, alpha_s: floa
 # --------------------------------------------------------------------------- compute
 
 
+@dataclass(frozen=True)
+class Gemm:
+    """One GEMM C[m, n] = A[m, k] @ B[k, n] of the training core, per GPU."""
+
+    op: str  # fwd | dx | dw
+    linear: str  # qkv | proj | fc1 | fc2 | head
+    m: int
+    n: int
+    k: int
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+    @property
+    def key(self) -> tuple[str, int, int, int]:
+        return (self.op, self.m, self.n, self.k)
+
+
+def linear_gemms(linear: str, tokens: int, rows: int, cols: int) -> tuple[Gemm, Gemm, Gemm]:
+    """The three GEMMs of a Linear whose local weight block is [rows, cols] (out, in):
+    forward Y = X W^T, dX = dY W, dW = dY^T X, with X of ``tokens`` rows."""
+    return (
+        Gemm("fwd", linear, tokens, rows, cols),
+        Gemm("dx", linear, tokens, cols, rows),
+        Gemm("dw", linear, rows, cols, tokens),
+    )
+
+
+def block_gemms(model: ModelSpec, grid: Grid, tokens: float) -> tuple[Gemm, ...]:
+    """Forward, dX and dW GEMMs of the four Linears of a block at the local block sizes
+    (fan_out/outer x fan_in/inner, axonn.md §2.3) for T = ``tokens``."""
+    out: list[Gemm] = []
+    for lin in block_linears(model):
+        rows = lin.fan_out // grid.size(lin.outer)
+        cols = lin.fan_in // grid.size(lin.inner)
+        out += linear_gemms(lin.name, int(tokens), rows, cols)
+    return tuple(out)
+
+
+def head_gemms(model: ModelSpec, grid: Grid, tokens: float) -> tuple[Gemm, ...]:
+    """The tied LM head: logits [T, V/(x*y)] = hidden [T, h] @ table block^T."""
+    return linear_gemms("head", int(tokens), local_vocab(model.vocab_size, grid), model.d_model)
+
+
+def planned_gemms(model: ModelSpec, grid: Grid, train: TrainConfig) -> tuple[Gemm, ...]:
+    """Every distinct GEMM shape a micro-step of this grid runs (what calibrate measures)."""
+    tokens = tokens_per_gpu(train, grid)
+    return block_gemms(model, grid, tokens) + head_gemms(model, grid, tokens)
+
+
 def gemm_seconds(flops: float, hw: Hardware, cal: Calibration) -> float:
-    """Time of one GEMM call of ``flops`` on one GPU."""
+    """Time of one GEMM call of ``flops`` on one GPU, from its FLOPs alone."""
     if flops <= 0:
         return 0.0
     measured = cal.gemm_tflops(flops)
@@ -251,6 +346,14 @@ def gemm_seconds(flops: float, hw: Hardware, cal: Calibration) -> float:
         return flops / (measured * 1e12)
     peak = hw.peak_tflops_per_gpu if hw.peak_tflops_per_gpu > 0 else NOMINAL_CPU_TFLOPS
     return flops / (peak * cal.gemm_efficiency * 1e12) + cal.kernel_overhead_us * 1e-6
+
+
+def shaped_gemm_seconds(gemm: Gemm, hw: Hardware, cal: Calibration, *, tuned: bool) -> float:
+    """Time of one GEMM: its shape's measured rate if calibrated, else ``gemm_seconds``."""
+    rate = cal.shape_tflops(gemm, tuned=tuned)
+    if rate:
+        return gemm.flops / (rate * 1e12)
+    return gemm_seconds(gemm.flops, hw, cal)
 
 
 # Element passes (one read or one write of an element) per token of the element-wise
@@ -278,57 +381,9 @@ def elementwise_elements(model: ModelSpec, grid: Grid) -> tuple[float, float]:
     return per_layer, head
 
 
-@dataclass(frozen=True)
-class LinearShape:
-    """One Linear of a GPT block and the axes its all-reduces use (axonn.md §2.4).
-
-    ``inner`` splits the input features and carries the forward all-reduce of the
-    output; ``outer`` splits the output features and carries the backward all-reduce of
-    dX. transpose=True swaps x and y.
-    """
-
-    name: str
-    fan_in: int
-    fan_out: int
-    inner: str  # axis splitting fan_in
-    outer: str  # axis splitting fan_out
-
-
-def block_linears(model: ModelSpec) -> tuple[LinearShape, ...]:
-    h, f = model.d_model, model.d_ff
-    return (
-        LinearShape("qkv", h, 3 * h, inner="x", outer="y"),
-        LinearShape("proj", h, h, inner="y", outer="x"),  # transpose=True
-        LinearShape("fc1", h, f, inner="x", outer="y"),
-        LinearShape("fc2", f, h, inner="y", outer="x"),  # transpose=True (§4.3 corrected)
-    )
-
-
-# --------------------------------------------------------------------------- precision
-
-
-@dataclass(frozen=True)
-class Precision:
-    """Bytes per element of each kind of traffic, as the training core sends it.
-
-    Under bf16 autocast the Linear outputs are bf16, so the forward all-reduces are too.
-    A backward dX all-reduce has the dtype of the Linear's input, which is fp32 for
-    QKV, MLP-up and MLP-down (LayerNorm and GeLU outputs on the fp32 residual path):
-    counted as fp32 for all four. Weights and their gradients are fp32 (master weights
-    are gathered as stored; AxoNN's Gordon Bell branch casts them to bf16 first).
-    """
-
-    act_fwd: int = 2
-    act_bwd: int = 4
-    weight: int = 4
-    grad: int = 4
-
-    @classmethod
-    def for_run(cls, train: TrainConfig, hardware: Hardware) -> Precision:
-        cpu = hardware.gpu_model == "cpu" or hardware.peak_tflops_per_gpu <= 0
-        if train.dtype == "fp32" or (train.dtype == "auto" and cpu):
-            return cls(act_fwd=4, act_bwd=4, weight=4, grad=4)
-        return cls()
+def on_gpu(hardware: Hardware) -> bool:
+    """Whether ``auto`` dtypes resolve as on a GPU (bf16) for this hardware."""
+    return hardware.gpu_model != "cpu" and hardware.peak_tflops_per_gpu > 0
 
 
 # --------------------------------------------------------------------------- the step
@@ -386,26 +441,40 @@ def partly_hidden(raw: float, exposed_if_perfect: float, efficiency: float) -> f
     return raw - efficiency * (raw - exposed_if_perfect)
 
 
-def pipelined_exposed(chunk_comm: float, chunk_compute: float, n: int) -> float:
-    """Exposed time of n collectives, each overlapping the compute chunk that follows it.
+def stream_exposed(segments: list[tuple[int, float, float]]) -> float:
+    """Exposed time of collectives run one after another on one link, each able to hide
+    behind the compute that follows its own chunk.
 
-    The collectives run one after another on their own stream; collective i may start
-    once compute chunk i starts (a prefetch one module ahead, or a reduce-scatter issued
-    when its gradient is ready). With equal chunks c (communication) and b (compute) the
-    last collective ends max(n*b + c, b + n*c) - n*b after the compute, i.e.
-    c + (n-1) * max(0, c - b): one chunk is always exposed, the others only by what
-    exceeds the compute they hide behind.
+    ``segments`` lists runs of equal chunks in issue order: (count, comm c, compute b).
+    Collective k starts once its chunk starts (a prefetch one chunk ahead, or a
+    reduce-scatter issued when its gradient is ready) and after collective k-1; the last
+    one ends max over k of (C_k.. - B_k+1..) after the compute, C_k.. being the comm of
+    chunks k to the end and B_k+1.. the compute after chunk k. Within a run the
+    expression is linear in where k sits, so only the runs' ends need checking. For one
+    run of n chunks: c + (n-1) * max(0, c - b): one chunk is always exposed, the others
+    only by what exceeds the compute they hide behind.
     """
-    if n <= 0 or chunk_comm <= 0:
-        return 0.0
-    return chunk_comm + (n - 1) * max(0.0, chunk_comm - chunk_compute)
+    best, comm_after, compute_after = 0.0, 0.0, 0.0
+    for count, comm, compute in reversed(segments):
+        if count <= 0:
+            continue
+        for m in (1, count):  # suffix starting at this run's last or first chunk
+            best = max(best, comm_after + m * comm - compute_after - (m - 1) * compute)
+        comm_after += count * comm
+        compute_after += count * compute
+    return best
+
+
+def pipelined_exposed(chunk_comm: float, chunk_compute: float, n: int) -> float:
+    """``stream_exposed`` of one run of n equal chunks."""
+    return stream_exposed([(n, chunk_comm, chunk_compute)]) if chunk_comm > 0 else 0.0
 
 
 class _Costs:
     """Collective and GEMM times for one grid, with bandwidths looked up once per axis."""
 
-    def __init__(self, hw: Hardware, grid: Grid, cal: Calibration) -> None:
-        self.hw, self.grid, self.cal = hw, grid, cal
+    def __init__(self, hw: Hardware, grid: Grid, cal: Calibration, *, tuned: bool) -> None:
+        self.hw, self.grid, self.cal, self.tuned = hw, grid, cal, tuned
         self._bw: dict[tuple[str, str], tuple[float, float, int]] = {}
 
     def coll(self, collective: str, axis: str, nbytes: float) -> float:
@@ -420,7 +489,14 @@ class _Costs:
         gbps, alpha, p = self._bw[key]
         return ring_time(collective, p, nbytes, gbps, alpha)
 
-    def gemm(self, flops: float) -> float:
+    def collective(self, c: Collective) -> float:
+        return self.coll(c.op, c.axis, c.nbytes)
+
+    def gemm(self, gemm: Gemm) -> float:
+        return shaped_gemm_seconds(gemm, self.hw, self.cal, tuned=self.tuned)
+
+    def flops(self, flops: float) -> float:
+        """A GEMM known by its FLOPs only (the fused attention core)."""
         return gemm_seconds(flops, self.hw, self.cal)
 
     def memory(self, nbytes: float, kernel_bytes: float) -> float:
@@ -441,12 +517,12 @@ def step_time(
     """Predicted seconds per optimizer step: ``accumulation`` micro-steps plus the
     once-per-step gradient synchronization (see the module docstring)."""
     cal = calibration or Calibration()
-    costs = _Costs(hardware, grid, cal)
-    prec = Precision.for_run(train, hardware)
-    compute, micro = _micro_step(costs, model, train, grid, prec)
+    costs = _Costs(hardware, grid, cal, tuned=train.gemm_tuning)
+    gpu = on_gpu(hardware)
+    compute, micro = _micro_step(costs, model, train, grid, gpu)
     accum = max(1, train.accumulation_steps(grid))
     ledger = micro.scaled(accum)
-    ledger.merge(_gradient_sync(costs, model, grid, prec))
+    ledger.merge(_gradient_sync(costs, model, grid, wire_bytes(train, on_gpu=gpu)))
     model_flops = (
         model.flops_per_token(train.seq_len, recompute=train.activation_checkpointing)
         * train.global_batch
@@ -463,150 +539,172 @@ def step_time(
     )
 
 
+@dataclass(frozen=True)
+class _LayerCompute:
+    """Seconds of one layer's work on one GPU, per pass."""
+
+    forward: float  # GEMMs, attention core and element-wise kernels of one forward
+    backward: float  # dX and dW GEMMs, attention and element-wise backward
+    dw: dict[str, float]  # dW GEMM per Linear (what OAR hides each dX all-reduce behind)
+
+
+def _layer_compute(costs: _Costs, model: ModelSpec, grid: Grid, train: TrainConfig, wire):
+    """Each Linear's forward, dX and dW GEMMs at their shapes (``block_gemms``). The
+    attention core has its heads split over y and is repeated on every x rank: QK^T and
+    AV are 2 * 2*T*s*h/y FLOPs forward (the s/(6h) term of Narayanan's formula), twice
+    that backward."""
+    tokens = tokens_per_gpu(train, grid)
+    times: dict[str, float] = dict.fromkeys(GEMM_OPS, 0.0)
+    dw: dict[str, float] = {}
+    for g in block_gemms(model, grid, tokens):
+        t = costs.gemm(g)
+        times[g.op] += t
+        if g.op == "dw":
+            dw[g.linear] = t
+    attn = costs.flops(4 * tokens * train.seq_len * model.d_model / grid.y)
+    per_layer, _ = elementwise_elements(model, grid)
+    kernel = 3 * tokens * model.d_model / grid.x * wire.compute  # a residual add
+    ew = costs.memory(tokens * per_layer * wire.compute, kernel)
+    backward = times["dx"] + times["dw"] + 2 * attn + BACKWARD_FACTOR * ew
+    return _LayerCompute(forward=times["fwd"] + attn + ew, backward=backward, dw=dw)
+
+
+@dataclass
+class _BlockComm:
+    """One block's communication in one micro-step, priced (seconds)."""
+
+    raw: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("x", "y", "z"), 0.0))
+    exposed_xy: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("x", "y"), 0.0))
+    forward_blocking: float = 0.0  # forward-pass all-reduces (the compute waits for them)
+    recompute_blocking: float = 0.0
+    backward_exposed: float = 0.0  # backward x/y all-reduces not hidden by OAR
+    z_forward: float = 0.0  # overlapped z collectives of the forward (OAG's gathers)
+    z_backward: float = 0.0  # overlapped z collectives of recompute + backward (OAG, ORS)
+    z_blocking: float = 0.0  # z collectives nothing hides (an overlap switched off)
+
+
+def _price_block(costs: _Costs, colls: tuple[Collective, ...], lc: _LayerCompute, train):
+    """Sort one block's collectives into what waits, what OAR hides behind its Linear's
+    dW GEMM, and what the z streams carry."""
+    ov, e = train.overlap, costs.cal.overlap_efficiency
+    out = _BlockComm()
+    for c in colls:
+        t = costs.collective(c)
+        out.raw[c.axis] += t
+        if c.axis == "z":
+            overlapped = ov.reduce_scatter if c.op == REDUCE_SCATTER else ov.all_gather
+            if not overlapped:
+                out.z_blocking += t
+            elif c.phase == FORWARD:
+                out.z_forward += t
+            else:
+                out.z_backward += t
+            continue
+        exposed = t
+        if c.phase == BACKWARD and c.op == ALL_REDUCE and c.linear in lc.dw and ov.all_reduce:
+            exposed = partly_hidden(t, max(0.0, t - lc.dw[c.linear]), e)  # OAR
+        out.exposed_xy[c.axis] += exposed
+        if c.phase == FORWARD:
+            out.forward_blocking += t
+        elif c.phase == BACKWARD:
+            out.backward_exposed += exposed
+        else:
+            out.recompute_blocking += t
+    return out
+
+
 def _micro_step(
-    costs: _Costs, model: ModelSpec, train: TrainConfig, grid: Grid, prec: Precision
+    costs: _Costs, model: ModelSpec, train: TrainConfig, grid: Grid, gpu: bool
 ) -> tuple[float, _Ledger]:
-    """Compute seconds and communication ledger of one micro-step (forward + backward)."""
-    s, h, layers = train.seq_len, model.d_model, model.n_layer
-    tokens = train.micro_batch / grid.z * s  # T
-    ov = train.overlap
-    linears = block_linears(model)
-    xy = grid.x * grid.y
-    passes = 2 if train.activation_checkpointing else 1  # forward (+ recompute forward)
+    """Compute seconds and communication ledger of one micro-step (forward + backward).
 
-    # Compute, per layer. Each Linear's forward GEMM is 2*T*in*out/(x*y) FLOPs (its local
-    # block, axonn.md §2.3); dX and dW GEMMs cost as much each. The attention core has its
-    # heads split over y and is repeated on every x rank: QK^T and AV are 2 * 2*T*s*h/y
-    # FLOPs forward (the s/(6h) term of Narayanan's formula), twice that backward.
-    fwd_gemm = [costs.gemm(2 * tokens * lin.fan_in * lin.fan_out / xy) for lin in linears]
-    attn = costs.gemm(4 * tokens * s * h / grid.y)
-    per_layer, head_passes = elementwise_elements(model, grid)
-    kernel = 3 * tokens * h / grid.x * prec.act_fwd  # a residual add
-    fwd_ew = costs.memory(tokens * per_layer * prec.act_fwd, kernel)
-    fwd_compute = sum(fwd_gemm) + attn + fwd_ew
-    bwd_compute = 2 * sum(fwd_gemm) + 2 * attn + BACKWARD_FACTOR * fwd_ew
-
-    # Forward all-reduces (blocking, §3.1): each Linear's output, T*fan_out/outer elements,
-    # over its inner axis: 7Th/y over x and 2Th/x over y per layer (§2.7, §4.3 corrected).
-    # The two LayerNorms all-reduce (sum, sum of squares) over x: 2T fp32 each, forward
-    # and backward.
-    fwd_ar = dict.fromkeys(("x", "y"), 0.0)
-    for lin in linears:
-        elems = tokens * lin.fan_out / grid.size(lin.outer)
-        fwd_ar[lin.inner] += costs.coll(ALL_REDUCE, lin.inner, elems * prec.act_fwd)
-    norm_ar = 2 * costs.coll(ALL_REDUCE, "x", 2 * tokens * 4)
-    fwd_ar["x"] += norm_ar
-
-    # Backward dX all-reduces over the outer axis, T*fan_in/inner elements: 5Th/y over x and
-    # 2Th/x over y per layer. OAR hides each behind its Linear's dW GEMM.
-    bwd_raw = dict.fromkeys(("x", "y"), 0.0)
-    bwd_exposed = dict.fromkeys(("x", "y"), 0.0)
-    for lin, gemm in zip(linears, fwd_gemm, strict=True):
-        elems = tokens * lin.fan_in / grid.size(lin.inner)
-        t = costs.coll(ALL_REDUCE, lin.outer, elems * prec.act_bwd)
-        bwd_raw[lin.outer] += t
-        hidden_ok = partly_hidden(t, max(0.0, t - gemm), costs.cal.overlap_efficiency)
-        bwd_exposed[lin.outer] += hidden_ok if ov.all_reduce else t
-    bwd_raw["x"] += norm_ar
-    bwd_exposed["x"] += norm_ar
-
-    ledger = _Ledger()
-    for axis in ("x", "y"):
-        raw = layers * (passes * fwd_ar[axis] + bwd_raw[axis])
-        ledger.add(axis, raw, layers * (passes * fwd_ar[axis] + bwd_exposed[axis]))
-    fwd_busy = fwd_compute + sum(fwd_ar.values())
-    bwd_busy = bwd_compute + sum(bwd_exposed.values())
-    _weight_traffic(costs, model, linears, ledger, ov, passes, fwd_busy, bwd_busy, prec)
-    head = _embedding_and_head(costs, model, grid, tokens, ledger, prec)
-    logits = tokens * model.vocab_size / (grid.x * grid.y) * 4  # the loss runs in fp32
-    head += costs.memory(tokens * head_passes * 4, 2 * logits)
-    compute = layers * (passes * fwd_compute + bwd_compute) + head
-    return compute, ledger
-
-
-def _weight_traffic(costs, model, linears, ledger, ov, passes, fwd_busy, bwd_busy, prec) -> None:
-    """All-gathers and reduce-scatters of the Linear weights over z, per micro-step.
-
-    Every Linear gathers its (fan_out/outer) x (fan_in/inner) block in the forward, in
-    the recompute forward, and again in the backward (the training core keeps only the z
-    shard between passes). OAG prefetches one Linear ahead, so the forward pipelines 4l
-    gathers behind the forward Linears, and the backward 4l (or 8l with recompute)
-    gathers behind the backward work. The weight-grad reduce-scatter (same bytes) is
-    issued after each dW GEMM; with ORS it is waited for only at the next forward, so it
-    pipelines behind the rest of the backward.
+    The first ``cache_layers`` blocks (cached) and the others differ only in their z
+    gathers; each kind is priced once (``_price_block``) and counted per block.
     """
-    layers, n = model.n_layer, len(linears)
-    xy = costs.grid.x * costs.grid.y
-    block_bytes = [lin.fan_in * lin.fan_out / xy * prec.weight for lin in linears]
-    ag = sum(costs.coll(ALL_GATHER, "z", b) for b in block_bytes) / n  # per Linear
-    rs = sum(costs.coll(REDUCE_SCATTER, "z", b) for b in block_bytes) / n
-    gathers_fwd, gathers_bwd = n * layers, n * layers * passes
-    bwd_phase = bwd_busy + (passes - 1) * fwd_busy  # backward + recompute, per layer
+    wire = wire_bytes(train, on_gpu=gpu)
+    lc = _layer_compute(costs, model, grid, train, wire)
+    recompute = lc.forward if train.activation_checkpointing else 0.0
+    cached = min(train.cache_layers or 0, model.n_layer)
+    kinds = [(model.n_layer - cached, False), (cached, True)]
+    ledger = _Ledger()
+    forward_segments, backward_segments = [], []
+    blocking_z = 0.0
+    for count, is_cached in kinds:
+        if count == 0:
+            continue
+        colls = block_collectives(model, grid, train, on_gpu=gpu, cached=is_cached)
+        bc = _price_block(costs, colls, lc, train)
+        for axis in ("x", "y"):
+            ledger.add(axis, count * bc.raw[axis], count * bc.exposed_xy[axis])
+        ledger.add("z", count * bc.raw["z"], 0.0)  # exposed z: below, from the streams
+        blocking_z += count * bc.z_blocking
+        n = len(block_linears(model))  # the streams advance one Linear at a time
+        fwd_busy = lc.forward + bc.forward_blocking
+        bwd_busy = lc.backward + bc.backward_exposed + recompute + bc.recompute_blocking
+        forward_segments.append((n * count, bc.z_forward / n, fwd_busy / n))
+        backward_segments.append((n * count, bc.z_backward / n, bwd_busy / n))
+    ledger.exposed["z"] += blocking_z + _z_streams(costs, forward_segments, backward_segments)
+    head = _embedding_and_head(costs, model, grid, train, ledger, wire)
+    compute = model.n_layer * (lc.forward + recompute + lc.backward)  # caching keeps weights,
+    return compute + head, ledger  # not activations: every block still recomputes
+
+
+def _z_streams(costs: _Costs, forward: list, backward: list) -> float:
+    """Exposed seconds of the two overlapped z streams of a micro-step.
+
+    Forward: the prefetched gathers, one Linear ahead, behind the forward work. Backward
+    (blocks in reverse order, so the cached first blocks come last): the recompute and
+    backward gathers of the uncached blocks and every block's deferred reduce-scatters,
+    behind the recompute and backward work. The ORS window (``train.ors_window``) bounds
+    the reduce-scatters queued on the link: when the queue is full the compute waits,
+    but the link stays busy, so what the stream leaves exposed is the same (it changes
+    memory, memory.py).
+    """
     e = costs.cal.overlap_efficiency
-    ag_fwd, ag_bwd = ag * gathers_fwd, ag * gathers_bwd
-    if ov.all_gather:
-        ag_fwd = partly_hidden(ag_fwd, pipelined_exposed(ag, fwd_busy / n, gathers_fwd), e)
-        perfect = pipelined_exposed(ag, bwd_phase * layers / gathers_bwd, gathers_bwd)
-        ag_bwd = partly_hidden(ag_bwd, perfect, e)
-    ledger.add("z", ag * (gathers_fwd + gathers_bwd), ag_fwd + ag_bwd)
-    rs_raw = rs * n * layers
-    rs_exposed = rs_raw
-    if ov.reduce_scatter:
-        rs_exposed = partly_hidden(rs_raw, pipelined_exposed(rs, bwd_phase / n, n * layers), e)
-    ledger.add("z", rs_raw, rs_exposed)
+    exposed = 0.0
+    for segments in (forward, backward):
+        raw = sum(count * comm for count, comm, _ in segments)
+        if raw > 0:
+            exposed += partly_hidden(raw, stream_exposed(segments), e)
+    return exposed
 
 
-def _embedding_and_head(costs, model, grid, tokens, ledger, prec) -> float:
+def _embedding_and_head(costs, model, grid, train, ledger, wire: WireBytes) -> float:
     """Vocab-parallel token table over the x*y plane (axonn.md §2.5, the training core's
     layout); returns its compute seconds and books its traffic.
 
-    z: the table block V/(x*y)*h is all-gathered in the forward and its gradient
-    reduce-scattered in the backward (not overlapped). Plane: the embedding sum (T*h,
-    fp32) in the forward, the LM head's dX (T*h, fp32) in the backward, the loss's max
-    (T) and sums (2T). x: the hidden states gathered for the LM head (T*h) in the
-    forward, their gradient gathered in the backward. LM head GEMMs: 2*T*h*V/(x*y) FLOPs
-    each for the forward, dX and dW.
+    z: the table block V/(x*y)*h is all-gathered in the forward (``wire.all_gather``)
+    and its gradient reduce-scattered in the backward (``wire.reduce_scatter``), not
+    overlapped. Plane: the embedding sum (T*h, fp32) in the forward, the LM head's dX
+    (T*h, fp32) in the backward, the loss's max (T) and sums (2T). x: the hidden states
+    gathered for the LM head (T*h) in the forward, their gradient gathered in the
+    backward. LM head GEMMs at their shapes (``head_gemms``); the loss's element-wise
+    passes at the memory bandwidth, in fp32.
     """
-    h = model.d_model
+    h, tokens = model.d_model, tokens_per_gpu(train, grid)
     rows = local_vocab(model.vocab_size, grid)
-    table = rows * h * prec.weight
-    ledger.add("z", costs.coll(ALL_GATHER, "z", table) + costs.coll(REDUCE_SCATTER, "z", table))
+    table = rows * h
+    z = costs.coll(ALL_GATHER, "z", table * wire.all_gather)
+    ledger.add("z", z + costs.coll(REDUCE_SCATTER, "z", table * wire.reduce_scatter))
     plane = 2 * costs.coll(ALL_REDUCE, "xy", tokens * h * 4)
     plane += costs.coll(ALL_REDUCE, "xy", tokens * 4) + costs.coll(ALL_REDUCE, "xy", 2 * tokens * 4)
     ledger.add("xy", plane)
     ledger.add("x", 2 * costs.coll(ALL_GATHER, "x", tokens * h * 4))
-    return 3 * costs.gemm(2 * tokens * h * rows)
+    _, head_passes = elementwise_elements(model, grid)
+    logits = tokens * rows * 4  # the loss runs in fp32
+    loss = costs.memory(tokens * head_passes * 4, 2 * logits)
+    return sum(costs.gemm(g) for g in head_gemms(model, grid, tokens)) + loss
 
 
-def _gradient_sync(costs: _Costs, model: ModelSpec, grid: Grid, prec: Precision) -> _Ledger:
+def _gradient_sync(costs: _Costs, model: ModelSpec, grid: Grid, wire: WireBytes) -> _Ledger:
     """Once per step, not overlapped (``finish_gradients``; Megatron-AxoNN likewise refuses
     --overlap-grad-reduce, axonn.md §2.6): one coalesced all-reduce over z of the
     gradients replicated over z (biases, norms, positions), then one over data of every
-    local gradient, fp32."""
+    local gradient, fp32 whatever the wire dtypes."""
     ledger = _Ledger()
-    replicated = replicated_over_z_elements(model, grid) * prec.grad
+    replicated = replicated_over_z_elements(model, grid) * wire.grad
     ledger.add("z", costs.coll(ALL_REDUCE, "z", replicated))
     ledger.add(
-        "data", costs.coll(ALL_REDUCE, "data", local_param_elements(model, grid) * prec.grad)
+        "data", costs.coll(ALL_REDUCE, "data", local_param_elements(model, grid) * wire.grad)
     )
     return ledger
-
-
-def comm_volumes_per_layer(model: ModelSpec, train: TrainConfig, grid: Grid) -> dict[str, float]:
-    """Elements moved per transformer layer per micro-step, by collective and axis.
-
-    The table of axonn.md §2.7 with the §4.3 correction, written out for checking (the
-    LayerNorm statistics are left out): keys ``fwd_ar_x``, ``fwd_ar_y``, ``bwd_ar_x``,
-    ``bwd_ar_y``, ``ag_z``, ``rs_z``. Forward entries include the recompute pass when
-    activation checkpointing is on; ``ag_z`` includes the backward re-gather.
-    """
-    tokens = train.micro_batch / grid.z * train.seq_len
-    passes = 2 if train.activation_checkpointing else 1
-    out = dict.fromkeys(("fwd_ar_x", "fwd_ar_y", "bwd_ar_x", "bwd_ar_y", "ag_z", "rs_z"), 0.0)
-    for lin in block_linears(model):
-        out[f"fwd_ar_{lin.inner}"] += passes * tokens * lin.fan_out / grid.size(lin.outer)
-        out[f"bwd_ar_{lin.outer}"] += tokens * lin.fan_in / grid.size(lin.inner)
-        block = lin.fan_in * lin.fan_out / (grid.x * grid.y)
-        out["ag_z"] += (passes + 1) * block
-        out["rs_z"] += block
-    return out

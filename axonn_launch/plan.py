@@ -15,6 +15,11 @@ memory. The largest one gives the fewest micro-steps, hence the fewest weight al
 and reduce-scatters over z (which repeat per micro-step), the fewest latency-bound
 collectives and the biggest GEMMs; the activation all-reduces and the FLOPs per step do
 not depend on it.
+
+Weight caching (``train.cache_layers``): an int is kept as given. None (automatic) lets
+the planner choose per grid: with the micro-batch fixed as above, the most blocks whose
+gathered weights still fit in memory (``memory.largest_cache_that_fits``), if caching
+them makes the predicted step faster, else none. Every row reports its choice.
 """
 
 from __future__ import annotations
@@ -29,9 +34,9 @@ from typing import Any
 from axonn_launch.grid import Grid
 from axonn_launch.jobcost import job_cost
 from axonn_launch.machine import Hardware, MachineProfile
-from axonn_launch.memory import GIB
+from axonn_launch.memory import GIB, MemoryEstimate, estimate_memory, largest_cache_that_fits
 from axonn_launch.models import ModelSpec
-from axonn_launch.perf import COMM_AXES, Calibration, load_calibration, step_time
+from axonn_launch.perf import COMM_AXES, Calibration, StepTime, load_calibration, step_time
 from axonn_launch.rules import batch_problem, divisors, fit_micro_batch, shape_problem
 from axonn_launch.spec import TrainConfig
 from axonn_launch.usage import help_page, run_tool, wants_help
@@ -46,6 +51,7 @@ class PlanRow:
     rank: int
     grid: Grid
     micro_batch: int
+    cache_layers: int  # blocks whose gathered weights are kept (given, or chosen)
     accumulation: int
     step_time_s: float
     compute_s: float
@@ -144,11 +150,12 @@ def evaluate_grid(
         return "memory", chosen
     micro, memory = chosen
     tr = dataclasses.replace(train, micro_batch=micro)
-    st = step_time(hardware=hardware, model=model, train=tr, grid=grid, calibration=cal)
+    tr, memory, st = _with_cache(hardware, model, tr, grid, cal, memory)
     return PlanRow(
         rank=0,
         grid=grid,
         micro_batch=micro,
+        cache_layers=tr.cache_layers,
         accumulation=st.accumulation,
         step_time_s=st.total,
         compute_s=st.compute,
@@ -157,6 +164,34 @@ def evaluate_grid(
         memory_gib=memory.total / GIB,
         comm_s=st.comm,
     )
+
+
+def _with_cache(
+    hardware: Hardware,
+    model: ModelSpec,
+    train: TrainConfig,
+    grid: Grid,
+    cal: Calibration,
+    memory: MemoryEstimate,
+) -> tuple[TrainConfig, MemoryEstimate, StepTime]:
+    """``train`` with its cache_layers (as given, or chosen: module docstring), the memory
+    estimate and the predicted step of that choice."""
+
+    def predict(tr: TrainConfig) -> StepTime:
+        return step_time(hardware=hardware, model=model, train=tr, grid=grid, calibration=cal)
+
+    if train.cache_layers is not None:
+        return train, memory, predict(train)
+    none = dataclasses.replace(train, cache_layers=0)
+    base = predict(none)
+    most = largest_cache_that_fits(model, grid, none, hardware.mem_per_gpu_gb)
+    if most == 0:
+        return none, memory, base
+    cached = dataclasses.replace(train, cache_layers=most)
+    faster = predict(cached)
+    if faster.total >= base.total:
+        return none, memory, base
+    return cached, estimate_memory(model=model, grid=grid, train=cached), faster
 
 
 def plan(
@@ -368,13 +403,15 @@ def _positive_int(key: str, text: str) -> int:
 def format_table(rows: list[PlanRow], peak: float) -> str:
     """The plan as aligned columns; the last ones split the step into compute and the
     exposed communication of each axis (xy = the vocab-parallel plane)."""
-    head = ["rank", "grid (data,x,y,z)", "mb", "step s", "TFLOP/s/GPU", "% peak", "mem GiB"]
+    head = ["rank", "grid (data,x,y,z)", "mb", "cache", "step s", "TFLOP/s/GPU", "% peak"]
+    head += ["mem GiB"]
     head += ["compute s"] + [f"{a} s" for a in COMM_AXES]
     lines = [head]
     for r in rows:
         g = r.grid
         pct = f"{100 * r.fraction_of_peak:.1f}" if peak > 0 else "-"
         line = [str(r.rank), f"({g.data},{g.x},{g.y},{g.z})", str(r.micro_batch)]
+        line += [str(r.cache_layers)]
         line += [f"{r.step_time_s:.4g}", f"{r.tflops_per_gpu:.4g}", pct, f"{r.memory_gib:.1f}"]
         line += [f"{r.compute_s:.4g}"] + [f"{r.comm_s[a]:.4g}" for a in COMM_AXES]
         lines.append(line)
@@ -446,6 +483,10 @@ def plan_json(args: PlanArgs, nodes: int, ranking: Ranking, rows: list[PlanRow],
             "seq_len": tr.seq_len,
             "activation_checkpointing": tr.activation_checkpointing,
             "overlap": dataclasses.asdict(tr.overlap),
+            "wire": dataclasses.asdict(tr.wire),
+            "cache_layers": tr.cache_layers,  # None: chosen per grid (plans[i].cache_layers)
+            "ors_window": tr.ors_window,
+            "gemm_tuning": tr.gemm_tuning,
         },
         "calibration": args.calibration.source if args.calibration else None,
         "considered": ranking.considered,

@@ -13,12 +13,15 @@ from axonn_launch.memory import (
     RUNTIME_RESERVE_GIB,
     MemoryEstimate,
     estimate_memory,
+    largest_cache_that_fits,
     layer_activation_bytes,
     local_param_elements,
     replicated_over_z_elements,
 )
 from axonn_launch.models import ModelSpec
-from axonn_launch.spec import OverlapConfig, TrainConfig
+from axonn_launch.spec import OverlapConfig, TrainConfig, WireConfig
+
+FP32_WIRE = WireConfig(all_gather="fp32", reduce_scatter="fp32", all_reduce="fp32")
 
 MODEL = ModelSpec("m", n_layer=2, d_model=64, n_head=4, vocab_size=256, max_seq_len=32)
 GPT_80B = ModelSpec("gpt_80b", n_layer=42, d_model=12288, n_head=96, vocab_size=50304,
@@ -88,16 +91,75 @@ def test_activation_checkpointing_keeps_layer_inputs_and_one_layer():
 
 
 def test_reduce_scatter_buffers():
-    tr = train()
-    block = (4 * 64 * 64 + 2 * 64 * 256) / 2 * 4  # one layer's fp32 dW blocks, x*y=2
+    tr = train()  # ORS window 2 = both of MODEL's blocks; bf16 on the wire
+    block = 4 * 64 * 64 + 2 * 64 * 256  # one layer's dW blocks over x*y=2: elements * 2
     assert estimate_memory(model=MODEL, grid=Grid(x=2), train=tr).terms[
         "reduce-scatter buffers"
     ] == 0  # fmt: skip
     ors = estimate_memory(model=MODEL, grid=Grid(x=2, z=4), train=tr).terms
-    assert ors["reduce-scatter buffers"] == pytest.approx(2 * block * (1 + 1 / 4))
+    assert ors["reduce-scatter buffers"] == pytest.approx(2 * block / 2 * 2 * (1 + 1 / 4))
     no_ors = dataclasses.replace(tr, overlap=OverlapConfig(reduce_scatter=False))
     one = estimate_memory(model=MODEL, grid=Grid(x=2, z=4), train=no_ors).terms
-    assert one["reduce-scatter buffers"] == pytest.approx(64 * 256 / 2 * 4)  # MLP h*f/(x*y)
+    mlp = 64 * 256 / 2  # the largest Linear block, h*f/(x*y)
+    assert one["reduce-scatter buffers"] == pytest.approx(mlp * 2 * (1 + 1 / 4))
+
+
+@pytest.mark.parametrize(("window", "blocks"), [(1, 1), (2, 2), (5, 5), (0, 42), (100, 42)])
+def test_the_ors_window_keeps_that_many_blocks_of_gradient_buffers(window, blocks):
+    grid = Grid(x=4, y=4, z=8)
+    tr = TrainConfig(global_batch=512, micro_batch=8, seq_len=2048, ors_window=window)
+    per_block = (4 * 12288**2 + 2 * 12288 * 49152) / 16  # elements over x*y
+    bf16 = estimate_memory(model=GPT_80B, grid=grid, train=tr).terms["reduce-scatter buffers"]
+    assert bf16 == pytest.approx(blocks * per_block * 2 * (1 + 1 / 8))
+    fp32 = dataclasses.replace(tr, wire=FP32_WIRE)
+    wide = estimate_memory(model=GPT_80B, grid=grid, train=fp32).terms["reduce-scatter buffers"]
+    assert wide == pytest.approx(2 * bf16)
+
+
+def test_gathered_weights_are_held_in_the_all_gather_dtype():
+    grid, mlp, table = Grid(x=2, z=2), 64 * 256 / 2, 256 / 2 * 64
+
+    def terms(**kw):
+        return estimate_memory(model=MODEL, grid=grid, train=train(**kw)).terms
+
+    bf16 = terms()  # in use + prefetched, already bf16: no autocast copy
+    assert bf16["weight buffers"] == 2 * 2 * mlp and bf16["embedding buffers"] == 2 * table
+    fp32_wire = terms(wire=WireConfig(all_gather="fp32"))  # fp32 blocks + autocast's bf16 copy
+    assert fp32_wire["weight buffers"] == (2 * 4 + 2) * mlp
+    assert fp32_wire["embedding buffers"] == (4 + 2) * table
+    fp32_run = terms(dtype="fp32")  # fp32 everywhere, no copy
+    assert fp32_run["weight buffers"] == 2 * 4 * mlp and fp32_run["embedding buffers"] == 4 * table
+
+
+def test_cached_blocks_keep_their_gathered_weights():
+    grid = Grid(x=2, z=4)
+    block = (4 * 64 * 64 + 2 * 64 * 256) / 2  # elements of one block's weights over x*y
+    for n, kept in ((0, 0), (1, 1), (2, 2), (9, 2)):  # at most n_layer blocks
+        est = estimate_memory(model=MODEL, grid=grid, train=train(cache_layers=n)).terms
+        assert est["weight cache"] == kept * block * 2
+    fp32 = estimate_memory(model=MODEL, grid=grid, train=train(cache_layers=1, wire=FP32_WIRE))
+    assert fp32.terms["weight cache"] == block * 4
+    no_z = estimate_memory(model=MODEL, grid=Grid(x=2), train=train(cache_layers=2))
+    assert no_z.terms["weight cache"] == 0  # z == 1: nothing is gathered, nothing kept
+
+
+def test_the_largest_cache_that_fits_is_the_last_that_fits():
+    tr = TrainConfig(global_batch=512, micro_batch=64, seq_len=2048, activation_checkpointing=True)
+    grid = Grid(x=1, y=2, z=64, data=8)
+    n = largest_cache_that_fits(GPT_80B, grid, tr, 40)
+    assert 0 < n < GPT_80B.n_layer
+
+    def fits(k: int) -> bool:
+        return estimate_memory(model=GPT_80B, grid=grid, train=train_with(tr, k)).fits(40)
+
+    assert fits(n) and not fits(n + 1)
+    assert largest_cache_that_fits(GPT_80B, grid, tr, 0) == GPT_80B.n_layer  # unbounded
+    assert largest_cache_that_fits(GPT_80B, grid, tr, 1) == 0  # nothing fits at all
+    assert largest_cache_that_fits(GPT_80B, Grid(x=4, y=4, data=64), tr, 1000) == 0  # z == 1
+
+
+def train_with(tr: TrainConfig, cache: int) -> TrainConfig:
+    return dataclasses.replace(tr, cache_layers=cache)
 
 
 def test_fp32_runs_use_more_activation_memory():
