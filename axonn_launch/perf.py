@@ -625,6 +625,8 @@ def _micro_step(
     lc = _layer_compute(costs, model, grid, train, wire)
     recompute = lc.forward if train.activation_checkpointing else 0.0
     cached = min(train.cache_layers or 0, model.n_layer)
+    # in backward order: the uncached last blocks first, the cached first blocks last (the
+    # forward's segments are alike for both kinds, so their order does not matter)
     kinds = [(model.n_layer - cached, False), (cached, True)]
     ledger = _Ledger()
     forward_segments, backward_segments = [], []

@@ -166,6 +166,20 @@ def evaluate_grid(
     )
 
 
+def resolve_cache_layers(
+    hardware: Hardware,
+    model: ModelSpec,
+    train: TrainConfig,
+    grid: Grid,
+    calibration: Calibration | None = None,
+) -> int:
+    """``train.cache_layers`` as given, or (None) the planner's choice for this grid and
+    ``train.micro_batch`` (module docstring); for launching an explicit grid."""
+    memory = estimate_memory(model=model, grid=grid, train=train)
+    chosen, _, _ = _with_cache(hardware, model, train, grid, calibration or Calibration(), memory)
+    return chosen.cache_layers
+
+
 def _with_cache(
     hardware: Hardware,
     model: ModelSpec,

@@ -293,3 +293,14 @@ def test_planner_does_not_import_torch():
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_an_explicit_grid_gets_the_same_cache_choice_as_the_ranking():
+    from axonn_launch.plan import resolve_cache_layers
+
+    auto = dataclasses.replace(TRAIN_80B, cache_layers=None)
+    for row in rank_grids(hardware=A100, model=GPT_80B, train=auto, world_size=1024).rows[:4]:
+        tr = dataclasses.replace(auto, micro_batch=row.micro_batch)
+        assert resolve_cache_layers(A100, GPT_80B, tr, row.grid) == row.cache_layers
+        pinned = dataclasses.replace(tr, cache_layers=5)
+        assert resolve_cache_layers(A100, GPT_80B, pinned, row.grid) == 5
