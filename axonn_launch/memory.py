@@ -23,7 +23,9 @@ f = d_ff, V = vocab, S = max_seq_len, l = layers.
   are not cached: their backward re-gathers.
 * weight cache: the first ``train.cache_layers`` blocks keep their gathered weights
   from the forward to the backward, (4h^2 + 2hf)/(x*y) elements per block at g bytes,
-  alive for the whole micro-step. Nothing when z == 1 (there is no gather to keep).
+  alive for the whole micro-step. With activation checkpointing, an uncached block's
+  recomputed forward keeps its gathers for the backward that follows: one more block
+  at g bytes. Nothing when z == 1 (there is no gather to keep).
 * embedding buffers: the token table gathered over z, V/(x*y)*h elements at g bytes,
   plus autocast's copy when g != c, for the LM head; alive for the whole micro-step.
 * reduce-scatter buffers: the full dW block of a Linear (r bytes) before it is
@@ -93,9 +95,8 @@ def estimate_memory(
     vocab_rows = local_vocab(model.vocab_size, grid)
     terms = {name: local * nbytes for name, nbytes in BYTES_PER_PARAM_STATE.items()}
     terms["weight buffers"] = (2 * wire.all_gather + _cast_copy(wire)) * _largest_block(model, grid)
-    terms["weight cache"] = cached_blocks(model, grid, train) * cache_bytes_per_block(
-        model, grid, wire
-    )
+    kept = cached_blocks(model, grid, train) + recompute_kept_blocks(model, grid, train)
+    terms["weight cache"] = kept * cache_bytes_per_block(model, grid, wire)
     terms["embedding buffers"] = vocab_rows * model.d_model * (wire.all_gather + _cast_copy(wire))
     terms["reduce-scatter buffers"] = reduce_scatter_buffers(model, grid, train, wire)
     terms["activations"] = _activations(model, grid, train, tokens, half)
@@ -117,6 +118,12 @@ def _largest_block(model: ModelSpec, grid: Grid) -> float:
 def cached_blocks(model: ModelSpec, grid: Grid, train: TrainConfig) -> int:
     """Blocks whose gathered weights are kept (none when z == 1: nothing is gathered)."""
     return 0 if grid.z == 1 else min(train.cache_layers or 0, model.n_layer)
+
+
+def recompute_kept_blocks(model: ModelSpec, grid: Grid, train: TrainConfig) -> int:
+    """1 when an uncached block's recompute keeps its gathered weights for its backward."""
+    uncached = cached_blocks(model, grid, train) < model.n_layer
+    return int(grid.z > 1 and train.activation_checkpointing and uncached)
 
 
 def cache_bytes_per_block(model: ModelSpec, grid: Grid, wire: WireBytes) -> float:
@@ -203,17 +210,16 @@ def layer_activation_bytes(model: ModelSpec, grid: Grid, tokens: float, half: in
     """Bytes one transformer layer saves for its backward in the training core.
 
     Sharded over x, fp32 (the residual stream is fp32 under autocast): the two LayerNorm
-    inputs and the two LayerNorm outputs saved by QKV and MLP-up; with x > 1 the
-    LayerNorm is computed by hand (statistics all-reduced over x) and keeps two more
-    per norm (centred input and normalized output). Sharded over y: q, k, v and the
+    inputs and the two LayerNorm outputs saved by QKV and MLP-up (with x > 1 the
+    LayerNorm is an autograd function of its own that saves only its input and its
+    per-token statistics, recomputing the rest in backward). Sharded over y: q, k, v and the
     attention output (autocast dtype), the GeLU input and output (fp32, f each); the
     fused attention kernel adds a log-sum-exp per head (fp32) instead of the s^2 score
     matrices that Korthikanti et al. (2022) count without one. Per token and LayerNorm:
-    mean and inverse deviation (fp32), and the variance too when x > 1.
+    mean and inverse deviation (fp32), three numbers when x > 1.
     """
     h, f = model.d_model, model.d_ff
-    hidden_tensors = 8 if grid.x > 1 else 4
-    hidden = tokens * h / grid.x * hidden_tensors * 4
+    hidden = tokens * h / grid.x * 4 * 4
     wide = tokens * (4 * h * half + 2 * f * 4) / grid.y
     lse = tokens * model.n_head / grid.y * 4
     norms = tokens * 2 * (3 if grid.x > 1 else 2) * 4

@@ -5,16 +5,19 @@ wire dtypes from. Torch-free: the planner runs on login nodes.
 
 The block is AxoNN's (axonn.md §2.3-§2.7) as the training core runs it: four Linears
 (QKV, attention projection, MLP up, MLP down; the second and fourth transposed, so x and
-y swap roles), two LayerNorms whose statistics are all-reduced over x when x > 1. With
+y swap roles), two LayerNorms whose statistics travel over x when x > 1. With
 T = tokens per GPU per micro-step = micro_batch / z * seq_len, per Linear with input
 features split over ``inner`` and output features over ``outer``:
 
 * forward: all-gather of the weight block (fan_out/outer x fan_in/inner) over z, then
   the all-reduce of the output, T*fan_out/outer elements, over ``inner``;
-* recompute forward (activation checkpointing): the same again;
-* backward: the weight block all-gathered again (the core keeps only the z shard
-  between passes), the all-reduce of dX, T*fan_in/inner elements, over ``outer``, and
-  the reduce-scatter of the weight-gradient block over z.
+* recompute forward (activation checkpointing): the same again, and the gathered
+  block is kept for the backward that follows it;
+* backward: the weight block all-gathered again unless the recompute kept it (without
+  recompute the core keeps only the z shard between passes), the all-reduce of dX,
+  T*fan_in/inner elements, over ``outer``, and the reduce-scatter of the weight-gradient
+  block over z. So three z collectives per Linear, with or without recompute, as in
+  AxoNN's volume (axonn.md §4.1).
 
 A cached block (``train.cache_layers``: the first N blocks) keeps its forward gathers:
 no recompute gather and no backward re-gather. Collectives over an axis of size 1 send
@@ -148,12 +151,13 @@ def block_collectives(
     recompute: tuple[Collective, ...] = ()
     if train.activation_checkpointing:
         recompute = _forward_pass(model, grid, tokens, wire, RECOMPUTE, gather=not cached)
-    backward = _backward_pass(model, grid, tokens, wire, regather=not cached)
+    regather = not cached and not train.activation_checkpointing
+    backward = _backward_pass(model, grid, tokens, wire, regather=regather)
     return tuple(c for c in forward + recompute + backward if grid.size(c.axis) > 1)
 
 
 def _forward_pass(model, grid, tokens, wire: WireBytes, phase: str, *, gather: bool):
-    out = list(_norm_statistics(tokens, phase))
+    out = list(_norm_statistics(tokens, phase, grid.x))
     for lin in block_linears(model):
         if gather:
             out.append(Collective(ALL_GATHER, "z", lin.block_elements(grid), wire.all_gather,
@@ -164,7 +168,7 @@ def _forward_pass(model, grid, tokens, wire: WireBytes, phase: str, *, gather: b
 
 
 def _backward_pass(model, grid, tokens, wire: WireBytes, *, regather: bool):
-    out = list(_norm_statistics(tokens, BACKWARD))
+    out = list(_norm_statistics(tokens, BACKWARD, grid.x))
     for lin in reversed(block_linears(model)):
         block = lin.block_elements(grid)
         if regather:
@@ -176,10 +180,14 @@ def _backward_pass(model, grid, tokens, wire: WireBytes, *, regather: bool):
     return tuple(out)
 
 
-def _norm_statistics(tokens: float, phase: str) -> tuple[Collective, Collective]:
-    """Each of the block's two LayerNorms all-reduces (sum, sum of squares) per token,
-    fp32, over x; the same in the backward (the gradient of the statistics)."""
-    one = Collective(ALL_REDUCE, "x", 2 * tokens, FP32, phase, NORM)
+def _norm_statistics(tokens: float, phase: str, x: int) -> tuple[Collective, Collective]:
+    """Each of the block's two LayerNorms, fp32 over x: forward, an all-gather of three
+    numbers per token and rank (shift, mean correction, M2: Chan's merge, exact);
+    backward, an all-reduce of two per token (sums of g and g * x_hat)."""
+    if phase == BACKWARD:
+        one = Collective(ALL_REDUCE, "x", 2 * tokens, FP32, phase, NORM)
+    else:
+        one = Collective(ALL_GATHER, "x", 3 * tokens * x, FP32, phase, NORM)
     return one, one
 
 

@@ -125,21 +125,24 @@ class _Request:
 
 def _cache_actions(plan: list[TPLinear], cached: list[TPLinear]) -> list[str]:
     """A cached layer gathers at its first request, reads the cache at the later ones
-    and frees it at its last; every other request gathers."""
+    and frees it at its last. An uncached layer requested three times (forward,
+    activation-checkpointing recompute, backward) keeps its recompute gather for the
+    backward that follows it, as AxoNN's code saves the gathered block: one block's
+    weights at a time, and three z collectives per Linear instead of four. Every other
+    request gathers."""
     cached_ids = {id(layer) for layer in cached}
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
+    positions: dict[int, list[int]] = {}
     for position, layer in enumerate(plan):
-        first.setdefault(id(layer), position)
-        last[id(layer)] = position
-    actions = []
-    for position, layer in enumerate(plan):
-        key = id(layer)
-        if key not in cached_ids or first[key] == last[key]:
-            actions.append(GATHER)
-        else:
-            actions.append(KEEP if position == first[key] else
-                           RELEASE if position == last[key] else REUSE)  # fmt: skip
+        positions.setdefault(id(layer), []).append(position)
+    actions = [GATHER] * len(plan)
+    for key, where in positions.items():
+        if key in cached_ids and len(where) > 1:
+            actions[where[0]] = KEEP
+            for position in where[1:-1]:
+                actions[position] = REUSE
+            actions[where[-1]] = RELEASE
+        elif len(where) >= 3:
+            actions[where[-2]], actions[where[-1]] = KEEP, RELEASE
     return actions
 
 

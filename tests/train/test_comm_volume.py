@@ -9,8 +9,9 @@ transcribed from axonn.md section 2.7: forward all-reduce over x 7Th/G_y and ove
 2Th/G_x (in the activations' dtype, repeated by the recompute of activation
 checkpointing), backward dX all-reduce over y 2Th/G_x and over x 5Th/G_y (wire
 all-reduce dtype), and 12h^2/(G_x G_y) gathered elements per weight all-gather (wire
-all-gather dtype; forward, recompute and backward re-gather, minus the recompute and
-backward ones for a cached block) and per weight-grad reduce-scatter (wire
+all-gather dtype; forward and backward re-gather, or with recompute forward and the
+recompute's gather that its backward reuses; a cached block gathers once) and per
+weight-grad reduce-scatter (wire
 reduce-scatter dtype). Collectives over groups of one rank must not be issued at all.
 
 The ORS window test checks that at most 4K weight-grad reduce-scatters (K blocks of 4
@@ -139,7 +140,9 @@ def _assert_table_bytes(rec_fwd, rec_bwd, grid, spec, tokens, recompute, wire, c
         fwd_x, fwd_y = on("x", 7 * t * h // grid.y * e_act), on("y", 2 * t * h // grid.x * e_act)
         block = on("z", 12 * h * h // (grid.x * grid.y))
         again = 1 if recompute else 0
-        gathers_in_backward = 0 if layer < cached else 1 + again  # bwd re-gather (+ recompute)
+        # an uncached block gathers once more in the backward: the re-gather, or with
+        # recompute the recomputed forward's gather, which its backward then reuses
+        gathers_in_backward = 0 if layer < cached else 1
         assert total(rec_fwd, "all_reduce", "x") == fwd_x, label
         assert total(rec_fwd, "all_reduce", "y") == fwd_y, label
         bwd_y = on("y", 2 * t * h // grid.x * e_ar) + again * fwd_y
@@ -196,9 +199,10 @@ def _check_one(groups, grid, overlap, checkpointing, tokens, label, wire=FP32_WI
     for layer in range(SPEC.n_layer):
         fwd.block_forward(layer)
     for layer in reversed(range(SPEC.n_layer)):
+        uncached = layer >= cache_layers
         if checkpointing:
-            bwd.block_forward(layer, gather=layer >= cache_layers)  # the recomputed forward
-        bwd.block_backward(layer, gather=layer >= cache_layers)
+            bwd.block_forward(layer, gather=uncached)  # the recomputed forward
+        bwd.block_backward(layer, gather=uncached and not checkpointing)  # else: reuses it
     bwd.embedding_and_loss_backward(padded)
     got_fwd, got_bwd = _as_counter(rec_fwd.records), _as_counter(rec_bwd.records)
     first = _first_backward_gather(grid, checkpointing, cache_layers, wire)
