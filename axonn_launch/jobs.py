@@ -55,6 +55,7 @@ RESHAPING_KEYS = ("grid", "nodes", "train.micro_batch", "train.activation_checkp
 EXCLUDE_KEY = "+machine.slurm.extra_sbatch.exclude"
 NODE_NAME = re.compile(r"[A-Za-z0-9][\w.-]*")  # what may go into --exclude
 PREFLIGHT_FILE = "preflight.json"  # rank 0 of the job writes it (train/preflight.py)
+PREFLIGHT_EXPECTED_FILE = "preflight_expected.json"  # the launcher writes it, the job reads it
 
 
 @dataclass(frozen=True)

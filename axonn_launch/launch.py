@@ -19,7 +19,12 @@ from pathlib import Path
 from axonn_launch import local, rankfail, render, slurm
 from axonn_launch.config import LaunchConfig
 from axonn_launch.job import TrainJob
-from axonn_launch.jobs import current_job_id, record_lock, write_record_file
+from axonn_launch.jobs import (
+    PREFLIGHT_EXPECTED_FILE,
+    current_job_id,
+    record_lock,
+    write_record_file,
+)
 from axonn_launch.memory import GIB
 from axonn_launch.spec import JobSpec, RuntimeConfig
 from axonn_launch.validate import Resolved, resolve
@@ -86,7 +91,11 @@ def resolved_yaml(config: dict, resolved: Resolved) -> str:
     config = dict(config)
     config["grid"] = {**resolved.grid.as_dict(), "auto": resolved.planned}
     config["nodes"] = resolved.nodes
-    config["train"] = {**config.get("train", {}), "micro_batch": resolved.train.micro_batch}
+    config["train"] = {
+        **config.get("train", {}),
+        "micro_batch": resolved.train.micro_batch,
+        "cache_layers": resolved.train.cache_layers,
+    }
     return OmegaConf.to_yaml(OmegaConf.create(config))
 
 
@@ -95,12 +104,9 @@ def preflight_on(cfg: LaunchConfig) -> bool:
     return cfg.preflight if cfg.preflight is not None else cfg.machine.scheduler == "slurm"
 
 
-PREFLIGHT_EXPECTED = "preflight_expected.json"  # train/preflight.py reads it
-
-
 def write_preflight_expectations(cfg: LaunchConfig, job_dir: Path) -> None:
     """What the job's preflight compares with, from the machine profile (or nothing)."""
-    path = job_dir / PREFLIGHT_EXPECTED
+    path = job_dir / PREFLIGHT_EXPECTED_FILE
     if not preflight_on(cfg):
         path.unlink(missing_ok=True)
         return

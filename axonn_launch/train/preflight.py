@@ -58,6 +58,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from axonn_launch.jobs import PREFLIGHT_EXPECTED_FILE, PREFLIGHT_FILE, update_record
 from axonn_launch.machine import PreflightExpectations
 from axonn_launch.spec import JobSpec
 from axonn_launch.train.bootstrap import DistEnv
@@ -66,8 +67,6 @@ from axonn_launch.train.startup import enable_nccl_log
 
 log = logging.getLogger(__name__)
 
-EXPECTED_FILE = "preflight_expected.json"
-RESULT_FILE = "preflight.json"
 WINDOW_S = 0.1  # seconds of GEMMs per timed window
 REPEATS = 3  # windows; the best counts
 MAX_GEMMS = 10_000  # per window, whatever the first GEMM's time says
@@ -93,7 +92,7 @@ def prepare(spec: JobSpec, env: DistEnv, environ=os.environ) -> None:
 
 def read_expectations(job_dir: str | Path) -> PreflightExpectations:
     """What the launcher wrote for this job; the defaults (no floors) without the file."""
-    path = Path(job_dir) / EXPECTED_FILE
+    path = Path(job_dir) / PREFLIGHT_EXPECTED_FILE
     try:
         return PreflightExpectations(**json.loads(path.read_text()))
     except FileNotFoundError:
@@ -448,13 +447,11 @@ def record(
     log.info("preflight: %s in %.1f s", verdict, report["seconds"])
     summary = {"job_id": current_job_id(environ), "host": socket.gethostname(), **report}
     full = {**summary, "expected": asdict(expect), "ranks": results}
-    path = Path(job_dir) / RESULT_FILE
-    part = path.with_name(f".{RESULT_FILE}.{os.getpid()}")
+    path = Path(job_dir) / PREFLIGHT_FILE
+    part = path.with_name(f".{PREFLIGHT_FILE}.{os.getpid()}")
     part.write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
     part.replace(path)
     if (Path(job_dir) / "job.json").exists():
-        from axonn_launch.jobs import update_record
-
         try:
             update_record(Path(job_dir), preflight=summary, slow_nodes=report["slow_nodes"])
         except (OSError, ValueError) as exc:  # preflight.json holds it all the same
