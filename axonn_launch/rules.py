@@ -153,7 +153,7 @@ def batch_problem(train: TrainConfig, grid: Grid) -> str | None:
 
 def throughput_problem(model: ModelSpec, train: TrainConfig) -> str | None:
     """Weight caching covers whole blocks of the model; the ORS window counts blocks."""
-    if not 0 <= train.cache_layers <= model.n_layer:
+    if train.cache_layers is not None and not 0 <= train.cache_layers <= model.n_layer:
         return (
             f"train.cache_layers={train.cache_layers}: must be between 0 and"
             f" model.n_layer={model.n_layer} (blocks whose gathered weights are kept)"

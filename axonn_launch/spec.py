@@ -75,8 +75,9 @@ class TrainConfig:
     overlap: OverlapConfig = field(default_factory=OverlapConfig)
     wire: WireConfig = field(default_factory=WireConfig)
     # transformer blocks (the first N) whose gathered weights are kept from forward to
-    # backward, saving the re-gathers for memory (AxoNN's CACHE_LAYERS)
-    cache_layers: int = 0
+    # backward, saving the re-gathers for memory (AxoNN's CACHE_LAYERS); None = automatic:
+    # the launcher asks the planner (the most blocks that fit, when that is faster)
+    cache_layers: int | None = 0
     # ORS: transformer blocks whose weight-grad reduce-scatters may be in flight at once;
     # older ones are waited for, in order. 0 = no bound (every block's until the end)
     ors_window: int = 2

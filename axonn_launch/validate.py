@@ -14,7 +14,7 @@ from axonn_launch import rules
 from axonn_launch.config import ConfigError, GridRequest, LaunchConfig
 from axonn_launch.grid import Grid
 from axonn_launch.machine import MachineProfile
-from axonn_launch.memory import MemoryEstimate
+from axonn_launch.memory import MemoryEstimate, estimate_memory
 from axonn_launch.models import ModelSpec
 from axonn_launch.spec import TrainConfig
 
@@ -48,6 +48,8 @@ def resolve(cfg: LaunchConfig) -> Resolved:
     _fail(rules.batch_problem(train, grid))
     nodes, per_node = place(cfg.machine, grid, cfg.nodes)
     train, memory = fit_micro_batch(cfg.model, grid, train, cfg.machine)
+    if train.cache_layers is None:
+        train, memory = choose_cache_layers(cfg.model, grid, train, cfg.machine)
     warnings = data_warnings(cfg) + missing_user_keys(cfg.machine, dry_run=cfg.dry_run)
     return Resolved(
         grid=grid,
@@ -103,6 +105,7 @@ def check_train(train: TrainConfig, model: ModelSpec) -> None:
     _one_of("train.schedule", train.schedule, ("cosine", "constant"))
     _one_of("train.dtype", train.dtype, ("auto", "fp32", "bf16"))
     _fail(rules.seq_len_problem(model, train))
+    _fail(rules.throughput_problem(model, train))
     check_data(train.data, model)
 
 
@@ -173,7 +176,8 @@ def auto_grid(cfg: LaunchConfig) -> tuple[Grid, TrainConfig]:
             f"grid.pick={pick}: the planner found {len(rows)} runnable grid(s) on {nodes}"
             f" node(s); valid: grid.pick=0..{len(rows) - 1}"
         )
-    return rows[pick].grid, replace(train, micro_batch=rows[pick].micro_batch)
+    best = rows[pick]
+    return best.grid, replace(train, micro_batch=best.micro_batch, cache_layers=best.cache_layers)
 
 
 def explicit_grid(request: GridRequest, machine: MachineProfile) -> Grid:
@@ -222,6 +226,17 @@ def fit_micro_batch(
         raise ConfigError(chosen)
     micro, memory = chosen
     return replace(train, micro_batch=micro), memory
+
+
+def choose_cache_layers(
+    model: ModelSpec, grid: Grid, train: TrainConfig, machine: MachineProfile
+) -> tuple[TrainConfig, MemoryEstimate]:
+    """``train.cache_layers=null`` on an explicit grid: the planner's choice for it."""
+    from axonn_launch import plan
+
+    cache = plan.resolve_cache_layers(machine.hardware, model, train, grid)
+    train = replace(train, cache_layers=cache)
+    return train, estimate_memory(model=model, grid=grid, train=train)
 
 
 def missing_user_keys(machine: MachineProfile, *, dry_run: bool) -> list[str]:

@@ -1,5 +1,6 @@
 """Every machine x model preset composes, validates and renders a dry run."""
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -56,3 +57,28 @@ def test_an_explicit_grid_too_small_for_the_model_fails_on_memory(machine):
     )
     with pytest.raises(ConfigError, match=r"GiB per GPU but .* has \d+ GiB \(largest term"):
         resolve(cfg)
+
+
+def test_automatic_cache_layers_is_resolved_before_the_job_sees_it():
+    """train.cache_layers=null asks the planner, on an explicit grid and with grid=auto;
+    the job always gets a number, and a grid without z has nothing to cache."""
+    from axonn_launch import plan
+    from axonn_launch.memory import estimate_memory
+
+    common = ["machine=frontier", "model=gpt_20b", "train.global_batch=64", "dry_run=true"]
+    cfg = load([*common, "grid.x=8", "grid.z=8", "train.cache_layers=null"])
+    resolved = resolve(cfg)
+    cache = resolved.train.cache_layers
+    assert isinstance(cache, int) and 0 < cache <= cfg.model.n_layer
+    asked = dataclasses.replace(resolved.train, cache_layers=None)
+    expected = plan.resolve_cache_layers(cfg.machine.hardware, cfg.model, asked, resolved.grid)
+    assert cache == expected
+    assert (
+        resolved.memory.total
+        == estimate_memory(model=cfg.model, grid=resolved.grid, train=resolved.train).total
+    )
+    assert resolved.memory.fits(cfg.machine.hardware.mem_per_gpu_gb)
+    planned = resolve(load([*common, "nodes=8", "grid=auto", "train.cache_layers=null"]))
+    assert isinstance(planned.train.cache_layers, int)
+    no_z = resolve(load([*common, "grid.x=8", "grid.y=8", "train.cache_layers=null"]))
+    assert no_z.train.cache_layers == 0
