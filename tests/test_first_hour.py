@@ -129,8 +129,8 @@ def test_calibrate_bad_key_is_one_line(tmp_path):
     assert proc.returncode == 2
     assert one_error_line(proc) == (
         "error: 'colour=red': expected key=value with key in machine, output, nproc, small_bytes,"
-        " large_bytes, reps, warmup, block_seconds, gpus_per_node"
-        " (python -m axonn_launch.calibrate --help)"
+        " large_bytes, reps, warmup, block_seconds, gpus_per_node, model, nodes, global_batch,"
+        " gemm_grids (python -m axonn_launch.calibrate --help)"
     )
 
 
