@@ -95,9 +95,9 @@ def traffic_lines() -> list[str]:
         "GB one GPU sends over z per optimizer step for the blocks' Linear weights (ring: "
         "(z-1)/z of each collective's full size). AxoNN = Megatron-AxoNN's depth term "
         "(axonn.md §4.1): 3 collectives (forward gather, recompute gather, "
-        "reduce-scatter) in bf16. Ours: forward gather, recompute gather, backward "
-        "re-gather and reduce-scatter per uncached block, forward gather and "
-        "reduce-scatter per cached one (`traffic.block_collectives`). 'planner's cache' = "
+        "reduce-scatter) in bf16. Ours: forward gather, recompute gather (kept for the "
+        "backward that follows it) and reduce-scatter per uncached block, forward gather "
+        "and reduce-scatter per cached one (`traffic.block_collectives`). 'planner's cache' = "
         "the blocks the planner chose for this grid (`train.cache_layers` automatic); "
         "'all cached' = every block, with whether that would fit in memory.",
         "",
@@ -133,17 +133,14 @@ def traffic_lines() -> list[str]:
         lines.append(_cache_needed(model, grid, train, hw.mem_per_gpu_gb, axonn))
     lines += [
         "",
-        "Per block and micro-step with activation checkpointing, ours sends 4 weight "
-        "collectives where AxoNN's model counts 3: the training core re-gathers the "
-        "weights in the backward instead of keeping the recompute's gather (AxoNN's "
-        "non-memory-efficient default), so without caching ours in bf16 is 4/3 of AxoNN's. "
-        "A cached block sends 2 (its forward gather is kept for the recompute and the "
-        "backward), so ours is within 1.05 x AxoNN's volume once a fraction c of the "
-        "blocks is cached with 4 - 2c <= 3 x 1.05, c >= 0.425; whether that fits depends "
-        "on the memory the grid leaves (the lines under each row). Where it does not (the "
-        "gpt_320b grid caches 6 of 100 blocks), the rest of the gap is the backward "
-        "re-gather: keeping each block's recompute gather for its own backward, as "
-        "AxoNN's default does, would make an uncached block send 3, AxoNN's count.",
+        "Per block and micro-step with activation checkpointing, ours sends 3 weight "
+        "collectives, AxoNN's count: the recomputed forward keeps its gathered weights for "
+        "the backward that follows it (one block held at a time, in memory.py's weight "
+        "cache term), as AxoNN's default keeps the gathered block. A cached block sends 2 "
+        "(its forward gather serves the recompute and the backward). So ours in bf16 is at "
+        "most AxoNN's volume on every grid, and below it by the blocks the planner caches. "
+        "An earlier version of the core re-gathered in the backward (4 collectives, 4/3 of "
+        "AxoNN's): the 'fp32, no cache (before)' column is today's count in fp32.",
         "",
     ]
     return lines

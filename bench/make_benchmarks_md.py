@@ -11,11 +11,15 @@ HERE = Path(__file__).parent
 ORDER = [
     ("bench_dry_run.md", "Launcher"),
     ("bench_tp.md", "Training core"),
+    ("tp_findings.md", "Training core"),
+    ("optimizations.md", "Training core"),
     ("bench_train_loop.md", "Training core"),
     ("bench_checkpoint.md", "Training core"),
     ("bench_plan.md", "Planner"),
     ("validate_planner.md", "Planner"),
     ("headline_plans.md", "Planner"),
+    ("validation_80b.md", "Planner"),
+    ("bench_ztraffic.md", "Planner"),
     ("bench_status.md", "Failures"),
 ]
 HEADER = """# Benchmarks
