@@ -48,6 +48,12 @@ class WireConfig:
                     f"train.wire.{name}={value!r}: expected one of {', '.join(WIRE_DTYPES)}"
                 )
 
+    def resolved(self, computes_in_bf16: bool) -> WireConfig:
+        """``auto`` replaced by the compute dtype's name: the one rule job and planner use."""
+        auto = "bf16" if computes_in_bf16 else "fp32"
+        return WireConfig(*(auto if v == "auto" else v for v in
+                            (self.all_gather, self.reduce_scatter, self.all_reduce)))  # fmt: skip
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -86,6 +92,10 @@ class TrainConfig:
     sample_tokens: int = 0  # >0: print a generated sample of this many tokens at the end
     progress: bool = True  # a bar on a terminal; elsewhere a line every log_every_s
     log_every_s: float = 30.0  # seconds between progress lines when stdout is no terminal
+
+    def computes_in_bf16(self, on_gpu: bool) -> bool:
+        """train.dtype bf16, or auto on a GPU (auto is fp32 on a CPU)."""
+        return self.dtype == "bf16" or (self.dtype == "auto" and on_gpu)
 
     def accumulation_steps(self, grid: Grid) -> int:
         """Micro-steps per optimizer step; the launcher validates divisibility."""

@@ -62,16 +62,12 @@ class WireBytes:
     grad: int = FP32  # gradient all-reduces over z and data, fp32 whatever the wire
 
 
-def computes_in_bf16(train: TrainConfig, on_gpu: bool) -> bool:
-    """train.dtype bf16, or auto on a GPU (auto is fp32 on a CPU)."""
-    return train.dtype == "bf16" or (train.dtype == "auto" and on_gpu)
-
-
 def wire_bytes(train: TrainConfig, *, on_gpu: bool) -> WireBytes:
     """The bytes per element the run sends, resolving ``auto`` (module docstring)."""
-    compute = BF16 if computes_in_bf16(train, on_gpu) else FP32
-    named = {"bf16": BF16, "fp32": FP32, "auto": compute}
-    wire = train.wire
+    bf16 = train.computes_in_bf16(on_gpu)
+    named = {"bf16": BF16, "fp32": FP32}
+    wire = train.wire.resolved(bf16)
+    compute = BF16 if bf16 else FP32
     return WireBytes(
         compute=compute,
         all_gather=named[wire.all_gather],

@@ -63,16 +63,13 @@ FP32_WIRE = Wire()
 
 
 def resolve_wire(config: WireConfig, compute: torch.dtype) -> Wire:
-    """``auto`` is bf16 when the job computes in bf16 (autocast) and fp32 otherwise."""
-    auto = torch.bfloat16 if compute == torch.bfloat16 else torch.float32
-
-    def pick(name: str) -> torch.dtype:
-        return auto if name == "auto" else _WIRE_NAMES[name]
-
+    """``auto`` is bf16 when the job computes in bf16 (autocast) and fp32 otherwise
+    (``WireConfig.resolved``, the rule the planner uses too)."""
+    names = config.resolved(compute == torch.bfloat16)
     return Wire(
-        all_gather=pick(config.all_gather),
-        reduce_scatter=pick(config.reduce_scatter),
-        all_reduce=pick(config.all_reduce),
+        all_gather=_WIRE_NAMES[names.all_gather],
+        reduce_scatter=_WIRE_NAMES[names.reduce_scatter],
+        all_reduce=_WIRE_NAMES[names.all_reduce],
     )
 
 

@@ -69,11 +69,9 @@ def learning_rate(step: int, train: TrainConfig) -> float:
 
 
 def compute_dtype(train: TrainConfig, device: torch.device) -> torch.dtype:
-    if train.dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if train.dtype in ("fp32", "bf16"):
-        return torch.float32 if train.dtype == "fp32" else torch.bfloat16
-    raise ValueError(f"train.dtype={train.dtype!r}: use auto, fp32 or bf16")
+    if train.dtype not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"train.dtype={train.dtype!r}: use auto, fp32 or bf16")
+    return torch.bfloat16 if train.computes_in_bf16(device.type == "cuda") else torch.float32
 
 
 def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
