@@ -187,12 +187,8 @@ def average_loss_and_flags(
 
 def gemm_tuner(model: nn.Module) -> GemmTuner | None:
     """The model's GEMM tuner (on its ``OverlapRuntime``), if it has one."""
-    runtime = getattr(model, "runtime", None)
-    for name in ("gemm", "tuner"):
-        tuner = getattr(runtime, name, None)
-        if isinstance(tuner, GemmTuner):
-            return tuner
-    return None
+    tuner = getattr(getattr(model, "runtime", None), "tuner", None)
+    return tuner if isinstance(tuner, GemmTuner) else None
 
 
 def tuner_has_new(tuner: GemmTuner | None) -> bool:
