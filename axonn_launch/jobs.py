@@ -392,8 +392,10 @@ def local_state(record: dict) -> str:
     return "RUNNING"
 
 
-def diagnose(job_dir: Path, record: dict, info: SchedulerInfo | None) -> tuple[str, Diagnosis]:
-    """(state to show, diagnosis) of one job."""
+def diagnose(
+    job_dir: Path, record: dict, info: SchedulerInfo | None, preflight: dict | None
+) -> tuple[str, Diagnosis]:
+    """(state to show, diagnosis) of one job; ``preflight``: its verdict (``preflight_of``)."""
     if record.get("dry_run") or record.get("status") == "dry_run":
         return "DRY_RUN", Diagnosis(failures.UNKNOWN, "dry run: never submitted")
     if record.get("status") == "refused":
@@ -410,7 +412,7 @@ def diagnose(job_dir: Path, record: dict, info: SchedulerInfo | None) -> tuple[s
         first = rankfail.first_failure(job_dir)
     if first is not None:  # the rank that failed first says why, in its own words
         diagnosis = replace(diagnosis, reason=rankfail.headline(first))
-    stopped = preflight_stop(preflight_of(job_dir, record), diagnosis)
+    stopped = preflight_stop(preflight, diagnosis)
     shown = ev.state or _state_from_class(diagnosis.failure)
     return shown, stopped or diagnosis
 
@@ -434,9 +436,10 @@ def _state_from_class(failure: str) -> str:
     return "RUNNING" if failure == failures.RUNNING else "ENDED"
 
 
-def job_status(job_dir: Path, record: dict, info: SchedulerInfo | None) -> JobStatus:
-    state, diagnosis = diagnose(job_dir, record, info)
-    preflight = preflight_of(job_dir, record)
+def job_status(
+    job_dir: Path, record: dict, info: SchedulerInfo | None, preflight: dict | None
+) -> JobStatus:
+    state, diagnosis = diagnose(job_dir, record, info, preflight)
     metrics = last_metrics(job_dir)
     results = run_results(job_dir, metrics)
     grid = record.get("grid") or {}
@@ -474,19 +477,19 @@ def collect(paths: list[str]) -> list[JobStatus]:
     rows = []
     for job_dir, record in records:
         info = infos.get(current_job_id(record))
-        row = job_status(job_dir, record, info)
+        preflight = preflight_of(job_dir, record)  # read once per job
+        row = job_status(job_dir, record, info, preflight)
         settled = settled_status(record, info, row)
         if settled:  # job.json tells the truth from now on
             with contextlib.suppress(OSError, ValueError):
                 update_record(job_dir, status=settled, failure=row.failure)
-        fold_preflight(job_dir, record)
+        fold_preflight(job_dir, record, preflight)
         rows.append(row)
     return rows
 
 
-def fold_preflight(job_dir: Path, record: dict) -> None:
+def fold_preflight(job_dir: Path, record: dict, preflight: dict | None) -> None:
     """Copy a preflight verdict that only preflight.json holds into job.json."""
-    preflight = preflight_of(job_dir, record)
     if preflight is None or record.get("preflight", {}).get("job_id") == preflight["job_id"]:
         return
     summary = {k: v for k, v in preflight.items() if k not in ("ranks", "expected")}
@@ -551,9 +554,9 @@ def notes(row: JobStatus) -> list[str]:
 
 
 @contextlib.contextmanager
-def job_lock(job_dir: Path) -> Iterator[None]:
-    """Exclusive per-job lock across processes (flock on ``.resubmit.lock``)."""
-    with open(job_dir / ".resubmit.lock", "a") as handle:
+def _flock(path: Path) -> Iterator[None]:
+    """Exclusive lock across processes on ``path`` (created if missing)."""
+    with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -561,16 +564,15 @@ def job_lock(job_dir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-@contextlib.contextmanager
-def record_lock(job_dir: Path) -> Iterator[None]:
+def job_lock(job_dir: Path) -> contextlib.AbstractContextManager[None]:
+    """Exclusive per-job lock across processes (flock on ``.resubmit.lock``)."""
+    return _flock(Path(job_dir) / ".resubmit.lock")
+
+
+def record_lock(job_dir: Path) -> contextlib.AbstractContextManager[None]:
     """Exclusive lock on job.json's read-modify-write (launcher, job and these commands
     all write it); not ``job_lock``, which a resubmission holds while it launches."""
-    with open(Path(job_dir) / ".record.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return _flock(Path(job_dir) / ".record.lock")
 
 
 def write_record_file(job_dir: Path, record: dict) -> None:
