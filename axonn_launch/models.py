@@ -11,9 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+ARCHITECTURES = ("gpt", "llama")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """A GPT with learned positions, LayerNorm, GeLU MLP and tied embeddings."""
+    """A transformer shape.
+
+    ``arch=gpt``: learned positions, LayerNorm, GeLU MLP of ``ffn_mult * h`` units,
+    biases, tied embeddings. ``arch=llama``: rotary positions (``rope_theta``, and Llama
+    3's frequency scaling when ``rope_scaling_factor`` > 0), RMSNorm, SwiGLU MLP of
+    ``ffn_hidden`` units, grouped-query attention with ``n_kv_head`` KV heads, no biases,
+    embeddings tied only when ``tie_embeddings``.
+    """
 
     name: str
     n_layer: int
@@ -22,14 +32,40 @@ class ModelSpec:
     vocab_size: int
     max_seq_len: int
     ffn_mult: int = 4
+    arch: str = "gpt"
+    n_kv_head: int = 0  # 0: as many as n_head (multi-head attention)
+    ffn_hidden: int = 0  # 0: ffn_mult * d_model
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    # Llama 3 rope scaling (HF rope_scaling {"rope_type": "llama3", ...}); factor 0 = none
+    rope_scaling_factor: float = 0.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_seq_len: int = 8192
+    tie_embeddings: bool = True
+    init_from: str = ""  # a Hugging Face model directory whose weights start the job
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHITECTURES:
+            raise ValueError(
+                f"model.arch={self.arch!r}: expected one of {', '.join(ARCHITECTURES)}"
+            )
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
 
     @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
     def d_ff(self) -> int:
-        return self.ffn_mult * self.d_model
+        return self.ffn_hidden or self.ffn_mult * self.d_model
+
+    @property
+    def is_llama(self) -> bool:
+        return self.arch == "llama"
 
     def n_params(self) -> int:
         """Exact count of the model as built by ``axonn_launch.train.model``."""

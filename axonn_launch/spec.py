@@ -55,6 +55,26 @@ class WireConfig:
                             (self.all_gather, self.reduce_scatter, self.all_reduce)))  # fmt: skip
 
 
+GOLDFISH_STRATEGIES = ("hash-table", "static", "hash-avalanche")
+
+
+@dataclass(frozen=True)
+class GoldfishConfig:
+    """The Goldfish loss (axonn.md section 7.2): drop about 1/k of the labels from the
+    loss, chosen by a pure function of each label's context in the token stream."""
+
+    k: int = 0  # 0 = off (the standard loss)
+    h: int = 4  # context width of the hash strategies (tokens ending at the label)
+    strategy: str = "hash-table"  # hash-table | static | hash-avalanche
+
+    def __post_init__(self) -> None:
+        if self.strategy not in GOLDFISH_STRATEGIES:
+            raise ValueError(
+                f"train.goldfish.strategy={self.strategy!r}: expected one of "
+                f"{', '.join(GOLDFISH_STRATEGIES)}"
+            )
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = 200
@@ -88,6 +108,10 @@ class TrainConfig:
     # older ones are waited for, in order. 0 = no bound (every block's until the end)
     ors_window: int = 2
     gemm_tuning: bool = True  # time equivalent GEMM layouts per shape in the first steps
+    goldfish: GoldfishConfig = field(default_factory=GoldfishConfig)
+    eval_every: int = 0  # steps between validation losses; 0 = only at the end when eval_batches > 0
+    eval_batches: int = 0  # global batches of the validation data per evaluation; 0 = none
+    eval_data: str = ""  # "" = the validation split of train.data; else a source like train.data
     log_every: int = 1
     sample_tokens: int = 0  # >0: print a generated sample of this many tokens at the end
     progress: bool = True  # a bar on a terminal; elsewhere a line every log_every_s
@@ -134,6 +158,7 @@ class JobSpec:
         train = dict(raw["train"])
         train["overlap"] = OverlapConfig(**train["overlap"])
         train["wire"] = WireConfig(**train.get("wire", {}))
+        train["goldfish"] = GoldfishConfig(**train.get("goldfish", {}))
         return cls(
             name=raw["name"],
             job_dir=raw["job_dir"],
