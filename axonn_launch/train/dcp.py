@@ -91,7 +91,7 @@ def block_range(layout: ShardLayout, groups: Groups) -> tuple[list[tuple[int, in
     rows = layout.pad_rows_to or layout.full_shape[0]
     ranges = [(0, rows), *((0, n) for n in layout.full_shape[1:])]
     for dim, axis in layout.splits:
-        ranges[dim] = _chunk(*ranges[dim], groups.size(axis), groups.index(axis))
+        ranges[dim] = _chunk(*ranges[dim], *layout.split(axis, groups))
     numel = math.prod(n for _, n in ranges)
     if layout.flatten_over_z:
         s, n = _chunk(0, numel, groups.size("z"), groups.index("z"))

@@ -47,6 +47,8 @@ from axonn_launch.train.comm import FP32_WIRE, Comm, Handle, Wire
 from axonn_launch.train.gemm import GemmTuner
 from axonn_launch.train.groups import Groups
 
+IGNORE_INDEX = -100  # a target that does not count in the loss (data loader convention)
+
 # ---------------------------------------------------------------------------------------
 # How a parameter's local shard is cut from the full tensor
 
@@ -69,6 +71,15 @@ class ShardLayout:
     replicated_over: tuple[str, ...]
     row_order: torch.Tensor | None = None
     pad_rows_to: int | None = None
+    # > 1: the split over y has size(y) / y_replicas parts, each held by y_replicas
+    # consecutive y ranks (Llama's KV heads when y exceeds their number)
+    y_replicas: int = 1
+
+    def split(self, axis: str, groups: Groups) -> tuple[int, int]:
+        """(parts, this rank's part) of the split over ``axis``."""
+        if axis == "y" and self.y_replicas > 1:
+            return groups.size("y") // self.y_replicas, groups.index("y") // self.y_replicas
+        return groups.size(axis), groups.index(axis)
 
     def local_from_full(self, full: torch.Tensor, groups: Groups, fill: float = 0) -> torch.Tensor:
         if tuple(full.shape) != self.full_shape:
@@ -81,7 +92,8 @@ class ShardLayout:
             pad = full.new_full((self.pad_rows_to - full.shape[0], *full.shape[1:]), fill)
             full = torch.cat([full, pad])
         for dim, axis in self.splits:
-            full = full.chunk(groups.size(axis), dim=dim)[groups.index(axis)]
+            parts, index = self.split(axis, groups)
+            full = full.chunk(parts, dim=dim)[index]
         if self.flatten_over_z:
             full = full.reshape(-1).chunk(groups.size("z"))[groups.index("z")]
         return full.contiguous()
@@ -94,6 +106,8 @@ class ShardLayout:
 
     def owns_copy(self, groups: Groups) -> bool:
         """True on exactly one rank among those holding the same shard in a replica."""
+        if groups.index("y") % self.y_replicas:
+            return False
         return all(groups.index(axis) == 0 for axis in self.replicated_over)
 
 
@@ -325,6 +339,7 @@ class TPLinear(nn.Module):
         bias: bool = True,
         name: str = "",
         row_order: torch.Tensor | None = None,
+        y_replicas: int = 1,
         device: torch.device | str = "cpu",
     ) -> None:
         super().__init__()
@@ -332,7 +347,10 @@ class TPLinear(nn.Module):
         self.transpose = transpose
         self.inner, self.outer = ("y", "x") if transpose else ("x", "y")
         self.in_features, self.out_features = in_features, out_features
-        out_local = _chunk_or_fail(out_features, comm.size(self.outer), f"{name} out_features")
+        if y_replicas > 1 and transpose:
+            raise ValueError(f"{name}: only a non-transposed layer's rows can repeat over y")
+        out_parts = comm.size(self.outer) // y_replicas
+        out_local = _chunk_or_fail(out_features, out_parts, f"{name} out_features")
         in_local = _chunk_or_fail(in_features, comm.size(self.inner), f"{name} in_features")
         self.block_shape = (out_local, in_local)
         shard = _chunk_or_fail(out_local * in_local, comm.size("z"), f"{name} weight block")
@@ -344,6 +362,7 @@ class TPLinear(nn.Module):
                 flatten_over_z=True,
                 replicated_over=(),
                 row_order=row_order,
+                y_replicas=y_replicas,
             ),
         )
         self.bias = None
@@ -596,6 +615,50 @@ class TPLayerNorm(nn.Module):
         return _LayerNormOverX.apply(x, self.weight, self.bias, self)
 
 
+class _SumOverX(torch.autograd.Function):
+    """Per-token partial sums of the x members, summed (all-reduce over x). Every member
+    uses the sum for its own slice, so the gradient of a member's partial is the sum of
+    all members' gradients: an all-reduce backward too."""
+
+    @staticmethod
+    def forward(ctx, partial: torch.Tensor, comm: Comm, tag: str):
+        ctx.comm, ctx.tag = comm, tag
+        total = partial.clone()
+        comm.all_reduce(total, "x", tag=tag)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.clone(memory_format=torch.contiguous_format)
+        ctx.comm.all_reduce(grad, "x", tag=ctx.tag)
+        return grad, None, None
+
+
+class TPRMSNorm(nn.Module):
+    """RMSNorm over h for activations holding h/x features: the per-token sum of squares
+    of the slices is summed over x (one all-reduce each way), computed in fp32 and cast
+    back before the weight multiplies, as Hugging Face's LlamaRMSNorm does."""
+
+    def __init__(self, hidden: int, *, comm: Comm, name: str = "", eps: float = 1e-5,
+                 device: torch.device | str = "cpu") -> None:  # fmt: skip
+        super().__init__()
+        self.comm, self.name, self.hidden, self.eps = comm, name, hidden, eps
+        local = _chunk_or_fail(hidden, comm.size("x"), f"{name} hidden")
+        layout = ShardLayout(
+            full_shape=(hidden,), splits=((0, "x"),), flatten_over_z=False,
+            replicated_over=("y", "z"),
+        )  # fmt: skip
+        self.weight = set_layout(nn.Parameter(torch.ones(local, device=device)), layout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        squares = xf.square().sum(dim=-1, keepdim=True)
+        if self.comm.size("x") > 1:
+            squares = _SumOverX.apply(squares, self.comm, self.name)
+        normed = xf * torch.rsqrt(squares / self.hidden + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
 class VocabParallelEmbedding(nn.Module):
     """Token + learned position embeddings, and the tied LM head with its loss.
 
@@ -605,7 +668,8 @@ class VocabParallelEmbedding(nn.Module):
     """
 
     def __init__(self, vocab_size: int, max_seq_len: int, hidden: int, *, comm: Comm,
-                 device: torch.device | str = "cpu", wire: Wire = FP32_WIRE) -> None:  # fmt: skip
+                 device: torch.device | str = "cpu", wire: Wire = FP32_WIRE,
+                 positions: bool = True, tied: bool = True) -> None:  # fmt: skip
         super().__init__()
         self.comm, self.vocab_size, self.hidden, self.wire = comm, vocab_size, hidden, wire
         plane = comm.size("plane")
@@ -613,13 +677,12 @@ class VocabParallelEmbedding(nn.Module):
         self.local_vocab = self.padded_vocab // plane
         self.vocab_start = comm.index("plane") * self.local_vocab
         shard = _chunk_or_fail(self.local_vocab * hidden, comm.size("z"), "token table block")
-        self.wte = set_layout(
-            nn.Parameter(torch.empty(shard, device=device)),
-            ShardLayout(
-                full_shape=(vocab_size, hidden), splits=((0, "plane"),), flatten_over_z=True,
-                replicated_over=(), pad_rows_to=self.padded_vocab,
-            ),
-        )  # fmt: skip
+        self.wte = self._vocab_table(shard, device)
+        # untied (Llama): an LM head of the token table's shape and layout
+        self.lm_head = None if tied else self._vocab_table(shard, device)
+        self.wpe = None
+        if not positions:
+            return
         local_hidden = _chunk_or_fail(hidden, comm.size("x"), "hidden")
         self.wpe = set_layout(
             nn.Parameter(torch.empty(max_seq_len, local_hidden, device=device)),
@@ -629,37 +692,77 @@ class VocabParallelEmbedding(nn.Module):
             ),
         )  # fmt: skip
 
+    def _vocab_table(self, shard: int, device: torch.device | str) -> nn.Parameter:
+        return set_layout(
+            nn.Parameter(torch.empty(shard, device=device)),
+            ShardLayout(
+                full_shape=(self.vocab_size, self.hidden), splits=((0, "plane"),),
+                flatten_over_z=True, replicated_over=(), pad_rows_to=self.padded_vocab,
+            ),
+        )  # fmt: skip
+
     def token_table(self) -> torch.Tensor:
         """This plane member's vocab rows ``[V_l, h]``, gathered over z (differentiable)."""
+        return self._gathered(self.wte, "wte")
+
+    def head_table(self, token_table: torch.Tensor) -> torch.Tensor:
+        """The LM head's rows: the token table when tied, else the gathered ``lm_head``."""
+        return token_table if self.lm_head is None else self._gathered(self.lm_head, "lm_head")
+
+    def _gathered(self, shard: nn.Parameter, tag: str) -> torch.Tensor:
         if self.comm.size("z") == 1:
-            return self.wte.view(self.local_vocab, self.hidden)
-        block = _GatherOverZ.apply(self.wte, self.comm, "wte", self.wire)
+            return shard.view(self.local_vocab, self.hidden)
+        block = _GatherOverZ.apply(shard, self.comm, tag, self.wire)
         return block.view(self.local_vocab, self.hidden)
 
-    def embed(self, idx: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-        """``[b, s]`` token ids -> ``[b, s, h/x]`` hidden states."""
+    def embed(
+        self, idx: torch.Tensor, table: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``[b, s]`` token ids -> ``[b, s, h/x]`` hidden states; learned positions
+        ``positions`` (``[b, s]``; None: 0..s-1)."""
         local = idx - self.vocab_start
         mine = (local >= 0) & (local < self.local_vocab)
         partial = F.embedding(local.clamp(0, self.local_vocab - 1), table)
         partial = partial * mine.unsqueeze(-1).to(partial.dtype)
         hidden = _PlaneSumToHidden.apply(partial, self.comm)
-        return hidden + self.wpe[: idx.shape[1]]
+        if self.wpe is None:
+            return hidden
+        if positions is None:
+            return hidden + self.wpe[: idx.shape[1]]
+        return hidden + self.wpe[positions]
 
     def loss(
-        self, hidden: torch.Tensor, table: torch.Tensor, targets: torch.Tensor
+        self,
+        hidden: torch.Tensor,
+        table: torch.Tensor,
+        targets: torch.Tensor,
+        normalizer: float | torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Mean cross-entropy over the local tokens (same value on every plane member)."""
+        """Cross-entropy summed over the local labels that count (``targets`` other
+        than ``IGNORE_INDEX``), divided by ``normalizer`` (None: their local number, the
+        local mean). The same value on every plane member."""
         full = _HiddenToPlane.apply(hidden, self.comm)
         logits = full.reshape(-1, self.hidden) @ table.t()
+        targets = targets.reshape(-1)
+        counted = targets != IGNORE_INDEX
         per_token = _VocabParallelCrossEntropy.apply(
-            logits, targets.reshape(-1), self.comm, self.vocab_start, self.vocab_size
+            logits, targets.clamp(min=0), self.comm, self.vocab_start, self.vocab_size
         )
-        return per_token.mean()
+        total = torch.where(counted, per_token, 0.0).sum()
+        if normalizer is None:
+            normalizer = counted.sum().clamp(min=1)
+        return total / normalizer
+
+    @torch.no_grad()
+    def logits(self, hidden: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits ``[..., V]`` of every position of ``hidden``."""
+        full = _gather_last_dim(hidden, self.comm, "x", "lm_head")
+        local = full.reshape(-1, self.hidden) @ table.t()  # [n, V_l]
+        gathered, _ = self.comm.all_gather(local.t().contiguous(), "plane", tag="lm_head")
+        out = gathered.t()[:, : self.vocab_size].contiguous()
+        return out.view(*hidden.shape[:-1], self.vocab_size)
 
     @torch.no_grad()
     def last_logits(self, hidden: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits ``[b, V]`` of the last position."""
-        full = _gather_last_dim(hidden[:, -1], self.comm, "x", "lm_head")
-        local = full @ table.t()  # [b, V_l]
-        gathered, _ = self.comm.all_gather(local.t().contiguous(), "plane", tag="lm_head")
-        return gathered.t()[:, : self.vocab_size].contiguous()
+        return self.logits(hidden[:, -1], table)

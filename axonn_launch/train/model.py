@@ -22,12 +22,14 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from axonn_launch.models import ModelSpec
 from axonn_launch.spec import OverlapConfig
+from axonn_launch.train.attention import KVCache, Positions, attend
 from axonn_launch.train.comm import FP32_WIRE, Comm, Wire
 from axonn_launch.train.groups import Groups
 from axonn_launch.train.init import init_shard
@@ -52,9 +54,10 @@ def qkv_row_order(n_head: int, head_dim: int, y: int) -> torch.Tensor:
 
 class Attention(nn.Module):
     def __init__(self, spec: ModelSpec, *, comm: Comm, runtime: OverlapRuntime, name: str,
-                 device: torch.device | str) -> None:  # fmt: skip
+                 device: torch.device | str, layer: int = 0) -> None:  # fmt: skip
         super().__init__()
         h = spec.d_model
+        self.layer = layer
         if spec.n_head % comm.size("y"):
             raise ValueError(f"n_head={spec.n_head} is not divisible by y={comm.size('y')}")
         self.local_heads = spec.n_head // comm.size("y")
@@ -66,12 +69,11 @@ class Attention(nn.Module):
         self.proj = TPLinear(h, h, comm=comm, runtime=runtime, transpose=True,
                              name=f"{name}.proj", device=device)  # fmt: skip
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, where: Positions) -> torch.Tensor:
         b, s, _ = x.shape
         qkv = self.qkv(x).view(b, s, 3, self.local_heads, self.head_dim)
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # [b, heads, s, d]
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(out.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim))
+        return self.proj(attend(q, k, v, where, self.layer))
 
 
 class MLP(nn.Module):
@@ -90,11 +92,12 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     def __init__(self, spec: ModelSpec, *, comm: Comm, runtime: OverlapRuntime, name: str,
-                 device: torch.device | str) -> None:  # fmt: skip
+                 device: torch.device | str, layer: int = 0) -> None:  # fmt: skip
         super().__init__()
         h = spec.d_model
         self.ln1 = TPLayerNorm(h, comm=comm, name=f"{name}.ln1", device=device)
-        self.attn = Attention(spec, comm=comm, runtime=runtime, name=f"{name}.attn", device=device)
+        self.attn = Attention(spec, comm=comm, runtime=runtime, name=f"{name}.attn",
+                              device=device, layer=layer)  # fmt: skip
         self.ln2 = TPLayerNorm(h, comm=comm, name=f"{name}.ln2", device=device)
         self.mlp = MLP(spec, comm=comm, runtime=runtime, name=f"{name}.mlp", device=device)
 
@@ -102,8 +105,8 @@ class Block(nn.Module):
         """The block's Linears in forward order."""
         return [self.attn.qkv, self.attn.proj, self.mlp.up, self.mlp.down]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x: torch.Tensor, where: Positions) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), where)
         return x + self.mlp(self.ln2(x))
 
 
@@ -135,19 +138,23 @@ class GPT(nn.Module):
         self.runtime = OverlapRuntime(self.comm, overlap, wire=wire, gemm_tuning=gemm_tuning)
         self.embedding = VocabParallelEmbedding(
             spec.vocab_size, spec.max_seq_len, spec.d_model, comm=self.comm, device=device,
-            wire=wire,
+            wire=wire, positions=not spec.is_llama, tied=spec.tie_embeddings,
         )  # fmt: skip
-        self.blocks = nn.ModuleList(
-            Block(spec, comm=self.comm, runtime=self.runtime, name=f"blocks.{i}", device=device)
-            for i in range(spec.n_layer)
-        )
-        self.ln_f = TPLayerNorm(spec.d_model, comm=self.comm, name="ln_f", device=device)
+        self.blocks = nn.ModuleList(self._block(i, device) for i in range(spec.n_layer))
+        self.ln_f = self._norm("ln_f", device)
         cached = [layer for block in self.blocks[:cache_layers] for layer in block.linears()]
         self.runtime.set_plans(
             training=self._training_plan(), inference=self._forward_plan(), cached=cached
         )
         self.runtime.max_pending = ors_window * len(self.blocks[0].linears())
         self._initialize(seed)
+
+    def _block(self, index: int, device: torch.device | str) -> nn.Module:
+        return Block(self.spec, comm=self.comm, runtime=self.runtime, name=f"blocks.{index}",
+                     device=device, layer=index)  # fmt: skip
+
+    def _norm(self, name: str, device: torch.device | str) -> nn.Module:
+        return TPLayerNorm(self.spec.d_model, comm=self.comm, name=name, device=device)
 
     def _forward_plan(self) -> list[TPLinear]:
         return [layer for block in self.blocks for layer in block.linears()]
@@ -168,21 +175,61 @@ class GPT(nn.Module):
         for name, param in self.named_parameters():
             init_shard(param, name, self.groups, seed, self.spec.n_layer)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Mean cross-entropy of this rank's tokens, or last-position logits ``[b, V]``."""
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        normalizer: float | torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Cross-entropy of this rank's counted labels (``targets`` other than
+        ``layers.IGNORE_INDEX``) summed and divided by ``normalizer`` (None: their
+        number, the local mean), or last-position logits ``[b, V]``."""
+        hidden, table = self._hidden(idx, Positions())
+        if targets is None:
+            return self.embedding.last_logits(hidden, self.embedding.head_table(table))
+        return self.embedding.loss(hidden, self.embedding.head_table(table), targets, normalizer)
+
+    @torch.no_grad()
+    def all_logits(self, idx: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits ``[b, s, V]`` of every position, on every rank."""
+        hidden, table = self._hidden(idx, Positions())
+        return self.embedding.logits(hidden, self.embedding.head_table(table))
+
+    @torch.no_grad()
+    def step_logits(
+        self, idx: torch.Tensor, cache: KVCache, start: int, pads: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Generation: last-position logits ``[b, V]`` of ``idx`` (``[b, s]``, the tokens
+        at positions ``start..``; rows left-padded by ``pads``), extending ``cache``."""
+        hidden, table = self._hidden(idx, Positions(start=start, pads=pads, cache=cache))
+        return self.embedding.last_logits(hidden, self.embedding.head_table(table))
+
+    def _hidden(self, idx: torch.Tensor, where: Positions) -> tuple[torch.Tensor, torch.Tensor]:
         training = torch.is_grad_enabled()
         self.runtime.begin_micro_step(training=training)
         table = self.embedding.token_table()
-        hidden = self.embedding.embed(idx, table)
+        hidden = self._embed(idx, table, where)
         for block in self.blocks:
             if self.activation_checkpointing and training:
-                hidden = checkpoint(block, hidden, use_reentrant=False)
+                hidden = checkpoint(block, hidden, where, use_reentrant=False)
             else:
-                hidden = block(hidden)
-        hidden = self.ln_f(hidden)
-        if targets is None:
-            return self.embedding.last_logits(hidden, table)
-        return self.embedding.loss(hidden, table, targets)
+                hidden = block(hidden, where)
+        return self.ln_f(hidden), table
+
+    def _embed(self, idx: torch.Tensor, table: torch.Tensor, where: Positions) -> torch.Tensor:
+        positions = None if where.plain else where.ids(*idx.shape, idx.device)
+        return self.embedding.embed(idx, table, positions)
+
+
+def build_model(spec: ModelSpec, **kwargs) -> GPT:
+    """The model class of ``spec.arch`` (``GPT`` or ``train.llama.Llama``), built with
+    ``GPT``'s keyword arguments."""
+    if spec.is_llama:
+        from axonn_launch.train.llama import Llama
+
+        return Llama(spec, **kwargs)
+    return GPT(spec, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -206,10 +253,24 @@ def finish_gradients(model: GPT, groups: Groups) -> None:
     comm = model.comm
     over_z = [p.grad for p in params if "z" in p.shard_layout.replicated_over]
     _all_reduce_coalesced(comm, over_z, "z", "grad_sync")
+    _sum_over_replicas(model, [p.grad for p in params if p.shard_layout.y_replicas > 1])
     _all_reduce_coalesced(comm, [p.grad for p in params], "data", "grad_sync")
     scale = 1.0 / (groups.grid.z * groups.grid.data)
     if scale != 1.0:
         torch._foreach_mul_([p.grad for p in params], scale)
+
+
+def _sum_over_replicas(model: GPT, grads: list[torch.Tensor]) -> None:
+    """Llama's KV weights repeated over y ranks (``llama.py``): sum their gradients."""
+    group = getattr(model, "replica_group", None)
+    if group is None or not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
 
 
 def _all_reduce_coalesced(comm: Comm, tensors: list[torch.Tensor], axis: str, tag: str) -> None:
