@@ -103,8 +103,8 @@ def worker(phase: str, job_dir: Path) -> None:
                     accumulation=1, seed=train.seed)  # fmt: skip
     device = torch.device("cpu")
     if phase == "save":
-        run_micro_steps(model, loader, 1, device, compute_dtype(train, device))
-        finish_gradients(model, groups)
+        run_micro_steps(model, loader.next_step(), groups, device, compute_dtype(train, device))
+        finish_gradients(model, groups, average=False)
         clip_grad_norm_(model, 1.0, groups)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

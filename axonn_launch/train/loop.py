@@ -1,8 +1,13 @@
 """The optimizer loop: AdamW, warmup + cosine schedule, accumulation, clipping, logging.
 
-One optimizer step runs ``accumulation`` micro-steps (each backpropagates loss divided by
-the number of micro-steps), then ``finish_gradients`` (deferred reduce-scatters, z and
-data all-reduces, scaling), global-norm clipping and ``optimizer.step()``. At each step
+One optimizer step runs ``accumulation`` micro-steps, then ``finish_gradients``
+(deferred reduce-scatters, z and data all-reduces), global-norm clipping and
+``optimizer.step()``. The loss of a step is the mean over the labels that count (those
+the loader did not set to ``IGNORE_INDEX``: fine-tuning prompts, Goldfish drops) of all
+its micro-steps and ranks: one all-reduce of the local counts over z and data at the
+start of the step gives their number, each micro-step backpropagates its sum divided by
+it, and the gradients are summed, so ranks holding different numbers of counted labels
+weigh each label the same. At each step
 boundary one small all-reduce over the world averages the loss for logging and agrees
 on whether any rank asked to stop (``should_stop``, e.g. set by a requeue signal) and
 whether any rank's GEMM tuner made new picks (``train/gemm.py``; normally in the first
@@ -26,6 +31,7 @@ from axonn_launch.spec import TrainConfig
 from axonn_launch.train.data import Loader
 from axonn_launch.train.gemm import GemmTuner
 from axonn_launch.train.groups import Groups
+from axonn_launch.train.layers import IGNORE_INDEX
 from axonn_launch.train.metrics import MetricsLogger, StepStats, memory_gib
 from axonn_launch.train.model import clip_grad_norm_, finish_gradients
 
@@ -124,8 +130,8 @@ def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
     while step < train.steps:
         started = time.perf_counter()
         lr = learning_rate(step, train)
-        local_loss = run_micro_steps(model, ctx.loader, accumulation, ctx.device, dtype)
-        finish_gradients(model, ctx.groups)
+        local_loss = run_micro_steps(model, ctx.loader.next_step(), ctx.groups, ctx.device, dtype)
+        finish_gradients(model, ctx.groups, average=False)
         max_norm = train.grad_clip if train.grad_clip > 0 else math.inf  # 0: measure only
         grad_norm = clip_grad_norm_(model, max_norm, ctx.groups)
         for group in ctx.optimizer.param_groups:
@@ -133,7 +139,7 @@ def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
         ctx.optimizer.step()
         ctx.optimizer.zero_grad(set_to_none=True)
         loss, (stop, new_picks) = average_loss_and_flags(
-            local_loss, (ctx.should_stop(), tuner_has_new(tuner)), ctx.device, ctx.groups.world
+            local_loss, (ctx.should_stop(), tuner_has_new(tuner)), ctx.device, ctx.groups
         )
         step += 1
         if new_picks:  # some rank tuned GEMMs in this step: into the metrics (rank 0)
@@ -157,32 +163,65 @@ def periodic_checkpoint(step: int, train: TrainConfig) -> bool:
     return train.checkpoint_every > 0 and step % train.checkpoint_every == 0
 
 
+Batch = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def counted_labels(batches: Batch, groups: Groups, device: torch.device) -> torch.Tensor:
+    """Labels that count in the loss over all micro-batches and ranks of one step (the
+    x*y plane members hold the same rows, so the sum runs over z and data)."""
+    count = sum((targets != IGNORE_INDEX).sum() for _, targets in batches)
+    total = torch.as_tensor(count, dtype=torch.float32, device=device).reshape(())
+    for axis in ("z", "data"):
+        if groups.size(axis) > 1:
+            dist.all_reduce(total, group=groups.group(axis))
+    return total.clamp(min=1)
+
+
 def run_micro_steps(
-    model: nn.Module, loader: Loader, accumulation: int, device: torch.device, dtype: torch.dtype
+    model: nn.Module, batches: Batch, groups: Groups, device: torch.device, dtype: torch.dtype
 ) -> torch.Tensor:
-    """Forward and backward of every micro-batch of one step; returns the mean local loss."""
+    """Forward and backward of every micro-batch of one step; returns this rank's share
+    of the step's loss (the loss is the sum of the shares of one x*y plane member per
+    z and data index)."""
+    normalizer = counted_labels(batches, groups, device)
     total = torch.zeros((), device=device)
-    for inputs, targets in loader.next_step():
+    for inputs, targets in batches:
         with autocast(device, dtype):
-            loss = model(inputs, targets)
-        (loss / accumulation).backward()
+            loss = model(inputs, targets, normalizer=normalizer)
+        loss.backward()
         total += loss.detach().float()
-    return total / accumulation
+    return total
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, batches: Batch, groups: Groups, device: torch.device, dtype: torch.dtype
+) -> float:
+    """The mean loss over the counted labels of ``batches`` (all ranks' rows), with the
+    model in eval mode: the validation loss, the same on every grid."""
+    was_training = model.training
+    model.eval()
+    normalizer = counted_labels(batches, groups, device)
+    total = torch.zeros((), device=device)
+    for inputs, targets in batches:
+        with autocast(device, dtype):
+            total += model(inputs, targets, normalizer=normalizer).float()
+    model.train(was_training)
+    loss, _ = average_loss_and_flags(total, (), device, groups)
+    return loss
 
 
 def average_loss_and_flags(
-    local_loss: torch.Tensor, flags: tuple[bool, ...], device: torch.device, group=None
+    share: torch.Tensor, flags: tuple[bool, ...], device: torch.device, groups: Groups
 ) -> tuple[float, tuple[bool, ...]]:
-    """World mean of the loss, and for each flag whether any rank set it (e.g. asks to
-    stop): one all-reduce over ``group``, which holds every rank (None: the default)."""
+    """The step's loss from every rank's share (``run_micro_steps``), and for each flag
+    whether any rank set it (e.g. asks to stop): one all-reduce over ``groups.world``."""
     flag_values = torch.tensor(flags, dtype=torch.float32, device=device)
-    packed = torch.cat([local_loss.float().reshape(1), flag_values])
-    world = 1
+    packed = torch.cat([share.float().reshape(1), flag_values])
     if dist.is_initialized() and dist.get_world_size() > 1:
-        world = dist.get_world_size()
-        dist.all_reduce(packed, group=group)
+        dist.all_reduce(packed, group=groups.world)
     loss_sum, *counts = packed.tolist()
-    return loss_sum / world, tuple(count > 0 for count in counts)
+    return loss_sum / groups.size("plane"), tuple(count > 0 for count in counts)
 
 
 def gemm_tuner(model: nn.Module) -> GemmTuner | None:

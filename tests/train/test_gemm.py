@@ -19,6 +19,7 @@ from axonn_launch.train.gemm import (
     layout,
     time_formulations,
 )
+from axonn_launch.train.groups import build_groups
 from axonn_launch.train.loop import average_loss_and_flags, gather_gemm_choices
 from axonn_launch.train.metrics import MetricsLogger, StepStats
 from tests.train.dist_utils import run_world
@@ -240,8 +241,11 @@ def _tune_on_rank_one(rank: int, world_size: int) -> tuple:
     tuner = GemmTuner(min_flops=0, warmup=0, reps=1)
     if rank == 1:
         tuner.mm("dw", *tp_linear_gemms()["dw"])
-    loss = torch.tensor(float(rank))
-    mean, (stop, new) = average_loss_and_flags(loss, (False, tuner.has_new), torch.device("cpu"))
+    share = torch.tensor(float(rank))  # each rank's share of the step's loss
+    groups = build_groups(Grid(data=world_size), rank=rank)
+    mean, (stop, new) = average_loss_and_flags(
+        share, (False, tuner.has_new), torch.device("cpu"), groups
+    )
     gathered = gather_gemm_choices(tuner) if new else None
     return mean, stop, new, gathered, tuner.has_new
 
@@ -252,7 +256,7 @@ def test_any_ranks_new_picks_are_gathered_on_every_rank():
     picks = results[1][3]["1"]
     assert len(picks) == 1 and next(iter(picks)).startswith("dw 72x96 col float32")
     for mean, stop, new, gathered, still_new in results:
-        assert mean == 0.5 and not stop and new and not still_new
+        assert mean == 1.0 and not stop and new and not still_new  # 0 + 1
         assert gathered == {"1": picks}  # rank 0 had none: not listed
 
 

@@ -1,0 +1,110 @@
+"""Batched generation with the KV cache equals Hugging Face's ``generate`` and plain
+repeated forwards, for padded batches, on one rank and on 4-rank grids."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from axonn_launch.grid import Grid
+from axonn_launch.hf import spec_from_hf_config
+from axonn_launch.models import ModelSpec
+from axonn_launch.spec import OverlapConfig
+from axonn_launch.train.generation import generate_batch, pick_tokens
+from axonn_launch.train.groups import build_groups, single_process_groups
+from axonn_launch.train.model import GPT, build_model, load_full_state_dict
+from tests.train.dist_utils import run_world
+from tests.train.test_llama_exact import ours_from_hf, tiny_hf_config
+
+transformers = pytest.importorskip("transformers")
+
+CPU = torch.device("cpu")
+NEW = 32
+PROMPT_LENGTHS = (5, 9, 1, 12)
+
+
+@pytest.fixture(scope="module")
+def hf_case():
+    torch.manual_seed(1)
+    config = tiny_hf_config()
+    hf = transformers.LlamaForCausalLM(config).float().eval()
+    spec = spec_from_hf_config(config.to_dict(), "tiny-llama")
+    generator = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 512, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
+    expected = []
+    for prompt in prompts:
+        out = hf.generate(
+            torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW, min_new_tokens=NEW,
+            eos_token_id=None, pad_token_id=0,
+        )  # fmt: skip
+        expected.append(out[0, len(prompt) :].tolist())
+    state = ours_from_hf(spec, {n: p.detach() for n, p in hf.named_parameters()})
+    return spec, state, prompts, expected
+
+
+def _generate_on_rank(rank, world_size, grid, spec, state, prompts):
+    groups = build_groups(grid, rank=rank)
+    model = build_model(spec, groups=groups, overlap=OverlapConfig())
+    load_full_state_dict(model, groups, state)
+    return generate_batch(model, prompts, NEW, device=CPU, group=groups.world)
+
+
+def test_greedy_equals_hf_generate_on_one_rank(hf_case):
+    spec, state, prompts, expected = hf_case
+    groups = single_process_groups()
+    model = build_model(spec, groups=groups, overlap=OverlapConfig())
+    load_full_state_dict(model, groups, state)
+    assert generate_batch(model, prompts, NEW, device=CPU) == expected
+    assert model.training  # the mode is restored
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grid", [Grid(x=2, y=2), Grid(y=4), Grid(y=2, z=2)], ids=str)
+def test_greedy_equals_hf_generate_on_grids(hf_case, grid):
+    spec, state, prompts, expected = hf_case
+    results = run_world(_generate_on_rank, grid.world_size, grid, spec, state, prompts)
+    assert all(result == expected for result in results)
+
+
+def test_gpt_cache_equals_repeated_forwards_with_padding():
+    spec = ModelSpec("g", n_layer=2, d_model=32, n_head=4, vocab_size=64, max_seq_len=40)
+    model = GPT(spec, groups=single_process_groups(), overlap=OverlapConfig(), seed=3)
+    prompts = [[1, 2, 3], [7], [4, 5, 6, 7, 8, 9]]
+    got = generate_batch(model, prompts, 12, device=CPU)
+    for prompt, new in zip(prompts, got):
+        tokens = list(prompt)
+        with torch.no_grad():
+            for _ in range(12):
+                tokens.append(int(model(torch.tensor([tokens]))[0].argmax()))
+        assert new == tokens[len(prompt) :]
+
+
+def test_eos_ends_a_row_and_sampling_is_seeded():
+    spec = ModelSpec("g", n_layer=1, d_model=32, n_head=4, vocab_size=64, max_seq_len=40)
+    model = GPT(spec, groups=single_process_groups(), overlap=OverlapConfig(), seed=3)
+    greedy = generate_batch(model, [[1, 2]], 10, device=CPU)[0]
+    eos = greedy[3]
+    cut = generate_batch(model, [[1, 2]], 10, device=CPU, eos_id=eos)[0]
+    assert cut == greedy[: greedy.index(eos) + 1]
+
+    def sample(seed: int) -> list[list[int]]:
+        generator = torch.Generator().manual_seed(seed)
+        return generate_batch(model, [[5], [6, 7]], 12, device=CPU, temperature=1.0, top_k=8,
+                              generator=generator)  # fmt: skip
+
+    assert sample(1) == sample(1) != sample(2)
+
+
+def test_top_k_keeps_only_the_k_most_likely():
+    logits = torch.tensor([[0.0, 5.0, 1.0, 4.0]])
+    generator = torch.Generator().manual_seed(0)
+    picks = {int(pick_tokens(logits, 100.0, 2, generator)) for _ in range(200)}
+    assert picks == {1, 3}
+    assert int(pick_tokens(logits, 0.0, 0, None)) == 1
+
+
+def test_too_long_is_refused():
+    spec = ModelSpec("g", n_layer=1, d_model=32, n_head=4, vocab_size=64, max_seq_len=8)
+    model = GPT(spec, groups=single_process_groups(), overlap=OverlapConfig())
+    with pytest.raises(ValueError, match="max_seq_len=8"):
+        generate_batch(model, [[1, 2, 3]], 6, device=CPU)
