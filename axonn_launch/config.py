@@ -16,7 +16,7 @@ from typing import Any
 
 from axonn_launch.machine import MachineProfile
 from axonn_launch.models import ModelSpec
-from axonn_launch.spec import TrainConfig
+from axonn_launch.spec import GenerateConfig, TrainConfig
 
 CONFIG_MODULE = "axonn_launch.conf"
 
@@ -58,10 +58,11 @@ class LaunchConfig:
     wait: bool | None = None
     max_requeue: int = 3
     site: Site = field(default_factory=Site)
-    objective: str = "final_loss"  # what a sweep point returns to an optimizer (sweep.py)
+    objective: str = "val_loss"  # what a sweep point returns to an optimizer (sweep.py)
     # check GEMM speed, bandwidth and network plugin in the allocation before training
     # (train/preflight.py); None = the machine's default: on for Slurm machines
     preflight: bool | None = None
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
 
 
 # Overrides that a point's name leaves out: already in the name, or not about the run.
@@ -124,7 +125,29 @@ def to_launch_config(cfg: Any) -> LaunchConfig:
     except Exception as exc:
         raise ConfigError(_first_line(exc)) from exc
     raw.pop("hydra", None)
-    return build(LaunchConfig, raw, "")
+    cfg = build(LaunchConfig, raw, "")
+    return dataclasses.replace(cfg, model=model_of_source(cfg.model, cfg.generate))
+
+
+def model_of_source(model: ModelSpec, generate: GenerateConfig) -> ModelSpec:
+    """The model a job runs: a generation job's checkpoint's own, a Hugging Face
+    directory's shape (``model=hf``) or the preset checked against it, else the preset."""
+    from axonn_launch.hf import HFConfigError, resolve_hf_model
+
+    if generate.checkpoint:
+        import json
+
+        from axonn_launch.export import ExportError, resolve_checkpoint
+
+        try:
+            meta = json.loads((resolve_checkpoint(generate.checkpoint) / "meta.json").read_text())
+        except ExportError as exc:
+            raise ConfigError(f"generate.{exc}") from exc
+        return ModelSpec(**meta["model"])
+    try:
+        return resolve_hf_model(model)
+    except HFConfigError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def build(cls: type, raw: Any, path: str) -> Any:

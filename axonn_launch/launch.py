@@ -129,6 +129,7 @@ def job_spec(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> JobSpec:
         grid=resolved.grid,
         train=resolved.train,
         runtime=runtime,
+        generate=cfg.generate,
     )
 
 

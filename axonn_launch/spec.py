@@ -109,8 +109,10 @@ class TrainConfig:
     ors_window: int = 2
     gemm_tuning: bool = True  # time equivalent GEMM layouts per shape in the first steps
     goldfish: GoldfishConfig = field(default_factory=GoldfishConfig)
-    eval_every: int = 0  # steps between validation losses; 0 = only at the end when eval_batches > 0
-    eval_batches: int = 0  # global batches of the validation data per evaluation; 0 = none
+    eval_every: int = (
+        0  # steps between validation losses; 0 = only at the end when eval_batches > 0
+    )
+    eval_batches: int = 2  # global batches of the validation data per evaluation; 0 = none
     eval_data: str = ""  # "" = the validation split of train.data; else a source like train.data
     log_every: int = 1
     sample_tokens: int = 0  # >0: print a generated sample of this many tokens at the end
@@ -126,6 +128,22 @@ class TrainConfig:
         if self.micro_batch is None:
             raise ValueError("train.micro_batch is automatic: the launcher resolves it first")
         return self.global_batch // (self.micro_batch * grid.data)
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """A generation job (``python -m axonn_launch.generate``) instead of training:
+    ``prompts`` set makes the job continue each prompt and write ``out``."""
+
+    prompts: str = ""  # JSONL of {"text": ...} or {"ids": [...]}; "" = a training job
+    out: str = ""  # JSONL, one {"prompt_ids", "output_ids", "text"} per prompt, in order
+    max_new_tokens: int = 32
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # with temperature > 0: sample among the k most likely; 0 = all
+    batch_size: int = 16  # prompts per batch (similar lengths together, output in order)
+    checkpoint: str = ""  # a checkpoints/step_N directory to take the weights from
+    tokenizer: str = ""  # tokenizer.json or HF dir; "" = model.init_from's, or bytes
+    stop_at_eos: bool = False  # end a continuation at the tokenizer's end-of-sequence
 
 
 @dataclass(frozen=True)
@@ -148,6 +166,7 @@ class JobSpec:
     grid: Grid
     train: TrainConfig
     runtime: RuntimeConfig
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -166,6 +185,7 @@ class JobSpec:
             grid=Grid(**raw["grid"]),
             train=TrainConfig(**train),
             runtime=RuntimeConfig(**raw["runtime"]),
+            generate=GenerateConfig(**raw.get("generate", {})),
         )
 
     def save(self, path: Path) -> None:

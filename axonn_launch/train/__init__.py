@@ -32,12 +32,18 @@ from axonn_launch.train.checkpoint import (
     set_rng_state,
 )
 from axonn_launch.train.comm import resolve_wire
-from axonn_launch.train.data import Loader, open_source
-from axonn_launch.train.groups import build_groups
+from axonn_launch.train.data import EvalLoader, Loader, open_source
+from axonn_launch.train.groups import Groups, build_groups
 from axonn_launch.train.logs import setup_logging
-from axonn_launch.train.loop import TrainContext, build_optimizer, compute_dtype, train_loop
+from axonn_launch.train.loop import (
+    TrainContext,
+    build_optimizer,
+    compute_dtype,
+    evaluate,
+    train_loop,
+)
 from axonn_launch.train.metrics import MetricsLogger
-from axonn_launch.train.model import GPT
+from axonn_launch.train.model import GPT, build_model
 from axonn_launch.train.sample import decode, default_prompt, generate
 from axonn_launch.train.startup import log_startup
 
@@ -98,7 +104,7 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
     validate_shapes(spec)
     torch.manual_seed(train.seed)
     groups = build_groups(grid, rank=env.rank)
-    model = GPT(
+    model = build_model(
         spec.model,
         groups=groups,
         overlap=train.overlap,
@@ -110,6 +116,11 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
         ors_window=train.ors_window,
         gemm_tuning=train.gemm_tuning,
     )
+    checkpoint_group = dist.new_group(backend="gloo")  # async saves run on their own group
+    if spec.generate.prompts:
+        from axonn_launch.train.generate_job import run_generation_job
+
+        return run_generation_job(spec, env, model, checkpoint_group)
     optimizer = build_optimizer(model, train)
     loader = Loader(
         open_source(train.data, model_vocab=spec.model.vocab_size),
@@ -120,12 +131,14 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
         accumulation=train.accumulation_steps(grid),
         seed=train.seed,
         device=device,
+        goldfish=train.goldfish,
     )
-    checkpoint_group = dist.new_group(backend="gloo")  # async saves run on their own group
     checkpoint = latest_checkpoint(spec.job_dir)
     start_step = 0
     if checkpoint is not None:
         start_step = resume(checkpoint, spec, env, model, optimizer, loader, checkpoint_group)
+    elif spec.model.init_from:
+        load_pretrained(spec, model, groups)
     checkpointer = Checkpointer(
         spec.job_dir, rank=env.rank, keep=train.keep_checkpoints, group=checkpoint_group
     )
@@ -155,6 +168,7 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
         start_step=start_step,
         should_stop=should_stop,
         save=lambda step: save(spec, env, step, model, optimizer, loader, checkpointer),
+        evaluate=validation(spec, model, groups, device),
     )
     summary = train_loop(model, ctx)
     checkpointer.wait()  # the last save completes before the job reports success
@@ -165,6 +179,38 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
     if env.rank == 0:
         (Path(spec.job_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def load_pretrained(spec: JobSpec, model: GPT, groups: Groups) -> None:
+    """Start from the Hugging Face weights of ``model.init_from``, each rank reading only
+    the slices it owns (``train/hf_import.py``)."""
+    from axonn_launch.train.hf_import import load_hf_weights
+
+    stats = load_hf_weights(model, groups, spec.model.init_from)
+    log.info(
+        "weights from %s: %d bytes read by this rank from %d tensors",
+        spec.model.init_from, stats.bytes_read, stats.tensors_touched,
+    )  # fmt: skip
+
+
+def validation(spec: JobSpec, model: GPT, groups: Groups, device: torch.device):
+    """The validation loss as a function of no arguments, or None (``eval_batches`` 0)."""
+    train = spec.train
+    if train.eval_batches < 1:
+        return None
+    data, split = (train.eval_data, "all") if train.eval_data else (train.data, "val")
+    batches = EvalLoader(
+        open_source(data, model_vocab=spec.model.vocab_size, split=split),
+        grid=spec.grid,
+        coords=groups.coords,
+        micro_batch=train.micro_batch,
+        seq_len=train.seq_len,
+        accumulation=train.accumulation_steps(spec.grid),
+        batches=train.eval_batches,
+        device=device,
+    )
+    dtype = compute_dtype(train, device)
+    return lambda: evaluate(model, list(batches), groups, device, dtype)
 
 
 def validate_shapes(spec: JobSpec) -> None:

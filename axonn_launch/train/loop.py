@@ -114,6 +114,7 @@ class TrainContext:
     start_step: int = 0  # optimizer steps already done (resume)
     should_stop: Callable[[], bool] = lambda: False
     save: Callable[[int], None] = lambda step: None  # checkpoint after ``step`` steps
+    evaluate: Callable[[], float] | None = None  # the validation loss (collective)
 
 
 def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
@@ -121,7 +122,7 @@ def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
     train, dtype = ctx.train, compute_dtype(ctx.train, ctx.device)
     accumulation = ctx.loader.accumulation
     step, stopped, timed = ctx.start_step, False, []
-    loss, tuner = float("nan"), gemm_tuner(model)
+    loss, tuner, val_loss = float("nan"), gemm_tuner(model), None
     log.info(
         "training steps %d..%d: %d micro-steps of %d sequences each, %s, %d tokens per step",
         step + 1, train.steps, accumulation, train.micro_batch, dtype, ctx.tokens_per_step,
@@ -146,17 +147,28 @@ def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
             ctx.logger.add_gemm_choices(gather_gemm_choices(tuner, ctx.groups.world), step)
         elapsed = time.perf_counter() - started
         timed.append(elapsed)
-        if step % train.log_every == 0 or step == train.steps or stop:
+        evaluated = ctx.evaluate is not None and evaluation_due(step, train, stop)
+        if evaluated:
+            val_loss = ctx.evaluate()
+        if step % train.log_every == 0 or step == train.steps or stop or evaluated:
             ctx.logger.record(
-                StepStats(step, loss, lr, float(grad_norm), elapsed, ctx.tokens_per_step)
-            )
+                StepStats(step, loss, lr, float(grad_norm), elapsed, ctx.tokens_per_step,
+                          val_loss if evaluated else None)
+            )  # fmt: skip
         if stop or step == train.steps or periodic_checkpoint(step, train):
             ctx.save(step)
         if stop:
             log.info("stopped after step %d on request; checkpoint saved", step)
             stopped = True
             break
-    return summarize(ctx, step, loss, timed, stopped)
+    return summarize(ctx, step, loss, timed, stopped) | {"val_loss": val_loss}
+
+
+def evaluation_due(step: int, train: TrainConfig, stop: bool) -> bool:
+    """Every ``eval_every`` steps and after the last (also a stop's last) step."""
+    if train.eval_batches < 1:
+        return False
+    return step == train.steps or stop or (train.eval_every > 0 and step % train.eval_every == 0)
 
 
 def periodic_checkpoint(step: int, train: TrainConfig) -> bool:

@@ -34,6 +34,7 @@ class StepStats:
     grad_norm: float
     step_time_s: float
     tokens: int  # tokens processed by the whole job in this step
+    val_loss: float | None = None  # the validation loss after this step, when evaluated
 
 
 def memory_gib(device: torch.device) -> float:
@@ -106,6 +107,8 @@ class MetricsLogger:
             "mem_gb": memory_gib(self.device),
             "elapsed_s": time.perf_counter() - self.start,
         }
+        if stats.val_loss is not None:
+            row["val_loss"] = stats.val_loss
         if self.pending_gemm:
             row["gemm_choices"] = gemm_tally(self.pending_gemm)
             self.pending_gemm = {}

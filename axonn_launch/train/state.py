@@ -123,3 +123,18 @@ def load_training_state(
         bytes_read = load_state(path, state, shard_specs(model, groups, banded=False), group=group)
     small = _unpack(state[rank_key(source)])
     return small["loader"], small["rng"], meta, bytes_read
+
+
+def load_model_weights(
+    path: Path, *, model: nn.Module, groups: Groups, group: dist.ProcessGroup | None = None
+) -> int:
+    """Load only the parameters of ``path`` into this rank's model (generation,
+    evaluation), whatever grid wrote it; returns the bytes this rank read."""
+    model.runtime.drop_prefetched()
+    state = {name: param.data for name, param in model.named_parameters()}
+    specs = {
+        name: shard_spec(param.shard_layout, groups, param.element_size(), banded=False)
+        for name, param in model.named_parameters()
+    }
+    with torch.no_grad():
+        return load_state(path, state, specs, group=group)

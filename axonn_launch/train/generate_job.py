@@ -1,0 +1,155 @@
+"""A generation job: the weights of a checkpoint or of a Hugging Face directory,
+continuations of a JSONL of prompts, one output line per prompt in order.
+
+Prompts are batched by length (``generate.batch_size`` of similar lengths together, so
+that little is padded) and continued with ``generation.generate_batch`` on the job's
+grid; rank 0 writes ``generate.out`` (temporary name, then rename) and the summary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from axonn_launch.spec import JobSpec
+from axonn_launch.train.bootstrap import DistEnv
+from axonn_launch.train.generation import generate_batch
+from axonn_launch.train.loop import compute_dtype
+from axonn_launch.train.model import GPT
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
+@dataclass
+class Codec:
+    """Text to token ids and back: a tokenizer, or bytes for the built-in corpus."""
+
+    encode: Any  # str -> list[int]
+    decode: Any  # list[int] -> str
+    eos_id: int | None = None
+
+
+def open_codec(tokenizer: str, init_from: str, data: str) -> Codec | None:
+    """``generate.tokenizer``, else ``model.init_from``'s tokenizer, else bytes for the
+    built-in corpus; None when there is none (prompts must then give ``ids``)."""
+    path = tokenizer or (init_from if _has_tokenizer(init_from) else "")
+    if path and Path(path).is_dir():
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(path)
+        return Codec(
+            lambda text: list(hf.encode(text)),
+            lambda ids: hf.decode(ids, skip_special_tokens=True),
+            hf.eos_token_id,
+        )
+    if path:
+        from tokenizers import Tokenizer
+
+        fast = Tokenizer.from_file(path)
+        return Codec(lambda text: fast.encode(text).ids, fast.decode)
+    if data == "shakespeare":
+        return Codec(
+            lambda text: list(text.encode()), lambda ids: bytes(ids).decode(errors="replace")
+        )
+    return None
+
+
+def _has_tokenizer(directory: str) -> bool:
+    return bool(directory) and any((Path(directory) / f).is_file() for f in TOKENIZER_FILES)
+
+
+def read_prompts(path: str, codec: Codec | None) -> list[list[int]]:
+    """Token ids of each line of a JSONL of ``{"ids": [...]}`` or ``{"text": ...}``."""
+    prompts = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        if "ids" in record:
+            prompts.append([int(t) for t in record["ids"]])
+        elif codec is None:
+            raise ValueError(
+                f"{path}:{number}: a text prompt needs a tokenizer (generate.tokenizer)"
+            )
+        else:
+            prompts.append(codec.encode(record["text"]))
+    return prompts
+
+
+def load_weights(spec: JobSpec, model: GPT, group: dist.ProcessGroup | None) -> str:
+    """The weights to continue with; returns where they came from."""
+    if spec.generate.checkpoint:
+        from axonn_launch.export import resolve_checkpoint
+        from axonn_launch.train.state import load_model_weights
+
+        path = resolve_checkpoint(spec.generate.checkpoint)
+        load_model_weights(path, model=model, groups=model.groups, group=group)
+        return str(path)
+    if spec.model.init_from:
+        from axonn_launch.train.hf_import import load_hf_weights
+
+        load_hf_weights(model, model.groups, spec.model.init_from)
+        return spec.model.init_from
+    log.warning("no generate.checkpoint and no model.init_from: continuing with random weights")
+    return "random initialization"
+
+
+def run_generation_job(
+    spec: JobSpec, env: DistEnv, model: GPT, group: dist.ProcessGroup | None
+) -> dict:
+    gen, device = spec.generate, torch.device(env.device)
+    source = load_weights(spec, model, group)
+    codec = open_codec(gen.tokenizer, spec.model.init_from, spec.train.data)
+    prompts = read_prompts(gen.prompts, codec)
+    eos = codec.eos_id if codec is not None and gen.stop_at_eos else None
+    generator = torch.Generator().manual_seed(spec.train.seed)
+    outputs: list[list[int]] = [[] for _ in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    started = time.perf_counter()
+    for first in range(0, len(order), gen.batch_size):
+        batch = order[first : first + gen.batch_size]
+        new = generate_batch(
+            model, [prompts[i] for i in batch], gen.max_new_tokens, device=device,
+            dtype=compute_dtype(spec.train, device), temperature=gen.temperature,
+            top_k=gen.top_k, eos_id=eos, generator=generator, group=model.groups.world,
+        )  # fmt: skip
+        for i, tokens in zip(batch, new):
+            outputs[i] = tokens
+    seconds = time.perf_counter() - started
+    summary = {
+        "task": "generate",
+        "weights": source,
+        "prompts": len(prompts),
+        "new_tokens": sum(len(o) for o in outputs),
+        "seconds": seconds,
+        "tokens_per_s": sum(len(o) for o in outputs) / seconds if seconds > 0 else None,
+        "out": gen.out,
+    }
+    if env.rank == 0:
+        write_outputs(Path(gen.out), prompts, outputs, codec)
+        (Path(spec.job_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        log.info("generated %d continuations into %s", len(prompts), gen.out)
+    return summary
+
+
+def write_outputs(
+    out: Path, prompts: list[list[int]], outputs: list[list[int]], codec: Codec | None
+) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + f".partial-{os.getpid()}")
+    with partial.open("w") as f:
+        for prompt, new in zip(prompts, outputs):
+            text = codec.decode(new) if codec is not None else ""
+            row = {"prompt_ids": prompt, "output_ids": new, "text": text}
+            f.write(json.dumps(row) + "\n")
+    partial.replace(out)
