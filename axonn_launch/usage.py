@@ -24,7 +24,8 @@ TOOLS: dict[str, str] = {
     "calibrate": "measure collective bandwidths and GEMM speed for the planner",
     "jobs": "status of launched jobs; resubmit the failed ones worth resubmitting",
     "export": "",
-    "generate": "",
+    "generate": "continue prompts with a job's checkpoint or a Hugging Face model, on any grid",
+    "data": "",
     "memorization": "",
     "report": "",
 }

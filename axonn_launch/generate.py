@@ -1,0 +1,182 @@
+"""Continue prompts with a trained or Hugging Face model, on any grid, locally or on Slurm.
+
+    python -m axonn_launch.generate SOURCE prompts=FILE max_new_tokens=N out=FILE [KEY=VALUE ...]
+
+SOURCE is a job directory (its latest checkpoint), a ``checkpoints/step_N`` directory, or a
+Hugging Face Llama directory. The command is the launcher with a generation job: the other
+``KEY=VALUE`` are launcher overrides (``machine=``, ``grid.*=``, ``name=`` ...), the job
+directory is made as for training and ``jobs status`` lists it. Login-node code: no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from axonn_launch.usage import help_page, run_tool, wants_help
+
+OWN_KEYS = ("prompts", "out", "max_new_tokens", "temperature", "top_k", "batch_size",
+            "tokenizer", "stop_at_eos")  # fmt: skip
+
+HELP = help_page(
+    usage=(
+        "python -m axonn_launch.generate SOURCE prompts=FILE max_new_tokens=N out=FILE "
+        "[KEY=VALUE ...]"
+    ),
+    summary=(
+        'Continue each prompt of a JSONL file ({"text": ...} or {"ids": [...]}) with the\n'
+        "model of SOURCE (a job directory, a checkpoints/step_N directory or a Hugging Face\n"
+        "Llama directory) and write one line per prompt, in order:\n"
+        '{"prompt_ids": [...], "output_ids": [new tokens], "text": "..."}. Batched, with a\n'
+        "KV cache, on the grid and machine you name (the launcher's keys)."
+    ),
+    keys=[
+        ("SOURCE", "job dir, checkpoints/step_N, or an HF directory with config.json"),
+        ("prompts=FILE", 'JSONL of {"text": ...} or {"ids": [...]} (one prompt per line)'),
+        ("out=FILE", "JSONL written when the job ends"),
+        ("max_new_tokens=N", "tokens to generate per prompt (default 32)"),
+        ("temperature=T top_k=K", "sampling (default greedy: temperature=0)"),
+        ("batch_size=B", "prompts per batch (default 16)"),
+        ("tokenizer=PATH", "tokenizer.json or HF dir (default: the HF source's, or bytes)"),
+        ("stop_at_eos=true", "end a continuation at the tokenizer's end-of-sequence"),
+        ("KEY=VALUE", "launcher overrides: machine=, grid.x=, nodes=, name=, site.accounts..."),
+    ],
+    examples=[
+        "python -m axonn_launch.generate jobs/gpt_tiny-local/2026-12-01_08-00-00 "
+        "prompts=p.jsonl max_new_tokens=64 out=o.jsonl",
+        "python -m axonn_launch.generate ~/Llama-3.2-1B prompts=p.jsonl out=o.jsonl "
+        "grid.x=2 grid.z=2",
+    ],
+)
+
+
+class GenerateError(ValueError):
+    """A user's mistake: one line, exit code 2, nothing launched."""
+
+
+def launcher_overrides(source: str, keys: dict[str, str]) -> list[str]:
+    """The launcher's overrides for a generation job over ``source`` with ``keys``."""
+    path = Path(source).expanduser()
+    if (path / "config.json").is_file():
+        model = ["model=hf", f"model.init_from={path.resolve()}"]
+    elif (path / "meta.json").is_file() or (path / "checkpoints" / "latest").is_file():
+        model = [f"generate.checkpoint={path.resolve()}", *_training_data(path)]
+    else:
+        raise GenerateError(
+            f"SOURCE={source!r}: not a job directory with checkpoints, a checkpoints/step_N "
+            "directory or a Hugging Face directory with config.json"
+        )
+    for key in ("prompts", "out"):
+        if not keys.get(key):
+            raise GenerateError(f"{key}=FILE is required (python -m axonn_launch.generate --help)")
+    check_prompts(Path(keys["prompts"]))
+    out = Path(keys["out"]).expanduser().resolve()
+    if out.is_dir():
+        raise GenerateError(f"out={keys['out']!r}: is a directory; name a .jsonl file")
+    resolved = {**keys, "prompts": str(Path(keys["prompts"]).resolve()), "out": str(out)}
+    return [*model, *(f"generate.{k}={_quoted(v)}" for k, v in resolved.items())]
+
+
+def _training_data(path: Path) -> list[str]:
+    """``train.data`` of the job that wrote the checkpoint (its text codec: bytes for the
+    built-in corpus)."""
+    for job in (path, path.parent.parent):
+        spec = job / "spec.json"
+        if spec.is_file():
+            return [f"train.data={_quoted(json.loads(spec.read_text())['train']['data'])}"]
+    return []
+
+
+def _quoted(value: str) -> str:
+    """A value Hydra takes literally whatever characters it holds."""
+    text = str(value)
+    if text.replace(".", "").replace("_", "").replace("-", "").isalnum():
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def check_prompts(path: Path) -> None:
+    if not path.is_file():
+        raise GenerateError(f"prompts={str(path)!r}: no such file")
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise GenerateError(f"prompts={str(path)!r} line {number}: not JSON ({exc})") from None
+        ids = record.get("ids") if isinstance(record, dict) else None
+        text = record.get("text") if isinstance(record, dict) else None
+        good_ids = isinstance(ids, list) and ids and all(isinstance(t, int) and t >= 0 for t in ids)
+        if not (good_ids or (isinstance(text, str) and text)):
+            raise GenerateError(
+                f'prompts={str(path)!r} line {number}: expected {{"text": "..."}} or '
+                '{"ids": [non-negative token ids]}'
+            )
+
+
+def split_args(argv: list[str]) -> tuple[str, dict[str, str], list[str]]:
+    """(SOURCE, this command's keys, launcher overrides)."""
+    positional = [a for a in argv if "=" not in a and not a.startswith("-")]
+    if len(positional) != 1:
+        raise GenerateError(
+            f"expected one SOURCE, got {len(positional)} ({' '.join(positional) or 'none'}); "
+            "see python -m axonn_launch.generate --help"
+        )
+    keys, rest = {}, []
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        if eq and name in OWN_KEYS:
+            keys[name] = value
+        elif arg not in positional:
+            rest.append(arg)
+    return positional[0], keys, rest
+
+
+def launch_command(argv: list[str]) -> list[str]:
+    source, keys, rest = split_args(argv)
+    overrides = launcher_overrides(source, keys)
+    if not any(a.startswith("name=") for a in rest):
+        rest.append(f"name=generate-{Path(source).resolve().name}")
+    return [sys.executable, "-m", "axonn_launch", *overrides, *rest]
+
+
+def main(argv: list[str]) -> int:
+    if wants_help(argv):
+        print(HELP)
+        return 0
+    return subprocess.run(launch_command(argv), check=False).returncode
+
+
+def run_generation(
+    source: str,
+    prompts: list[dict],
+    *,
+    max_new_tokens: int,
+    overrides: list[str],
+    temperature: float = 0.0,
+    top_k: int = 0,
+    workdir: str | Path = "jobs/generate-inputs",
+) -> list[dict]:
+    """Continue ``prompts`` (dicts with ``text`` or ``ids``) as a generation job that
+    this call waits for; the output rows in order. Raises RuntimeError if the job fails."""
+    folder = Path(workdir) / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    prompt_file, out = folder / "prompts.jsonl", folder / "out.jsonl"
+    prompt_file.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    argv = [
+        source, f"prompts={prompt_file}", f"out={out}", f"max_new_tokens={max_new_tokens}",
+        f"temperature={temperature}", f"top_k={top_k}", "wait=true", *overrides,
+    ]  # fmt: skip
+    code = main(argv)
+    if code != 0 or not out.is_file():
+        raise RuntimeError(f"generation job failed (exit code {code}); see its job directory")
+    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
+if __name__ == "__main__":
+    sys.exit(run_tool(main, sys.argv[1:], (GenerateError,)))
