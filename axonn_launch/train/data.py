@@ -1,4 +1,4 @@
-"""Token sources and the sharded loader.
+"""Token sources and the sharded loaders (training and validation).
 
 Sources (``TrainConfig.data``):
 
@@ -8,32 +8,57 @@ Sources (``TrainConfig.data``):
 - a path to a ``.bin`` file: a flat stream of token ids (nanoGPT / Megatron convention),
   memory-mapped. Its dtype comes from, in order: a Megatron ``.idx`` next to it (same stem;
   its header's dtype code), a JSON sidecar ``<file>.json`` such as
-  ``{"dtype": "uint16", "vocab_size": 50257}`` (what ``write_bin`` writes), or else the
-  model's vocab size (uint16 up to 65536 tokens, uint32 above). Document boundaries in
-  an ``.idx`` are ignored: the file is read as one token stream, as nanoGPT does.
+  ``{"dtype": "uint16", "vocab_size": 50257}`` (what ``write_bin`` and
+  ``python -m axonn_launch.data`` write; its vocab size is checked against the model's), or
+  else the model's vocab size (uint16 up to 65536 tokens, uint32 above). The ``.idx``'s
+  document boundaries are read (``ArraySource.starts``): the Goldfish loss counts label
+  positions from them. The first 90% of the tokens is the train split.
+- a ``.bin`` with a ``.mask`` beside it (``python -m axonn_launch.data finetune``) is
+  *packed*: each ``.idx`` document is one training sequence of ``seq_len + 1`` tokens, read
+  whole and aligned (in a shuffled order, each once per epoch), and a label whose mask byte
+  is 0 does not count. The first 90% of the documents is the train split.
 
-Every training sequence is a window of ``seq_len + 1`` tokens at an offset that is a
+Any other training sequence is a window of ``seq_len + 1`` tokens at an offset that is a
 hash of (seed, global sequence number), so each rank reads only its own windows.
+
+Batches are ``(inputs, targets)``, int64, with ``targets == IGNORE_INDEX`` (-100, what
+``cross_entropy`` ignores) wherever a label does not count: a mask byte of 0, or a label the
+Goldfish loss drops (``Loader(goldfish=...)``, training only; ``EvalLoader`` never drops).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import torch
 
+from axonn_launch.data import MASK_SUFFIX, read_index  # the index format (torch-free)
+from axonn_launch.data import MEGATRON_DTYPES as MEGATRON_DTYPES  # re-exported
+from axonn_launch.data import MEGATRON_IDX_HEADER as MEGATRON_IDX_HEADER
 from axonn_launch.grid import Coords, Grid
+from axonn_launch.spec import GoldfishConfig
 
 SHAKESPEARE = Path(__file__).parent / "data" / "tinyshakespeare.txt"
 TRAIN_FRACTION = 0.9
 BYTE_VOCAB = 256
-MEGATRON_IDX_HEADER = b"MMIDIDX\x00\x00"
-MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
+IGNORE_INDEX = -100  # a target that does not count in the loss (cross_entropy's default)
+MISSING = -1  # a context token before the start of the stream
+EVAL_SEED = 0x5EED  # validation does not depend on the training seed
 _MASK64 = (1 << 64) - 1
+
+
+@dataclass
+class Span:
+    """One sequence's tokens and what the loader needs around them."""
+
+    tokens: np.ndarray  # int64 [before + length]: ``before`` stream tokens first (MISSING: none)
+    offsets: np.ndarray  # int64 [length]: each token's offset from its document's first token
+    keep: np.ndarray | None = None  # bool [length]: the token counts as a label; None: all
 
 
 class TokenSource(Protocol):
@@ -42,6 +67,17 @@ class TokenSource(Protocol):
 
     def window(self, number: int, length: int, seed: int) -> np.ndarray:
         """``length`` tokens for global sequence ``number``."""
+        ...
+
+    def span(
+        self, number: int, length: int, seed: int, *, before: int = 0, ordered: bool = False
+    ) -> Span:
+        """The window with ``before`` preceding stream tokens, offsets and label mask;
+        ``ordered``: sequences in stream order (validation), not hashed."""
+        ...
+
+    def check_length(self, length: int) -> None:
+        """ValueError when this source cannot give sequences of ``length`` tokens."""
         ...
 
 
@@ -58,46 +94,116 @@ def sequence_hash(seed: int, number: int) -> int:
 
 @dataclass
 class ArraySource:
-    """Windows of a 1-D token array (in memory or memory-mapped)."""
+    """Windows of a 1-D token array (in memory or memory-mapped).
+
+    ``starts``: the first token of each document, ascending, beginning with 0 (None: one
+    document). ``mask``: one uint8 per token, 1 = counts as a label; a source with a mask
+    is packed: its sequences are its documents.
+    """
 
     name: str
     tokens: np.ndarray
     vocab_size: int
+    starts: np.ndarray | None = None
+    mask: np.ndarray | None = None
+    _order: tuple = field(default=(), repr=False, compare=False)  # (seed, epoch, permutation)
+
+    @property
+    def packed(self) -> bool:
+        return self.mask is not None
+
+    def document_starts(self) -> np.ndarray:
+        return np.zeros(1, np.int64) if self.starts is None else self.starts
+
+    def check_length(self, length: int) -> None:
+        if not self.packed:
+            if len(self.tokens) < length:
+                raise ValueError(f"{self.name}: {len(self.tokens)} tokens, need at least {length}")
+            return
+        sizes = np.diff(self.document_starts(), append=len(self.tokens))
+        if not len(self.tokens) or (sizes != length).any():
+            found = sorted(set(sizes.tolist()))[:3] if len(self.tokens) else "no"
+            raise ValueError(
+                f"{self.name}: packed sequences of {found} tokens, this run needs {length} "
+                f"(train.seq_len={length - 1}; use the --seq-len the data was packed with)"
+            )
 
     def window(self, number: int, length: int, seed: int) -> np.ndarray:
-        positions = len(self.tokens) - length + 1
-        if positions < 1:
-            raise ValueError(f"{self.name}: {len(self.tokens)} tokens, need at least {length}")
-        start = sequence_hash(seed, number) % positions
-        out = np.asarray(self.tokens[start : start + length], dtype=np.int64)
-        if out.max(initial=0) >= self.vocab_size or out.min(initial=0) < 0:
+        return self.span(number, length, seed).tokens
+
+    def span(
+        self, number: int, length: int, seed: int, *, before: int = 0, ordered: bool = False
+    ) -> Span:
+        start = self.start(number, length, seed, ordered=ordered)
+        first = max(start - before, 0)
+        out = np.full(before + length, MISSING, dtype=np.int64)
+        out[first - start + before :] = self.tokens[first : start + length]
+        window = out[before:]
+        if window.max(initial=0) >= self.vocab_size or window.min(initial=0) < 0:
             raise ValueError(f"{self.name}: token id outside [0, {self.vocab_size}) at {start}")
-        return out
+        at = np.arange(start, start + length)
+        starts = self.document_starts()
+        offsets = at - starts[np.searchsorted(starts, at, side="right") - 1]
+        keep = None if self.mask is None else self.mask[start : start + length].astype(bool)
+        return Span(out, offsets, keep)
+
+    def start(self, number: int, length: int, seed: int, *, ordered: bool = False) -> int:
+        """First token of sequence ``number``: a document (packed), else a hashed offset;
+        ``ordered``: consecutive documents, or windows sharing their boundary tokens."""
+        if self.packed:
+            starts = self.document_starts()
+            index = number % len(starts)
+            if not ordered:
+                index = self._permutation(seed, number // len(starts))[index]
+            return int(starts[index])
+        self.check_length(length)
+        positions = len(self.tokens) - length + 1
+        if ordered:
+            return number * (length - 1) % positions
+        return sequence_hash(seed, number) % positions
+
+    def _permutation(self, seed: int, epoch: int) -> np.ndarray:
+        """The order of the documents in ``epoch`` (each epoch reads every one once)."""
+        if self._order[:2] != (seed, epoch):
+            rng = np.random.default_rng([seed & _MASK64, epoch])
+            self._order = (seed, epoch, rng.permutation(len(self.document_starts())))
+        return self._order[2]
 
 
 @dataclass
 class SyntheticSource:
-    """Uniform random tokens; a pure function of (seed, sequence number)."""
+    """Uniform random tokens; a pure function of (seed, sequence number). Each sequence is
+    its own stream: no context before it, offsets from its first token."""
 
     vocab_size: int
     name: str = "synthetic"
+
+    def check_length(self, length: int) -> None:
+        pass
 
     def window(self, number: int, length: int, seed: int) -> np.ndarray:
         rng = np.random.default_rng([seed & _MASK64, number])
         return rng.integers(0, self.vocab_size, size=length, dtype=np.int64)
 
+    def span(
+        self, number: int, length: int, seed: int, *, before: int = 0, ordered: bool = False
+    ) -> Span:
+        context = np.full(before, MISSING, np.int64)
+        out = np.concatenate([context, self.window(number, length, seed)])
+        return Span(out, np.arange(length, dtype=np.int64))
+
 
 def open_source(data: str, *, model_vocab: int, split: str = "train") -> TokenSource:
-    """The token source named by ``TrainConfig.data``; errors if its vocab exceeds the model's."""
-    if split not in ("train", "val"):
-        raise ValueError(f"split={split!r}: use train or val")
+    """The token source named by ``TrainConfig.data``; errors if its vocab exceeds the model's.
+    ``split``: train (first 90%), val (the rest) or all (e.g. a separate validation file)."""
+    if split not in ("train", "val", "all"):
+        raise ValueError(f"split={split!r}: use train, val or all")
     if data == "synthetic":
         source: TokenSource = SyntheticSource(vocab_size=model_vocab)
     elif data == "shakespeare":
-        source = _split(_shakespeare_tokens(), split, "shakespeare", BYTE_VOCAB)
+        source = _split(ArraySource("shakespeare", _shakespeare_tokens(), BYTE_VOCAB), split)
     else:
-        tokens, vocab = read_bin(Path(data), model_vocab=model_vocab)
-        source = _split(tokens, split, Path(data).name, vocab)
+        source = _split(open_bin(Path(data), model_vocab=model_vocab), split)
     if source.vocab_size > model_vocab:
         raise ValueError(
             f"data {data!r} has vocab {source.vocab_size} but the model's vocab is {model_vocab}"
@@ -105,37 +211,75 @@ def open_source(data: str, *, model_vocab: int, split: str = "train") -> TokenSo
     return source
 
 
+def open_bin(path: Path, *, model_vocab: int) -> ArraySource:
+    """A whole ``.bin`` with its ``.idx`` document starts and ``.mask`` when they exist."""
+    tokens, vocab = read_bin(path, model_vocab=model_vocab)
+    starts = document_starts(path, len(tokens))
+    mask_path = path.with_suffix(MASK_SUFFIX)
+    mask = None
+    if mask_path.exists():
+        mask = np.memmap(mask_path, dtype=np.uint8, mode="r")
+        if starts is None or len(mask) != len(tokens):
+            raise ValueError(
+                f"{mask_path}: a label mask needs the .idx of its packed sequences and one "
+                f"byte per token of {path.name} ({len(tokens)}); found {len(mask)} bytes"
+            )
+    return ArraySource(path.name, tokens, vocab, starts, mask)
+
+
+def document_starts(path: Path, tokens: int) -> np.ndarray | None:
+    """First token of each document of a ``.bin`` from its ``.idx``, beginning with 0;
+    None without an index or when the index lists no sequences."""
+    idx = path.with_suffix(".idx")
+    if not idx.exists():
+        return None
+    index = read_index(idx)
+    if not len(index.sizes):
+        return None
+    if index.tokens != tokens:
+        raise ValueError(f"{idx} indexes {index.tokens} tokens but {path} holds {tokens}")
+    return np.union1d([0], index.document_starts()).astype(np.int64)
+
+
 def _shakespeare_tokens() -> np.ndarray:
     return np.frombuffer(SHAKESPEARE.read_bytes(), dtype=np.uint8)
 
 
-def _split(tokens: np.ndarray, split: str, name: str, vocab: int) -> ArraySource:
-    cut = int(len(tokens) * TRAIN_FRACTION)
-    part = tokens[:cut] if split == "train" else tokens[cut:]
-    return ArraySource(name=f"{name}:{split}", tokens=part, vocab_size=vocab)
+def _split(whole: ArraySource, split: str) -> ArraySource:
+    """The first 90% of the tokens (packed: of the documents) is train, the rest val."""
+    if split == "all":
+        return whole
+    cut = _split_point(whole)
+    low, high = (0, cut) if split == "train" else (cut, len(whole.tokens))
+    starts = None
+    if whole.starts is not None:
+        inside = whole.starts[(whole.starts >= low) & (whole.starts < high)]
+        starts = np.union1d([0], inside - low).astype(np.int64)
+    mask = None if whole.mask is None else whole.mask[low:high]
+    name = f"{whole.name}:{split}"
+    return ArraySource(name, whole.tokens[low:high], whole.vocab_size, starts, mask)
+
+
+def _split_point(whole: ArraySource) -> int:
+    if not whole.packed:
+        return int(len(whole.tokens) * TRAIN_FRACTION)
+    starts = whole.document_starts()
+    train_docs = max(int(len(starts) * TRAIN_FRACTION), 1)
+    return int(starts[train_docs]) if train_docs < len(starts) else len(whole.tokens)
 
 
 def bin_dtype(path: Path, *, model_vocab: int) -> tuple[np.dtype, int]:
-    """(dtype, vocab bound) of a token ``.bin``: from ``.idx``, JSON sidecar, or vocab size."""
+    """(dtype, vocab bound) of a token ``.bin``: the dtype from its ``.idx``, else its JSON
+    sidecar, else the model's vocab size; the bound from the sidecar, else the model's vocab."""
     idx = path.with_suffix(".idx")
     sidecar = path.with_name(path.name + ".json")
+    meta = json.loads(sidecar.read_text()) if sidecar.exists() else {}
+    vocab = int(meta.get("vocab_size", model_vocab))
     if idx.exists():
-        return np.dtype(_megatron_idx_dtype(idx)), model_vocab
-    if sidecar.exists():
-        meta = json.loads(sidecar.read_text())
-        return np.dtype(meta["dtype"]), int(meta.get("vocab_size", model_vocab))
+        return read_index(idx).dtype, vocab
+    if "dtype" in meta:
+        return np.dtype(meta["dtype"]), vocab
     return np.dtype(np.uint16 if model_vocab <= 2**16 else np.uint32), model_vocab
-
-
-def _megatron_idx_dtype(idx: Path) -> type:
-    with idx.open("rb") as f:
-        header = f.read(len(MEGATRON_IDX_HEADER) + 8 + 1)
-    if not header.startswith(MEGATRON_IDX_HEADER) or len(header) < 18:
-        raise ValueError(f"{idx}: not a Megatron index file")
-    code = header[-1]
-    if code not in MEGATRON_DTYPES:
-        raise ValueError(f"{idx}: unsupported token dtype code {code}")
-    return MEGATRON_DTYPES[code]
 
 
 def read_bin(path: Path, *, model_vocab: int) -> tuple[np.ndarray, int]:
@@ -160,7 +304,14 @@ class Loader:
     For optimizer step t and micro-step m, local row r of the rank at data index d and z
     index zz reads global sequence ``t * global_batch + i`` with
     ``i = m*(micro_batch*data) + d*micro_batch + zz*(micro_batch//z) + r``.
+
+    ``goldfish`` (k > 0) drops labels from the loss with ``goldfish.keep_mask``, given each
+    label's ``h - 1`` preceding stream labels and its position in its document (offset
+    from the document's first token, minus 1). The mask is computed on the CPU, so it is
+    the same on every device.
     """
+
+    ordered = False  # sequences in hashed order (EvalLoader: in stream order)
 
     def __init__(
         self,
@@ -173,9 +324,11 @@ class Loader:
         accumulation: int,
         seed: int,
         device: torch.device | str = "cpu",
+        goldfish: GoldfishConfig | None = None,
     ) -> None:
         if micro_batch % grid.z:
             raise ValueError(f"micro_batch={micro_batch} is not divisible by grid.z={grid.z}")
+        source.check_length(seq_len + 1)
         self.source = source
         self.grid = grid
         self.coords = coords
@@ -184,6 +337,7 @@ class Loader:
         self.accumulation = accumulation
         self.seed = seed
         self.device = torch.device(device)
+        self.goldfish = goldfish if goldfish is not None and goldfish.k > 0 else None
         self.step = 0  # next optimizer step to load
 
     @property
@@ -193,6 +347,11 @@ class Loader:
     @property
     def global_batch(self) -> int:
         return self.accumulation * self.micro_batch * self.grid.data
+
+    @property
+    def context(self) -> int:
+        """Stream tokens read before each window: the Goldfish hash's ``h - 1``."""
+        return self.goldfish.h - 1 if self.goldfish else 0
 
     def sequence_numbers(self, step: int, micro: int) -> list[int]:
         base = (
@@ -204,15 +363,38 @@ class Loader:
         return [base + r for r in range(self.local_rows)]
 
     def batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(inputs, targets), each ``[micro_batch // z, seq_len]`` int64."""
-        windows = [
-            self.source.window(n, self.seq_len + 1, self.seed)
+        """(inputs, targets), each ``[micro_batch // z, seq_len]`` int64; targets are
+        IGNORE_INDEX where a label does not count."""
+        spans = [
+            self.source.span(n, self.seq_len + 1, self.seed, before=self.context,
+                             ordered=self.ordered)
             for n in self.sequence_numbers(step, micro)
-        ]
-        rows = torch.from_numpy(np.stack(windows))
+        ]  # fmt: skip
+        rows = torch.from_numpy(np.stack([s.tokens for s in spans]))
+        inputs, targets = rows[:, self.context : -1], rows[:, self.context + 1 :]
+        keep = self._keep(spans, rows)
+        if keep is not None:
+            targets = targets.masked_fill(~keep, IGNORE_INDEX)
         if self.device.type == "cuda":
-            rows = rows.pin_memory().to(self.device, non_blocking=True)
-        return rows[:, :-1], rows[:, 1:]
+            inputs = inputs.pin_memory().to(self.device, non_blocking=True)
+            targets = targets.pin_memory().to(self.device, non_blocking=True)
+        return inputs, targets
+
+    def _keep(self, spans: list[Span], rows: torch.Tensor) -> torch.Tensor | None:
+        """Bool ``[rows, seq_len]``: the labels that count (None: all of them)."""
+        keep = None
+        if any(s.keep is not None for s in spans):
+            ones = np.ones(self.seq_len + 1, dtype=bool)
+            masks = [ones if s.keep is None else s.keep for s in spans]
+            keep = torch.from_numpy(np.stack(masks)[:, 1:])
+        if self.goldfish is None:
+            return keep
+        from axonn_launch.train.goldfish import keep_mask  # imported only when used
+
+        positions = torch.from_numpy(np.stack([s.offsets[1:] - 1 for s in spans]))
+        g = self.goldfish
+        dropped = keep_mask(rows[:, 1:], positions, g.k, g.h, g.strategy)
+        return dropped if keep is None else keep & dropped
 
     def next_step(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """All micro-batches of the next optimizer step; advances the position."""
@@ -230,3 +412,41 @@ class Loader:
                 f"this loader reads {self.source.name} seed {self.seed}"
             )
         self.step = int(state["step"])
+
+
+class EvalLoader(Loader):
+    """``batches`` global batches of validation data, the same every time: sequences in
+    stream order (packed: documents in order; else consecutive windows), sharded exactly
+    as training batches (one x*y plane shares rows; z and data split them), targets
+    IGNORE_INDEX where a mask says so, never a Goldfish drop. Iterating yields every
+    micro-batch of every batch: ``batches * accumulation`` of them."""
+
+    ordered = True
+
+    def __init__(
+        self,
+        source: TokenSource,
+        *,
+        grid: Grid,
+        coords: Coords,
+        micro_batch: int,
+        seq_len: int,
+        accumulation: int,
+        batches: int,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if batches < 1:
+            raise ValueError(f"batches={batches}: an evaluation needs at least one batch")
+        super().__init__(
+            source, grid=grid, coords=coords, micro_batch=micro_batch, seq_len=seq_len,
+            accumulation=accumulation, seed=EVAL_SEED, device=device,
+        )  # fmt: skip
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return self.batches * self.accumulation
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for step in range(self.batches):
+            for micro in range(self.accumulation):
+                yield self.batch(step, micro)

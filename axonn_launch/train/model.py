@@ -236,13 +236,14 @@ def build_model(spec: ModelSpec, **kwargs) -> GPT:
 # Gradient synchronization, clipping and full (unsharded) state
 
 
-def finish_gradients(model: GPT, groups: Groups) -> None:
+def finish_gradients(model: GPT, groups: Groups, *, average: bool = True) -> None:
     """Complete the gradients of all micro-steps of one optimizer step.
 
     Waits for deferred reduce-scatters, sums over z the gradients of parameters
-    replicated over z, sums over data, and divides by z*data: the result is the
-    gradient of the mean of the per-rank mean losses, i.e. of the mean loss over all
-    tokens of the step when every rank holds the same number of tokens.
+    replicated over z (and over y those of repeated KV heads), sums over data, and with
+    ``average`` divides by z*data: the gradient of the mean of the per-rank losses. The
+    training loop divides each rank's loss by the step's global label count instead
+    and passes ``average=False`` (``train/loop.py``).
     """
     model.runtime.flush_deferred_grads()
     model.runtime.drop_prefetched()
@@ -256,7 +257,7 @@ def finish_gradients(model: GPT, groups: Groups) -> None:
     _sum_over_replicas(model, [p.grad for p in params if p.shard_layout.y_replicas > 1])
     _all_reduce_coalesced(comm, [p.grad for p in params], "data", "grad_sync")
     scale = 1.0 / (groups.grid.z * groups.grid.data)
-    if scale != 1.0:
+    if average and scale != 1.0:
         torch._foreach_mul_([p.grad for p in params], scale)
 
 

@@ -178,3 +178,17 @@ def test_out_of_vocab_tokens_are_caught_when_read(tmp_path):
 def test_micro_batch_must_divide_over_z():
     with pytest.raises(ValueError, match="divisible"):
         make_loader(Grid(z=3), 0)
+
+
+def test_sidecar_vocab_applies_beside_a_megatron_idx(tmp_path):
+    from axonn_launch.data import IndexedWriter, token_dtype
+
+    prefix = tmp_path / "corpus"
+    with IndexedWriter(prefix, token_dtype(50257)) as writer:
+        writer.add(np.arange(40), [10, 30])
+        writer.commit({"vocab_size": 50257})
+    path = tmp_path / "corpus.bin"
+    assert bin_dtype(path, model_vocab=60000) == (np.dtype(np.uint16), 50257)
+    with pytest.raises(ValueError, match="vocab 50257"):
+        open_source(str(path), model_vocab=256)
+    assert open_source(str(path), model_vocab=50257).starts.tolist() == [0, 10]

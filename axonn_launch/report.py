@@ -1,0 +1,523 @@
+"""Plots and a report.md for a job, a sweep or a memorization study.
+
+``python -m axonn_launch.report PATH [--out DIR] [--metric NAME] [--plan FILE]``
+
+- a job directory (``job.json`` + ``metrics.jsonl``): loss and validation loss against step
+  and against tokens (step × ``train.global_batch`` × ``train.seq_len`` of ``spec.json``),
+  learning rate, tokens/s and MFU, and a summary table;
+- a sweep directory (``points/<num>.json``, as ``axonn_launch.sweep`` records them): one
+  metric (``final_loss``, default; ``val_loss``; ``tokens_per_s``) against each swept key,
+  one line per value of the other swept keys. When the points' job directories hold a
+  ``memorization.json`` (``python -m axonn_launch.memorization ... out=<job>/memorization.json``)
+  also the exact-match rate against the repetition count R, one line per (loss, model):
+  the loss is ``train.goldfish`` (k = 0: standard); R is the first of ``REPETITION_KEYS``
+  found in ``memorization.json``, the point's overrides, ``spec.json`` or ``config.yaml``;
+- ``--plan FILE`` (``python -m axonn_launch.plan ... output=json``): predicted against
+  measured step time for the jobs whose model, machine and grid match a plan row.
+
+Images and ``report.md`` go to ``--out`` (default ``PATH/report``). Login-node code:
+matplotlib is imported only to draw (the ``plot`` extra); torch never.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from axonn_launch.jobs import read_summary
+from axonn_launch.usage import run_tool
+
+METRICS = ("final_loss", "val_loss", "tokens_per_s")
+REPETITION_KEYS = (
+    "repetitions",
+    "train.repetitions",
+    "train.data_repetitions",
+    "train.repeats",
+    "data.repetitions",
+)
+Series = tuple[str, Sequence[float], Sequence[float]]  # (label, xs, ys)
+
+
+class ReportError(ValueError):
+    """Bad input to the report tool: one line."""
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def read_metrics(job_dir: Path) -> list[dict]:
+    """Rows of ``metrics.jsonl`` (a torn last line, from a running job, is left out)."""
+    rows = []
+    path = job_dir / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+    return rows
+
+
+def number(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def column(rows: Iterable[dict], key: str, x: str = "step") -> tuple[list[float], list[float]]:
+    """(xs, ys) of the rows where both are finite numbers."""
+    pairs = [(number(r.get(x)), number(r.get(key))) for r in rows]
+    kept = [(a, b) for a, b in pairs if a is not None and b is not None]
+    return [a for a, _ in kept], [b for _, b in kept]
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one dict of dotted keys."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out |= flatten(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def job_config(job_dir: Path) -> dict[str, Any]:
+    """The job's settings as dotted keys: ``config.yaml`` overlaid by ``spec.json``."""
+    config: dict[str, Any] = {}
+    if (job_dir / "config.yaml").is_file():
+        import yaml
+
+        try:
+            config = flatten(yaml.safe_load((job_dir / "config.yaml").read_text()) or {})
+        except yaml.YAMLError:
+            config = {}
+    return config | flatten(read_json(job_dir / "spec.json"))
+
+
+# ------------------------------------------------------------------------- plotting
+
+
+def pyplot():
+    try:
+        import matplotlib
+    except ModuleNotFoundError as exc:
+        raise ReportError("matplotlib is missing: pip install -e '.[plot]'") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot(
+    path: Path,
+    series: Sequence[Series],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    points: bool = False,
+    diagonal: bool = False,
+) -> Path:
+    """One PNG of ``series`` (lines, or markers with ``points``)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for label, xs, ys in series:
+        ax.plot(xs, ys, "o" if points else "-o" if len(xs) < 30 else "-", label=label, ms=4)
+    if diagonal:
+        low = min(min(min(xs), min(ys)) for _, xs, ys in series)
+        high = max(max(max(xs), max(ys)) for _, xs, ys in series)
+        ax.plot([low, high], [low, high], "k--", lw=0.8, label="predicted = measured")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.grid(alpha=0.3)
+    if len(series) > 1 or diagonal:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def fmt(value: Any, form: str = "{:.4g}") -> str:
+    return "-" if number(value) is None else form.format(value)
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+# ------------------------------------------------------------------------ job report
+
+
+def job_report(job_dir: Path, out: Path) -> list[str]:
+    """report.md lines of one job; its PNGs written to ``out``."""
+    rows = read_metrics(job_dir)
+    if not rows:
+        raise ReportError(f"{job_dir}: metrics.jsonl has no steps yet")
+    record, summary, config = (
+        read_json(job_dir / "job.json"),
+        read_summary(job_dir) or {},
+        job_config(job_dir),
+    )
+    per_step = (config.get("train.global_batch") or 0) * (config.get("train.seq_len") or 0)
+    for row in rows:
+        row["tokens"] = row["step"] * per_step
+    images = [
+        _loss_plot(rows, out, "step"),
+        *([_loss_plot(rows, out, "tokens")] if per_step else []),
+    ]
+    for key, label in (("lr", "learning rate"), ("tokens_per_s", "tokens/s"), ("mfu", "MFU")):
+        xs, ys = column(rows, key)
+        if xs:
+            images.append(
+                plot(
+                    out / f"{key}.png",
+                    [(label, xs, ys)],
+                    xlabel="step",
+                    ylabel=label,
+                    title=f"{label}: {job_dir.name}",
+                )
+            )
+    lines = [f"# Job {record.get('name', job_dir.name)}", "", f"`{job_dir}`", ""]
+    lines += table(["key", "value"], _job_summary(record, summary, rows, per_step))
+    if not column(rows, "mfu")[0]:
+        lines += ["", "No MFU: the machine profile has no peak (a CPU run)."]
+    lines += [""] + [f"![{p.stem}]({p.name})" for p in images]
+    return lines
+
+
+def _loss_plot(rows: list[dict], out: Path, x: str) -> Path:
+    series = [
+        (name, *column(rows, key, x))
+        for name, key in (("train", "loss"), ("validation", "val_loss"))
+    ]
+    series = [s for s in series if s[1]]
+    name = "loss.png" if x == "step" else "loss_tokens.png"
+    return plot(out / name, series, xlabel=x, ylabel="loss", title=f"loss against {x}")
+
+
+def _job_summary(record: dict, summary: dict, rows: list[dict], per_step: int) -> list[tuple]:
+    speeds = column(rows[1:] or rows, "tokens_per_s")[1]  # the first step includes warm-up
+    val = column(rows, "val_loss")[1]
+    grid = record.get("grid") or {}
+    return [
+        ("model", record.get("model", "-")),
+        ("machine", record.get("machine", "-")),
+        ("grid (data, x, y, z)", ", ".join(str(grid.get(a, "-")) for a in ("data", "x", "y", "z"))),
+        ("status", record.get("status", "-")),
+        ("steps", rows[-1]["step"]),
+        ("tokens", f"{rows[-1]['step'] * per_step:,}" if per_step else "-"),
+        ("final loss", fmt(summary.get("final_loss", rows[-1].get("loss")))),
+        ("final validation loss", fmt(val[-1] if val else None)),
+        (
+            "tokens/s (mean after step 1)",
+            fmt(sum(speeds) / len(speeds) if speeds else None, "{:.0f}"),
+        ),
+        ("step time s", fmt(summary.get("step_time_s", rows[-1].get("step_time_s")), "{:.3g}")),
+        ("TFLOP/s per GPU", fmt(summary.get("tflops_per_gpu"), "{:.3g}")),
+        ("MFU", fmt(summary.get("mfu"), "{:.1%}")),
+    ]
+
+
+# ---------------------------------------------------------------------- sweep report
+
+
+@dataclass
+class Point:
+    num: int
+    status: str
+    overrides: dict[str, str]
+    job_dir: Path | None
+
+    def value(self, metric: str) -> float | None:
+        if self.job_dir is None:
+            return None
+        if metric == "val_loss":
+            values = column(read_metrics(self.job_dir), "val_loss")[1]
+            return (
+                values[-1] if values else number((read_summary(self.job_dir) or {}).get("val_loss"))
+            )
+        return number((read_summary(self.job_dir) or {}).get(metric))
+
+
+def read_sweep(sweep_dir: Path) -> list[Point]:
+    points = []
+    paths = [p for p in (sweep_dir / "points").glob("*.json") if p.stem.isdigit()]
+    for path in sorted(paths, key=lambda p: int(p.stem)):
+        record = read_json(path)
+        overrides = parse_point(str(record.get("point") or ""))
+        job = record.get("job_dir")
+        job_dir = (sweep_dir / job) if job else None
+        job_dir = job_dir if job_dir is not None and job_dir.is_dir() else None
+        points.append(
+            Point(int(record.get("num", path.stem)), record.get("status", "?"), overrides, job_dir)
+        )
+    return points
+
+
+def parse_point(point: str) -> dict[str, str]:
+    """A point's overrides, ``+key=value`` and ``++key=value`` as ``key``."""
+    pairs = (word.split("=", 1) for word in point.split() if "=" in word)
+    return {key.lstrip("+"): value for key, value in pairs}
+
+
+def swept_keys(points: Sequence[Point]) -> list[str]:
+    keys = sorted({k for p in points for k in p.overrides})
+    return [k for k in keys if len({p.overrides.get(k) for p in points}) > 1]
+
+
+def as_number(text: str | None) -> float | None:
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def sweep_report(sweep_dir: Path, out: Path, metric: str) -> list[str]:
+    points = read_sweep(sweep_dir)
+    if not points:
+        raise ReportError(f"{sweep_dir}: points/ holds no point records")
+    keys = swept_keys(points)
+    lines = [f"# Sweep {sweep_dir.name}", "", f"`{sweep_dir}`; metric: {metric}", ""]
+    lines += table(
+        ["#", *keys, "status", metric],
+        [
+            (p.num, *(p.overrides.get(k, "-") for k in keys), p.status, fmt(p.value(metric)))
+            for p in points
+        ],
+    )
+    lines.append("")
+    for key in keys:
+        image = _sweep_plot(points, key, [k for k in keys if k != key], metric, out)
+        lines += [f"![{image.stem}]({image.name})"] if image else [f"({key}: no values to plot)"]
+    lines += memorization_section(points, out)
+    return lines
+
+
+def _sweep_plot(
+    points: Sequence[Point], key: str, others: list[str], metric: str, out: Path
+) -> Path | None:
+    groups: dict[str, list[tuple[Any, float]]] = defaultdict(list)
+    for p in points:
+        value = p.value(metric)
+        if value is not None and key in p.overrides:
+            label = " ".join(f"{k}={p.overrides.get(k, '-')}" for k in others) or metric
+            groups[label].append((p.overrides[key], value))
+    if not groups:
+        return None
+    numeric = all(as_number(x) is not None for pairs in groups.values() for x, _ in pairs)
+    categories = sorted({x for pairs in groups.values() for x, _ in pairs})
+    series = []
+    for label, pairs in sorted(groups.items()):
+        pairs.sort(key=lambda xy: as_number(xy[0]) if numeric else categories.index(xy[0]))
+        xs = [as_number(x) if numeric else categories.index(x) for x, _ in pairs]
+        series.append((label, xs, [y for _, y in pairs]))
+    path = out / f"sweep_{metric}_{key.replace('/', '_')}.png"
+    plot(
+        path,
+        series,
+        xlabel=key if numeric else f"{key} ({', '.join(categories)})",
+        ylabel=metric,
+        title=f"{metric} against {key}",
+    )
+    return path
+
+
+# ---------------------------------------------------------------- memorization study
+
+
+def repetitions(point: Point, memo: dict, config: dict[str, Any]) -> float | None:
+    """The first of ``REPETITION_KEYS`` in memorization.json, the overrides or the config."""
+    for source in (memo, point.overrides, config):
+        for key in REPETITION_KEYS:
+            value = source.get(key)
+            value = as_number(value) if isinstance(value, str) else number(value)
+            if value is not None:
+                return value
+    return None
+
+
+def memorization_rows(points: Sequence[Point]) -> list[dict]:
+    """(loss, model, R, exact-match rate) of each point with a memorization.json."""
+    rows = []
+    for p in points:
+        memo = read_json(p.job_dir / "memorization.json") if p.job_dir else {}
+        if not memo:
+            continue
+        config, record = job_config(p.job_dir), read_json(p.job_dir / "job.json")
+        k = int(config.get("train.goldfish.k") or 0)
+        strategy = config.get("train.goldfish.strategy", "")
+        params = number(record.get("n_params"))
+        rows.append(
+            {
+                "num": p.num,
+                "loss": "standard" if k == 0 else f"goldfish k={k} {strategy}".strip(),
+                "model": record.get("model", config.get("model.name", "?"))
+                + (f" ({params / 1e6:.3g}M)" if params else ""),
+                "repetitions": repetitions(p, memo, config),
+                "exact_match_rate": number(memo.get("exact_match_rate")),
+                "rouge_l": number(memo.get("rouge_l")),
+            }
+        )
+    return rows
+
+
+def memorization_section(points: Sequence[Point], out: Path) -> list[str]:
+    rows = memorization_rows(points)
+    if not rows:
+        return []
+    lines = ["", "## Memorization", ""]
+    lines += table(
+        ["#", "loss", "model", "R", "exact match", "ROUGE-L"],
+        [
+            (
+                r["num"],
+                r["loss"],
+                r["model"],
+                fmt(r["repetitions"]),
+                fmt(r["exact_match_rate"], "{:.3f}"),
+                fmt(r["rouge_l"], "{:.3f}"),
+            )
+            for r in rows
+        ],
+    )
+    groups: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in rows:
+        if r["repetitions"] is not None and r["exact_match_rate"] is not None:
+            groups[f"{r['loss']}, {r['model']}"].append((r["repetitions"], r["exact_match_rate"]))
+    if not groups:
+        return lines + ["", f"(no repetition count found: set one of {', '.join(REPETITION_KEYS)})"]
+    series = [(label, *zip(*sorted(pairs))) for label, pairs in sorted(groups.items())]
+    path = plot(
+        out / "memorization.png",
+        series,
+        xlabel="repetitions R",
+        ylabel="exact-match rate",
+        title="memorization against repetitions",
+    )
+    return lines + ["", f"![memorization]({path.name})"]
+
+
+# --------------------------------------------------------------------- plan vs measured
+
+
+def job_dirs(path: Path) -> list[Path]:
+    if (path / "job.json").is_file():
+        return [path]
+    return [p.job_dir for p in read_sweep(path) if p.job_dir is not None]
+
+
+def plan_section(plan_file: Path, path: Path, out: Path) -> list[str]:
+    """Predicted against measured step time for jobs whose model, machine and grid match."""
+    plan = read_json(plan_file)
+    if not isinstance(plan.get("plans"), list):
+        raise ReportError(
+            f"--plan {plan_file}: not a planner JSON (python -m axonn_launch.plan ... output=json)"
+        )
+    predicted = {json.dumps(r["grid"], sort_keys=True): r["step_time_s"] for r in plan["plans"]}
+    pairs = []
+    for job in job_dirs(path):
+        record = read_json(job / "job.json")
+        measured = number((read_summary(job) or {}).get("step_time_s"))
+        grid = json.dumps(record.get("grid"), sort_keys=True)
+        same = record.get("model") == plan.get("model") and record.get("machine") == plan.get(
+            "machine"
+        )
+        if same and measured is not None and grid in predicted:
+            pairs.append((grid, predicted[grid], measured))
+    lines = ["", "## Planner: predicted against measured step time", ""]
+    if not pairs:
+        return lines + [
+            f"(no job here matches a plan of {plan.get('model')} on {plan.get('machine')})"
+        ]
+    lines += table(
+        ["grid", "predicted s", "measured s", "measured / predicted"],
+        [(g, fmt(p, "{:.3g}"), fmt(m, "{:.3g}"), fmt(m / p, "{:.2f}")) for g, p, m in pairs],
+    )
+    path_png = plot(
+        out / "plan.png",
+        [("jobs", [p for _, p, _ in pairs], [m for _, _, m in pairs])],
+        xlabel="predicted step time s",
+        ylabel="measured step time s",
+        title="planner against measurement",
+        points=True,
+        diagonal=True,
+    )
+    return lines + ["", f"![plan]({path_png.name})"]
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit code 2 (run_tool)
+        raise ReportError(message)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = _Parser(
+        prog="python -m axonn_launch.report",
+        description="Plots and report.md for a job dir, a sweep dir or a memorization study.",
+        epilog="example: python -m axonn_launch.report jobs/sweeps/2026-12-01_10-00-00"
+        " --metric tokens_per_s",
+    )
+    parser.add_argument("path", type=Path, help="a job directory or a sweep directory")
+    parser.add_argument(
+        "--out", type=Path, help="where report.md and the PNGs go (default PATH/report)"
+    )
+    parser.add_argument(
+        "--metric", default="final_loss", help=f"sweeps: one of {', '.join(METRICS)}"
+    )
+    parser.add_argument(
+        "--plan", type=Path, help="planner JSON to compare with measured step times"
+    )
+    parser.add_argument("--debug", action="store_true", help="a traceback instead of one line")
+    return parser.parse_args(argv)
+
+
+def _main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.metric not in METRICS:
+        raise ReportError(f"--metric={args.metric}: valid: {', '.join(METRICS)}")
+    path, out = args.path, args.out or args.path / "report"
+    if (path / "job.json").is_file():
+        kind = "job"
+    elif (path / "points").is_dir():
+        kind = "sweep"
+    else:
+        raise ReportError(
+            f"{path}: neither a job directory (job.json) nor a sweep directory (points/)"
+        )
+    pyplot()  # a missing matplotlib is reported before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+    lines = job_report(path, out) if kind == "job" else sweep_report(path, out, args.metric)
+    if args.plan:
+        lines += plan_section(args.plan, path, out)
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / 'report.md'} and {len(list(out.glob('*.png')))} images")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return run_tool(_main, argv, (ReportError,))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
