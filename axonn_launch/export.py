@@ -1,6 +1,7 @@
 """Write a checkpoint's full tensors to a torch state dict (.pt) or safetensors.
 
     python -m axonn_launch.export <checkpoint> --to <file.pt | file.safetensors | dir>
+    python -m axonn_launch.export <checkpoint> --hf <dir> [--dtype bf16|fp32] [--max-shard-size 5GB]
     python -m axonn_launch.export --convert-legacy <checkpoint>
 
 ``<checkpoint>`` is a ``step_N`` directory or a job directory (its ``latest``). Tensors
@@ -9,12 +10,17 @@ are plain torch.distributed.checkpoint directories: stock tools read them too
 (``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``).
 ``--convert-legacy`` rewrites a checkpoint of the previous per-rank format in place
 (keeping the old one as ``<name>.legacy``); jobs also resume from such checkpoints
-directly. Checks here are torch-free; torch is imported only to do the work.
+directly. ``--hf`` writes a Llama checkpoint as a Hugging Face directory
+(``transformers.AutoModelForCausalLM.from_pretrained`` loads it): config.json,
+safetensors shards with ``model.safetensors.index.json`` and the tokenizer files of the
+model's ``init_from`` directory. Checks here are torch-free; torch is imported only to
+do the work.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -22,23 +28,34 @@ from axonn_launch.usage import help_page, run_tool, wants_help
 
 LEGACY_FORMAT = "per-rank-shards/1"
 SUFFIXES = (".pt", ".safetensors")
+HF_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
 
 HELP = help_page(
-    usage="python -m axonn_launch.export CHECKPOINT --to OUT | --convert-legacy CHECKPOINT",
+    usage=(
+        "python -m axonn_launch.export CHECKPOINT --to OUT | CHECKPOINT --hf DIR "
+        "[--dtype bf16|fp32] [--max-shard-size 5GB] | --convert-legacy CHECKPOINT"
+    ),
     summary=(
         "Write every tensor of a checkpoint (parameters, AdamW moments) in full, one at a\n"
-        "time, as a torch state dict or safetensors; or convert a per-rank-shards/1\n"
-        "checkpoint to the current DCP format in place."
+        "time, as a torch state dict or safetensors; or a Llama checkpoint's weights as a\n"
+        "Hugging Face model directory; or convert a per-rank-shards/1 checkpoint to the\n"
+        "current DCP format in place."
     ),
     keys=[
         ("CHECKPOINT", "a checkpoints/step_N directory, or a job directory (its latest)"),
         ("--to OUT", "OUT.pt: torch.save format; OUT.safetensors or a directory: safetensors"),
+        ("--hf DIR", "a new (or empty) directory: Hugging Face Llama (config, shards, tokenizer)"),
+        ("--dtype", "with --hf: fp32 (default) or bf16"),
+        ("--max-shard-size", "with --hf: largest safetensors file, e.g. 5GB (default), 500MB"),
         ("--convert-legacy", "convert CHECKPOINT (per-rank-shards/1) to DCP in place"),
         ("--debug", "show the traceback of an error"),
     ],
     examples=[
         "python -m axonn_launch.export jobs/gpt_tiny-local/2026-12-01_08-00-00 --to tiny.pt",
-        "python -m axonn_launch.export jobs/x/checkpoints/step_00000120 --to hf_dir/",
+        "python -m axonn_launch.export jobs/x/checkpoints/step_00000120 --to tensors_dir/",
+        "python -m axonn_launch.export jobs/llama/2026-12-01_08-00-00 --hf llama_hf/ --dtype bf16",
         "python -m axonn_launch.export --convert-legacy jobs/x/checkpoints/step_00000060",
     ],
 )
@@ -79,22 +96,91 @@ def output_path(text: str) -> Path:
     return out
 
 
-def parse(argv: list[str]) -> tuple[str, Path, Path | None]:
-    """(action, checkpoint, output) from the command line."""
+def parse_size(text: str) -> int:
+    """``5GB`` -> 5e9 bytes (``GiB``: powers of 2; a plain number: bytes)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).upper() if match else None
+    if unit not in SIZE_UNITS or float(match.group(1)) * SIZE_UNITS[unit] < 1:
+        raise ExportError(
+            f"--max-shard-size={text!r}: expected a positive size such as 5GB, 500MB, 2GiB "
+            "or a number of bytes"
+        )
+    return int(float(match.group(1)) * SIZE_UNITS[unit])
+
+
+def _take(args: list[str], flag: str, what: str) -> str | None:
+    """Remove ``flag VALUE`` from ``args``; the value or None when absent."""
+    if flag not in args:
+        return None
+    i = args.index(flag)
+    if i + 1 >= len(args) or args[i + 1].startswith("--"):
+        raise ExportError(f"{flag} needs a value: {what}")
+    value = args[i + 1]
+    del args[i : i + 2]
+    if flag in args:
+        raise ExportError(f"{flag} given twice")
+    return value
+
+
+def hf_output(text: str) -> Path:
+    out = Path(text)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"--hf={text!r}: exists and is not an empty directory; name a new one")
+    if not out.parent.is_dir():
+        raise ExportError(f"--hf={text!r}: directory {str(out.parent)!r} does not exist")
+    return out
+
+
+def hf_model_problem(checkpoint: Path) -> str | None:
+    """Why the checkpoint cannot be written as a Hugging Face Llama (torch-free)."""
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    model = meta.get("model")
+    if not isinstance(model, dict):
+        return f"checkpoint={str(checkpoint)!r}: meta.json names no model; --hf needs one"
+    arch = model.get("arch", "gpt")
+    if arch != "llama":
+        return (
+            f"checkpoint={str(checkpoint)!r} holds model.arch={arch!r}: Hugging Face export "
+            "(--hf) is for Llama models; --to writes any checkpoint's tensors"
+        )
+    return None
+
+
+def parse(argv: list[str]) -> tuple[str, Path, Path | None, dict]:
+    """(action, checkpoint, output, options) from the command line."""
     args = list(argv)
     if "--convert-legacy" in args:
         args.remove("--convert-legacy")
         if len(args) != 1:
             raise ExportError("--convert-legacy takes one CHECKPOINT (see --help)")
-        return "convert", resolve_checkpoint(args[0]), None
-    if "--to" not in args or args.index("--to") + 1 >= len(args):
-        raise ExportError("--to OUT is required: a .pt or .safetensors file, or a directory")
-    i = args.index("--to")
-    out = args[i + 1]
-    rest = args[:i] + args[i + 2 :]
-    if len(rest) != 1 or rest[0].startswith("-"):
-        raise ExportError(f"expected one CHECKPOINT, got {rest!r} (see --help)")
-    return "export", resolve_checkpoint(rest[0]), output_path(out)
+        return "convert", resolve_checkpoint(args[0]), None, {}
+    to = _take(args, "--to", "a .pt or .safetensors file, or a directory")
+    hf = _take(args, "--hf", "a new directory for the Hugging Face model")
+    dtype = _take(args, "--dtype", "bf16 or fp32")
+    size = _take(args, "--max-shard-size", "a size such as 5GB")
+    if to is not None and hf is not None:
+        raise ExportError("--to and --hf: give one of them (see --help)")
+    if to is None and hf is None:
+        raise ExportError(
+            "--to OUT (a .pt or .safetensors file, or a directory) or --hf DIR is required"
+        )
+    if hf is None and (dtype is not None or size is not None):
+        raise ExportError("--dtype and --max-shard-size go with --hf (see --help)")
+    if len(args) != 1 or args[0].startswith("-"):
+        raise ExportError(f"expected one CHECKPOINT, got {args!r} (see --help)")
+    checkpoint = resolve_checkpoint(args[0])
+    if to is not None:
+        return "export", checkpoint, output_path(to), {}
+    if dtype is not None and dtype not in HF_DTYPES:
+        raise ExportError(f"--dtype={dtype!r}: expected one of {', '.join(HF_DTYPES)}")
+    options = {
+        "dtype": dtype or "fp32",
+        "max_shard_bytes": parse_size(size) if size is not None else 5 * 10**9,
+    }
+    problem = hf_model_problem(checkpoint)
+    if problem:
+        raise ExportError(problem)
+    return "hf", checkpoint, hf_output(hf), options
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    action, checkpoint, out = parse(argv)
+    action, checkpoint, out, options = parse(argv)
     fmt = checkpoint_format(checkpoint)
     if action == "convert":
         if fmt != LEGACY_FORMAT:
@@ -121,6 +207,18 @@ def _main(argv: list[str]) -> int:
             f"checkpoint={str(checkpoint)!r} has the legacy format {fmt}; convert it first "
             "with --convert-legacy"
         )
+    if action == "hf":
+        import torch
+
+        from axonn_launch.train.export import export_hf
+
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[options["dtype"]]
+        tensors, files, copied = export_hf(
+            checkpoint, out, dtype=dtype, max_shard_bytes=options["max_shard_bytes"]
+        )
+        extra = f", tokenizer files {', '.join(copied)}" if copied else ", no tokenizer files"
+        print(f"wrote {tensors} tensors of {checkpoint} to {out} ({files} file(s){extra})")
+        return 0
     from axonn_launch.train.export import export_checkpoint
 
     count = export_checkpoint(checkpoint, out)

@@ -141,3 +141,48 @@ def _legacy_model():
     from tests.train.test_legacy import sharded_model
 
     return sharded_model(Grid(), 0)
+
+
+def _meta_only(tmp_path, arch: str) -> str:
+    """A step directory with just meta.json: enough for the torch-free checks."""
+    step = tmp_path / f"{arch}_ckpt"
+    step.mkdir()
+    model = {"name": "m", "n_layer": 1, "d_model": 16, "n_head": 2, "vocab_size": 37,
+             "max_seq_len": 8, "arch": arch}  # fmt: skip
+    (step / "meta.json").write_text(json.dumps({"format": "dcp/1", "model": model}))
+    return str(step)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--hf", "{out}", "--dtype", "fp16"], "--dtype='fp16': expected one of fp32, bf16"),
+        (["--hf", "{out}", "--max-shard-size", "5XB"], "--max-shard-size='5XB': expected a"),
+        (["--hf", "{out}", "--max-shard-size", "0"], "--max-shard-size='0'"),
+        (["--hf", "{out}", "--to", "{out}.pt"], "--to and --hf: give one of them"),
+        (["--to", "{out}.pt", "--dtype", "bf16"], "--dtype and --max-shard-size go with --hf"),
+        (["--hf"], "--hf needs a value"),
+        (["--hf", "{full}"], "exists and is not an empty directory"),
+        (["--hf", "{nowhere}/x"], "does not exist"),
+    ],
+)
+def test_hf_export_bad_input(tmp_path, capsys, args, words):
+    llama = _meta_only(tmp_path, "llama")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("x")
+    paths = {"out": tmp_path / "out", "full": tmp_path / "full", "nowhere": tmp_path / "no"}
+    argv = [llama] + [a.format(**paths) for a in args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.pt").exists()
+    assert sorted(p.name for p in (tmp_path / "full").iterdir()) == ["keep.txt"]
+
+
+def test_hf_export_is_for_llama_checkpoints(job, tmp_path):
+    gpt = _cli(_meta_only(tmp_path, "gpt"), "--hf", str(tmp_path / "out"))
+    assert gpt.returncode == 2 and len(gpt.stderr.strip().splitlines()) == 1
+    assert "model.arch='gpt'" in gpt.stderr and "for Llama models" in gpt.stderr
+    no_model = main([str(job), "--hf", str(tmp_path / "out")])  # meta.json without a model
+    assert no_model == 2 and not (tmp_path / "out").exists()
+    assert main([str(job), "--to", str(tmp_path / "still.pt")]) == 0  # --to works for GPT

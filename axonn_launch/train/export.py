@@ -9,6 +9,12 @@ holds one full tensor (plus the saved chunk being copied), whatever the model si
 * ``.safetensors`` (or a directory, which gets ``model.safetensors``): the header is
   computed from the metadata first, then the tensors' bytes follow in order.
 
+``export_hf`` writes a Llama checkpoint as a Hugging Face directory (config.json,
+safetensors shards with their index, the tokenizer files of ``init_from``): each of our
+tensors is read in full once and cut by rows into its HF tensors
+(``axonn_launch.hf.hf_segments``), streamed into shard files whose headers are computed
+from the metadata first; memory holds one of our full tensors.
+
 ``convert_legacy`` turns a ``per-rank-shards/1`` checkpoint into a DCP one in place (the
 old directory is kept beside it as ``<name>.legacy``). It rebuilds full tensors in one
 process (``axonn_launch.train.legacy``), which the old format leaves no way around.
@@ -25,6 +31,7 @@ import shutil
 import struct
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -198,3 +205,197 @@ def convert_legacy(path: Path) -> Path:
     path.rename(kept)
     tmp.rename(path)
     return kept
+
+
+# --- Hugging Face Llama directory -----------------------------------------------------
+
+
+def _spec_of(meta: dict):
+    from dataclasses import fields
+
+    from axonn_launch.models import ModelSpec
+
+    known = {f.name for f in fields(ModelSpec)}
+    return ModelSpec(**{k: v for k, v in meta["model"].items() if k in known})
+
+
+@dataclass(frozen=True)
+class _HFTensor:
+    """One HF tensor to write: rows [row0, row0 + shape[0]) of our tensor ``source``."""
+
+    name: str
+    source: str
+    row0: int
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+def hf_plan(path: Path, spec, dtype: torch.dtype) -> list[_HFTensor]:
+    """Every HF tensor, in writing order, from the checkpoint's metadata (no data read)."""
+    from axonn_launch.hf import hf_segments
+
+    entries = tensor_entries(path)
+    element = torch.empty((), dtype=dtype).element_size()
+    plan = []
+    for ours, segments in hf_segments(spec).items():
+        if ours not in entries:
+            raise ValueError(f"checkpoint {path} has no tensor {ours!r} (model.arch=llama)")
+        shape = tuple(entries[ours].size)
+        if sum(rows for _, rows in segments) != shape[0]:
+            raise ValueError(f"{ours}: checkpoint shape {list(shape)} does not fit {segments}")
+        row = 0
+        for name, rows in segments:
+            part = (rows, *shape[1:])
+            plan.append(_HFTensor(name, ours, row, part, math.prod(part) * element))
+            row += rows
+    return plan
+
+
+def shard_groups(plan: list[_HFTensor], max_bytes: int) -> list[list[_HFTensor]]:
+    """Consecutive tensors packed into files of at most ``max_bytes`` (a larger tensor
+    gets a file of its own), as transformers' ``save_pretrained`` does."""
+    groups: list[list[_HFTensor]] = [[]]
+    size = 0
+    for item in plan:
+        if groups[-1] and size + item.nbytes > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += item.nbytes
+    return groups
+
+
+class _SafetensorsFile:
+    """A safetensors file written tensor by tensor after a header computed up front."""
+
+    def __init__(self, path: Path, items: list[_HFTensor], dtype: torch.dtype) -> None:
+        header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for item in items:
+            header[item.name] = {
+                "dtype": SAFETENSORS_DTYPES[dtype],
+                "shape": list(item.shape),
+                "data_offsets": [offset, offset + item.nbytes],
+            }
+            offset += item.nbytes
+        encoded = json.dumps(header, separators=(",", ":")).encode()
+        encoded += b" " * (-len(encoded) % 8)
+        self.expected = [item.name for item in items]
+        self.handle = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self.handle.write(struct.pack("<Q", len(encoded)))
+        self.handle.write(encoded)
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        assert self.expected and self.expected[0] == name, (name, self.expected[:1])
+        self.expected.pop(0)
+        self.handle.write(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)
+
+    def close(self) -> None:
+        assert not self.expected, self.expected
+        self.handle.close()
+
+
+class _ShardFiles:
+    """The shard files in order: the next one opens when a tensor of it comes."""
+
+    def __init__(self, directory: Path, names: list[str], groups: list[list[_HFTensor]],
+                 where: dict[str, int], dtype: torch.dtype) -> None:  # fmt: skip
+        self.directory, self.names, self.groups, self.where = directory, names, groups, where
+        self.dtype, self.current, self.file = dtype, -1, None
+
+    def write(self, item: _HFTensor, tensor: torch.Tensor) -> None:
+        if self.where[item.name] != self.current:
+            self.close()
+            self.current = self.where[item.name]
+            path = self.directory / self.names[self.current]
+            self.file = _SafetensorsFile(path, self.groups[self.current], self.dtype)
+        self.file.write(item.name, tensor)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+def _write_rows(files: _ShardFiles, full: torch.Tensor, items: list[_HFTensor]) -> None:
+    """Cut one of our full tensors into its HF tensors (returning frees it)."""
+    for item in items:
+        files.write(item, full.narrow(0, item.row0, item.shape[0]).to(files.dtype))
+
+
+def _hf_extras(spec, config: dict) -> dict:
+    """Token ids of the original model's config.json (init_from), when there is one."""
+    from axonn_launch.hf import CONFIG
+
+    source = Path(spec.init_from) / CONFIG if spec.init_from else None
+    if source is None or not source.is_file():
+        return config
+    try:
+        original = json.loads(source.read_text())
+    except ValueError:
+        return config
+    keep = ("bos_token_id", "eos_token_id", "pad_token_id")
+    return {**config, **{k: original[k] for k in keep if k in original}}
+
+
+def export_hf(
+    path: Path, out: Path, *, dtype: torch.dtype = torch.float32, max_shard_bytes: int = 5 * 10**9
+) -> tuple[int, int, list[str]]:
+    """Write the Llama checkpoint at ``path`` as a Hugging Face directory ``out``.
+
+    Our tensors are read one at a time (``read_full``) and cut by rows into their HF
+    tensors (``hf_segments``), which are streamed into ``model-0000k-of-0000n.safetensors``
+    files (one file: ``model.safetensors``) with ``model.safetensors.index.json``; plus
+    config.json and the tokenizer files of the model's ``init_from`` directory when it
+    exists. Everything is written to a hidden sibling directory renamed to ``out`` at
+    the end. Returns (HF tensors, files, tokenizer files copied).
+    """
+    from axonn_launch.hf import INDEX, SINGLE, TOKENIZER_FILES, hf_config_from_spec
+    from axonn_launch.train.checkpoint import read_meta
+
+    spec = _spec_of(read_meta(path))
+    dtype_name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype]
+    config = _hf_extras(spec, hf_config_from_spec(spec, dtype=dtype_name))
+    plan = hf_plan(path, spec, dtype)
+    groups = shard_groups(plan, max_shard_bytes)
+    n = len(groups)
+    names = (
+        [SINGLE] if n == 1 else [f"model-{k:05d}-of-{n:05d}.safetensors" for k in range(1, n + 1)]
+    )
+    where = {item.name: k for k, group in enumerate(groups) for item in group}
+    tmp = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        copied = []
+        source = Path(spec.init_from) if spec.init_from else None
+        if source is not None and source.is_dir():
+            for name in TOKENIZER_FILES:
+                if (source / name).is_file():
+                    shutil.copyfile(source / name, tmp / name)
+                    copied.append(name)
+        entries = tensor_entries(path)
+        files = _ShardFiles(tmp, names, groups, where, dtype)
+        by_source: dict[str, list[_HFTensor]] = {}
+        for item in plan:
+            by_source.setdefault(item.source, []).append(item)
+        for ours, items in by_source.items():
+            _write_rows(files, read_full(path, ours, entries[ours]), items)
+        files.close()
+        if n > 1:
+            index = {
+                "metadata": {
+                    "total_size": sum(item.nbytes for item in plan),
+                    "total_parameters": sum(math.prod(item.shape) for item in plan),
+                },
+                "weight_map": {item.name: names[where[item.name]] for item in plan},
+            }
+            (tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+        if out.is_dir():
+            out.rmdir()  # the caller checked that it is empty
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return len(plan), n, copied
