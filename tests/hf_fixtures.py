@@ -57,6 +57,5 @@ def sft_examples(n: int = 48) -> list[dict]:
     """Prompt/response pairs with a learnable rule (the response repeats a word)."""
     words = SHAKESPEARE.read_text().split()[:400]
     return [
-        {"prompt": f"Say {words[i]} twice.", "response": f"{words[i]} {words[i]}"}
-        for i in range(n)
+        {"prompt": f"Say {words[i]} twice.", "response": f"{words[i]} {words[i]}"} for i in range(n)
     ]

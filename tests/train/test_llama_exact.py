@@ -94,17 +94,16 @@ def _check(results, case, grid):
         torch.testing.assert_close(torch.from_numpy(logits), hf_logits, rtol=1e-4, atol=1e-5)
         for name, expected in hf_grads.items():
             torch.testing.assert_close(
-                torch.from_numpy(grads[name]), expected, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}"
-            )
+                torch.from_numpy(grads[name]), expected, rtol=1e-4, atol=1e-6,
+                msg=lambda m, n=name: f"{n}: {m}",
+            )  # fmt: skip
     mean_loss = sum(loss for _, loss, _ in results) / len(results)
     assert mean_loss == pytest.approx(hf_loss, rel=1e-5), grid.describe()
 
 
 def test_one_rank_equals_hf(case):
     spec, state, inputs, targets, *_ = case
-    results = run_world(
-        _rank_results, 1, Grid(), spec, state, inputs, targets, OverlapConfig()
-    )
+    results = run_world(_rank_results, 1, Grid(), spec, state, inputs, targets, OverlapConfig())
     _check(results, case, Grid())
 
 
