@@ -42,11 +42,15 @@ def hf_case():
     return spec, state, prompts, expected
 
 
-def _generate_on_rank(rank, world_size, grid, spec, state, prompts):
-    groups = build_groups(grid, rank=rank)
-    model = build_model(spec, groups=groups, overlap=OverlapConfig())
-    load_full_state_dict(model, groups, state)
-    return generate_batch(model, prompts, NEW, device=CPU, group=groups.world)
+def _generate_on_rank(rank, world_size, grids, spec, state, prompts):
+    """This rank's continuations on each grid of one world."""
+    outputs = []
+    for grid in grids:
+        groups = build_groups(grid, rank=rank)
+        model = build_model(spec, groups=groups, overlap=OverlapConfig())
+        load_full_state_dict(model, groups, state)
+        outputs.append(generate_batch(model, prompts, NEW, device=CPU, group=groups.world))
+    return outputs
 
 
 def test_greedy_equals_hf_generate_on_one_rank(hf_case):
@@ -59,11 +63,12 @@ def test_greedy_equals_hf_generate_on_one_rank(hf_case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("grid", [Grid(x=2, y=2), Grid(y=4), Grid(y=2, z=2)], ids=str)
-def test_greedy_equals_hf_generate_on_grids(hf_case, grid):
+def test_greedy_equals_hf_generate_on_4_rank_grids(hf_case):
     spec, state, prompts, expected = hf_case
-    results = run_world(_generate_on_rank, grid.world_size, grid, spec, state, prompts)
-    assert all(result == expected for result in results)
+    grids = [Grid(x=2, y=2), Grid(y=4), Grid(y=2, z=2), Grid(data=2, x=2)]
+    per_rank = run_world(_generate_on_rank, 4, grids, spec, state, prompts)
+    for outputs in per_rank:
+        assert outputs == [expected] * len(grids)
 
 
 def test_gpt_cache_equals_repeated_forwards_with_padding():

@@ -74,7 +74,12 @@ def case():
     return spec, state, inputs, targets, logits.detach(), loss.item(), grads
 
 
-def _rank_results(rank, world_size, grid, spec, state, inputs, targets, overlap):
+def _rank_results(rank, world_size, grids, spec, state, inputs, targets, overlap):
+    """This rank's (logits, loss, gathered gradients) on each grid of one world."""
+    return [_one_grid(rank, grid, spec, state, inputs, targets, overlap) for grid in grids]
+
+
+def _one_grid(rank, grid, spec, state, inputs, targets, overlap):
     groups = build_groups(grid, rank=rank)
     model = build_model(spec, groups=groups, overlap=overlap)
     load_full_state_dict(model, groups, state)
@@ -91,27 +96,40 @@ def _rank_results(rank, world_size, grid, spec, state, inputs, targets, overlap)
 def _check(results, case, grid):
     spec, state, inputs, targets, hf_logits, hf_loss, hf_grads = case
     for logits, _, grads in results:
-        torch.testing.assert_close(torch.from_numpy(logits), hf_logits, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            torch.from_numpy(logits), hf_logits, rtol=1e-4, atol=1e-5,
+            msg=lambda m: f"{grid.describe()} logits: {m}",
+        )  # fmt: skip
         for name, expected in hf_grads.items():
             torch.testing.assert_close(
                 torch.from_numpy(grads[name]), expected, rtol=1e-4, atol=1e-6,
-                msg=lambda m, n=name: f"{n}: {m}",
+                msg=lambda m, n=name: f"{grid.describe()} {n}: {m}",
             )  # fmt: skip
     mean_loss = sum(loss for _, loss, _ in results) / len(results)
     assert mean_loss == pytest.approx(hf_loss, rel=1e-5), grid.describe()
 
 
-def test_one_rank_equals_hf(case):
+def _run(case, grids: list[Grid]) -> None:
+    """Every grid of one world size in one spawned world (the groups of each grid are
+    built in turn), each checked against HF."""
     spec, state, inputs, targets, *_ = case
-    results = run_world(_rank_results, 1, Grid(), spec, state, inputs, targets, OverlapConfig())
-    _check(results, case, Grid())
+    per_rank = run_world(
+        _rank_results, grids[0].world_size, grids, spec, state, inputs, targets,
+        OverlapConfig(),
+    )  # fmt: skip
+    for i, grid in enumerate(grids):
+        _check([results[i] for results in per_rank], case, grid)
+
+
+def test_one_rank_equals_hf(case):
+    _run(case, [Grid()])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("grid", enumerate_grids(4) + GRIDS_8, ids=lambda g: g.describe())
-def test_grid_equals_hf(case, grid):
-    spec, state, inputs, targets, *_ = case
-    results = run_world(
-        _rank_results, grid.world_size, grid, spec, state, inputs, targets, OverlapConfig()
-    )
-    _check(results, case, grid)
+def test_every_4_rank_grid_equals_hf(case):
+    _run(case, enumerate_grids(4))
+
+
+@pytest.mark.slow
+def test_two_8_rank_grids_equal_hf(case):
+    _run(case, GRIDS_8)
