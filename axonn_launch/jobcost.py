@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from axonn_launch.grid import Grid
 from axonn_launch.memory import GIB, local_param_elements
 from axonn_launch.models import ModelSpec
+from axonn_launch.traffic import block_linears, largest_linear_block
 
 PARAM_BYTES_PER_ELEMENT = 4
 STATE_BYTES_PER_ELEMENT = 16  # parameter 4 + gradient 4 + exp_avg 4 + exp_avg_sq 4
@@ -93,24 +94,26 @@ def flat_range_boxes(rows: int, cols: int, parts: int, segments: int = 1) -> int
 def checkpoint_chunks(model: ModelSpec, grid: Grid) -> int:
     """Saved chunks of a checkpoint: every parameter's boxes, written once, times three
     (the parameter and both moments)."""
-    h, f, x, y, z = model.d_model, model.d_ff, grid.x, grid.y, grid.z
-    weights = (
-        flat_range_boxes(3 * h // y, h // x, z, segments=3)  # qkv: q, k and v runs
-        + flat_range_boxes(h // x, h // y, z)  # attention projection (transposed)
-        + flat_range_boxes(f // y, h // x, z)  # MLP up
-        + flat_range_boxes(h // x, f // y, z)  # MLP down (transposed)
-    )
-    small = 4 * x + 3 * y + x + y + x  # LayerNorms, biases (qkv bias: 3 runs per y block)
+    x, y, z = grid.x, grid.y, grid.z
+    weights = 0
+    for lin in block_linears(model):  # each distinct block, its runs (q|k|v, gate|up) kept
+        rows, cols = lin.fan_out // lin.out_split(grid), lin.fan_in // grid.size(lin.inner)
+        blocks = grid.size(lin.inner) * lin.out_split(grid)
+        weights += blocks * flat_range_boxes(rows, cols, z, segments=lin.segments)
+    if model.is_llama:
+        small, extra = 2 * x, x  # two RMSNorms; the final one
+    else:  # LayerNorms, biases (qkv bias: 3 runs per y block); positions, final LayerNorm
+        small, extra = 4 * x + 3 * y + x + y + x, x + 2 * x
     plane = x * y
     vocab_rows = -(-model.vocab_size // plane)
-    tables = plane * flat_range_boxes(vocab_rows, h, z) + x + 2 * x  # wte, wpe, final norm
-    return 3 * (model.n_layer * (x * y * weights + small) + tables)
+    tables = model.vocab_tables * plane * flat_range_boxes(vocab_rows, model.d_model, z)
+    return 3 * (model.n_layer * (weights + small) + tables + extra)
 
 
 def largest_block_elements(model: ModelSpec, grid: Grid) -> float:
-    """The largest weight block a rank gathers over z: an MLP block or its token rows."""
-    h, plane = model.d_model, grid.x * grid.y
-    return max(model.d_ff * h / plane, -(-model.vocab_size // plane) * h)
+    """The largest weight block a rank gathers over z: a Linear's block or its token rows."""
+    plane = grid.x * grid.y
+    return max(largest_linear_block(model, grid), -(-model.vocab_size // plane) * model.d_model)
 
 
 def job_cost(

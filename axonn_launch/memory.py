@@ -6,12 +6,16 @@ keeps on a GPU: fp32 parameters with bf16 autocast (train.dtype auto or bf16), o
 fp32 (train.dtype fp32).
 
 Notation: T = tokens per GPU per micro-step = micro_batch / z * seq_len, h = d_model,
-f = d_ff, V = vocab, S = max_seq_len, l = layers.
+f = d_ff, V = vocab, S = max_seq_len, l = layers. The Linear blocks are those of
+``traffic.block_linears`` (GPT: QKV, projection, MLP up and down, (4h^2 + 2hf)/(x*y)
+elements per block; Llama: q, kv, projection, gate-up and down, no biases, with a KV
+block of 2*head_dim*h/x when y > n_kv_head replicates the KV heads). The vocabulary
+tables are one (tied) or two (``tie_embeddings=false``: token table and LM head).
 
 * parameters, gradients, optimizer: the local shard (``local_param_elements``) times
   4 (fp32 weights) + 4 (fp32 grads) + 8 (two fp32 Adam moments). Linear weights and the
   token table are split over x*y and then flattened and split over z (axonn.md §2.3
-  step 3); biases, LayerNorms and positions are split over x or y only.
+  step 3); biases, norms and positions are split over x or y only.
 * wire dtypes: gathered weights and weight-gradient blocks are held in the dtype they
   travel in over z (``train.wire``, resolved by ``traffic.wire_bytes`` as on a GPU:
   ``auto`` is bf16 unless train.dtype is fp32). Below, g = bytes of a gathered weight
@@ -19,21 +23,23 @@ f = d_ff, V = vocab, S = max_seq_len, l = layers.
   (``wire.reduce_scatter``), c = bytes of the compute dtype.
 * weight buffers: the gathered block of the Linear in use and of the one prefetched
   (OAG), plus the copy autocast makes when g differs from c: (2*g + [g != c]*c) bytes
-  times the largest block, h*f/(x*y) elements (MLP). Nothing else is kept for blocks that
-  are not cached: their backward re-gathers.
+  times the largest block (GPT: h*f/(x*y) elements, MLP; Llama: 2hf/(x*y), gate-up).
+  Nothing else is kept for blocks that are not cached: their backward re-gathers.
 * weight cache: the first ``train.cache_layers`` blocks keep their gathered weights
-  from the forward to the backward, (4h^2 + 2hf)/(x*y) elements per block at g bytes,
-  alive for the whole micro-step. With activation checkpointing, an uncached block's
-  recomputed forward keeps its gathers for the backward that follows: one more block
-  at g bytes. Nothing when z == 1 (there is no gather to keep).
+  from the forward to the backward, all its Linear blocks (GPT: (4h^2 + 2hf)/(x*y)
+  elements) at g bytes, alive for the whole micro-step. With activation checkpointing,
+  an uncached block's recomputed forward keeps its gathers for the backward that
+  follows: one more block at g bytes. Nothing when z == 1 (there is no gather to keep).
 * embedding buffers: the token table gathered over z, V/(x*y)*h elements at g bytes,
   plus autocast's copy when g != c, for the LM head; alive for the whole micro-step.
+  Untied (``tie_embeddings=false``): the LM head's table too, gathered at the LM head
+  while the token table still is.
 * reduce-scatter buffers: the full dW block of a Linear (r bytes) before it is
-  reduce-scattered over z, and its 1/z result: (4h^2 + 2hf)/(x*y) * r * (1 + 1/z) per
+  reduce-scattered over z, and its 1/z result: its Linear blocks * r * (1 + 1/z) per
   block. With ORS at most ``train.ors_window`` = K blocks' reduce-scatters are pending
   (older ones are waited for, in order), so K blocks' buffers are alive; K = 0 (no
   bound) keeps every block's until the next micro-step's forward. Without ORS one
-  Linear's at a time (the largest, h*f/(x*y)). Nothing when z == 1.
+  Linear's at a time (the largest). Nothing when z == 1.
 * activations: what each layer saves for its backward, counted tensor by tensor
   (``layer_activation_bytes``, checked against the training core's saved tensors).
   With full activation checkpointing (one layer per block) the stack keeps each
@@ -54,7 +60,12 @@ from axonn_launch.grid import Grid
 from axonn_launch.models import ModelSpec
 from axonn_launch.rules import local_vocab
 from axonn_launch.spec import TrainConfig
-from axonn_launch.traffic import WireBytes, wire_bytes
+from axonn_launch.traffic import (
+    WireBytes,
+    largest_linear_block,
+    linear_weight_elements,
+    wire_bytes,
+)
 
 GIB = 1024**3
 RUNTIME_RESERVE_GIB = 1.5  # context + NCCL/RCCL buffers + fragmentation, per GPU
@@ -94,10 +105,12 @@ def estimate_memory(
     tokens = train.micro_batch / grid.z * train.seq_len
     vocab_rows = local_vocab(model.vocab_size, grid)
     terms = {name: local * nbytes for name, nbytes in BYTES_PER_PARAM_STATE.items()}
-    terms["weight buffers"] = (2 * wire.all_gather + _cast_copy(wire)) * _largest_block(model, grid)
+    block = largest_linear_block(model, grid)
+    terms["weight buffers"] = (2 * wire.all_gather + _cast_copy(wire)) * block
     kept = cached_blocks(model, grid, train) + recompute_kept_blocks(model, grid, train)
     terms["weight cache"] = kept * cache_bytes_per_block(model, grid, wire)
-    terms["embedding buffers"] = vocab_rows * model.d_model * (wire.all_gather + _cast_copy(wire))
+    table = model.vocab_tables * vocab_rows * model.d_model
+    terms["embedding buffers"] = table * (wire.all_gather + _cast_copy(wire))
     terms["reduce-scatter buffers"] = reduce_scatter_buffers(model, grid, train, wire)
     terms["activations"] = _activations(model, grid, train, tokens, half)
     terms["logits"] = tokens * vocab_rows * LOGIT_BYTES
@@ -109,10 +122,6 @@ def _cast_copy(wire: WireBytes) -> int:
     """Bytes per element of autocast's copy of a gathered weight (none if it is already
     in the compute dtype)."""
     return wire.compute if wire.all_gather != wire.compute else 0
-
-
-def _largest_block(model: ModelSpec, grid: Grid) -> float:
-    return model.d_model * model.d_ff / (grid.x * grid.y)
 
 
 def cached_blocks(model: ModelSpec, grid: Grid, train: TrainConfig) -> int:
@@ -127,8 +136,8 @@ def recompute_kept_blocks(model: ModelSpec, grid: Grid, train: TrainConfig) -> i
 
 
 def cache_bytes_per_block(model: ModelSpec, grid: Grid, wire: WireBytes) -> float:
-    """One cached block's gathered weights: its four Linear blocks at the gather dtype."""
-    return linear_weight_elements(model) / (grid.x * grid.y) * wire.all_gather
+    """One cached block's gathered weights: its Linear blocks at the gather dtype."""
+    return linear_weight_elements(model, grid) * wire.all_gather
 
 
 def largest_cache_that_fits(
@@ -149,27 +158,24 @@ def largest_cache_that_fits(
     return max(0, min(model.n_layer, int(room // per_block)))
 
 
-def linear_weight_elements(model: ModelSpec) -> int:
-    """Elements of one layer's four Linear weights: QKV 3h^2, projection h^2, MLP 2hf."""
-    h, f = model.d_model, model.d_ff
-    return 4 * h * h + 2 * h * f
-
-
 def local_param_elements(model: ModelSpec, grid: Grid) -> float:
     """Parameter elements one rank holds (the training core's sharding, see above)."""
-    h, x, y = model.d_model, grid.x, grid.y
-    weights = linear_weight_elements(model) / (x * y * grid.z)
-    table = local_vocab(model.vocab_size, grid) * h / grid.z  # vocab rows over x*y, then z
-    return model.n_layer * weights + table + replicated_over_z_elements(model, grid)
+    weights = linear_weight_elements(model, grid) / grid.z
+    rows = local_vocab(model.vocab_size, grid)  # vocab rows over x*y, then z
+    tables = model.vocab_tables * rows * model.d_model / grid.z
+    return model.n_layer * weights + tables + replicated_over_z_elements(model, grid)
 
 
 def replicated_over_z_elements(model: ModelSpec, grid: Grid) -> float:
-    """Biases, LayerNorms and positions: split over x or y, the same on every z rank.
+    """Biases, norms and positions: split over x or y, the same on every z rank.
 
-    Per layer: QKV bias 3h/y, projection bias h/x, MLP biases f/y + h/x, two LayerNorms
-    4h/x; plus the position table S*h/x and the final LayerNorm 2h/x.
+    GPT, per layer: QKV bias 3h/y, projection bias h/x, MLP biases f/y + h/x, two
+    LayerNorms 4h/x; plus the position table S*h/x and the final LayerNorm 2h/x. Llama:
+    two RMSNorm weights 2h/x per layer and the final one h/x.
     """
     h, f, x, y = model.d_model, model.d_ff, grid.x, grid.y
+    if model.is_llama:
+        return model.n_layer * 2 * h / x + h / x
     per_layer = 3 * h / y + h / x + f / y + h / x + 4 * h / x
     return model.n_layer * per_layer + model.max_seq_len * h / x + 2 * h / x
 
@@ -182,13 +188,8 @@ def reduce_scatter_buffers(
         return 0.0
     per_element = wire.reduce_scatter * (1 + 1 / grid.z)  # the full block and its shard
     if not train.overlap.reduce_scatter:
-        return _largest_block(model, grid) * per_element
-    return (
-        pending_blocks(model, train)
-        * linear_weight_elements(model)
-        / (grid.x * grid.y)
-        * per_element
-    )
+        return largest_linear_block(model, grid) * per_element
+    return pending_blocks(model, train) * linear_weight_elements(model, grid) * per_element
 
 
 def pending_blocks(model: ModelSpec, train: TrainConfig) -> int:
@@ -218,9 +219,29 @@ def layer_activation_bytes(model: ModelSpec, grid: Grid, tokens: float, half: in
     matrices that Korthikanti et al. (2022) count without one. Per token and LayerNorm:
     mean and inverse deviation (fp32), three numbers when x > 1.
     """
+    if model.is_llama:
+        return _llama_layer_activation_bytes(model, grid, tokens, half)
     h, f = model.d_model, model.d_ff
     hidden = tokens * h / grid.x * 4 * 4
     wide = tokens * (4 * h * half + 2 * f * 4) / grid.y
     lse = tokens * model.n_head / grid.y * 4
     norms = tokens * 2 * (3 if grid.x > 1 else 2) * 4
     return hidden + wide + lse + norms
+
+
+def _llama_layer_activation_bytes(model: ModelSpec, grid: Grid, tokens: float, half: int) -> float:
+    """A Llama block's saved tensors (``train/llama.py``), counted as GPT's.
+
+    Sharded over x, fp32: per RMSNorm its input, its normalized input and its output
+    (what the next Linears save), and one number per token (the inverse root mean
+    square). Sharded over y, in the autocast dtype: the rotated q and k, v and the
+    attention output, k and v at the query width (copied per query head), and SwiGLU's
+    gate-up output (2f), SiLU output and product (f each). Per head a log-sum-exp, and
+    the rotary cosines and sines (head_dim each), fp32.
+    """
+    h, f = model.d_model, model.d_ff
+    norms = tokens * 2 * (3 * h / grid.x + 1) * 4
+    wide = tokens * (4 * h + 4 * f) / grid.y * half
+    lse = tokens * model.n_head / grid.y * 4
+    rope = tokens * 2 * model.head_dim * 4
+    return norms + wide + lse + rope

@@ -1,15 +1,16 @@
-"""GPT shapes: parameter and FLOP counts computed from the shape, never typed in.
+"""Transformer shapes: parameter and FLOP counts computed from the shape, never typed in.
 
-Shapes up to 160B are the ones in Megatron-AxoNN's ``launch_per_comm_model.py``
+GPT shapes up to 160B are the ones in Megatron-AxoNN's ``launch_per_comm_model.py``
 (see the AxoNN reference, section 5.3). 320B and 640B keep head dimension 128 and
 choose (layers, hidden) so that the count lands within 3% of the name; the test
-``tests/test_models.py`` checks that bound.
+``tests/test_models.py`` checks that bound. Llama shapes are those of the published
+``config.json`` of each model (the presets name their source); their counts land
+within 1% of the model cards' (``tests/test_llama_shapes.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 
 ARCHITECTURES = ("gpt", "llama")
 
@@ -53,7 +54,7 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_head
+        return self.d_model // self.n_head if self.n_head else 0  # 0: a shape not read yet (hf)
 
     @property
     def kv_heads(self) -> int:
@@ -67,24 +68,43 @@ class ModelSpec:
     def is_llama(self) -> bool:
         return self.arch == "llama"
 
-    def n_params(self) -> int:
-        """Exact count of the model as built by ``axonn_launch.train.model``."""
+    @property
+    def vocab_tables(self) -> int:
+        """Vocabulary-sized tables: the token table, and the LM head's unless tied."""
+        return 1 if self.tie_embeddings else 2
+
+    @property
+    def kv_dim(self) -> int:
+        """Output features of the key (or of the value) projection."""
+        return self.kv_heads * self.head_dim
+
+    def linear_params_per_layer(self) -> int:
+        """Weight elements of one block's Linears (biases excluded)."""
         h, f = self.d_model, self.d_ff
-        attn = h * 3 * h + 3 * h + h * h + h  # qkv and output projection, with biases
-        mlp = h * f + f + f * h + h
-        norms = 2 * 2 * h
-        per_layer = attn + mlp + norms
-        embed = self.vocab_size * h + self.max_seq_len * h  # token (tied with LM head) + positions
+        if self.is_llama:  # q, kv, output projection; SwiGLU gate, up and down
+            return 2 * h * h + 2 * self.kv_dim * h + 3 * h * f
+        return 4 * h * h + 2 * h * f  # qkv, projection, MLP up and down
+
+    def n_params(self) -> int:
+        """Exact count of the model as the training core builds it."""
+        h, v = self.d_model, self.vocab_size
+        if self.is_llama:  # no biases, RMSNorm weights only, rotary positions
+            per_layer = self.linear_params_per_layer() + 2 * h
+            return self.n_layer * per_layer + self.vocab_tables * v * h + h  # + final RMSNorm
+        biases = 3 * h + h + self.d_ff + h
+        per_layer = self.linear_params_per_layer() + biases + 2 * 2 * h  # + two LayerNorms
+        embed = self.vocab_tables * v * h + self.max_seq_len * h  # token table(s) + positions
         return self.n_layer * per_layer + embed + 2 * h  # final LayerNorm
 
     def flops_per_token(self, seq_len: int, *, recompute: bool) -> float:
-        """Training FLOPs per token, Narayanan et al. (SC'21), as Megatron's get_flops.
+        """Training FLOPs per token, Narayanan et al. (SC'21), as Megatron's get_flops,
+        generalized to any block: passes * l * (2 * P + 4 * s * h) + 6 * V * h, with P the
+        Linear weights of one block, 4 passes (forward, recompute, backward = 2) with full
+        activation recompute and 3 without; the LM head runs once forward, twice backward.
 
-        96*l*h^2*(1 + s/(6h) + V/(16*l*h)) with full activation recompute (one extra
-        forward), 72*l*h^2*(1 + s/(6h) + V/(12*l*h)) without. Assumes ffn_mult == 4,
-        as the formula does.
+        For GPT (P = 12h^2 when f = 4h) this is 96*l*h^2*(1 + s/(6h) + V/(16*l*h)) with
+        recompute and 72*l*h^2*(1 + s/(6h) + V/(12*l*h)) without.
         """
         l, h, v, s = self.n_layer, self.d_model, self.vocab_size, seq_len
-        if recompute:
-            return 96 * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
-        return 72 * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+        passes = 4 if recompute else 3
+        return float(passes * l * (2 * self.linear_params_per_layer() + 4 * s * h) + 6 * v * h)

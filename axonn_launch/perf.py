@@ -1,21 +1,22 @@
 """Predicted time of one optimizer step for a (hardware, model, batch, grid) point.
 
 The model follows AxoNN's 3D tensor-parallel GPT layer (reference axonn.md §2.3-§2.7) as
-the training core (``axonn_launch.train``) runs it, and extends the bandwidth-only model
-of Megatron-AxoNN's ``comm_model.py`` (§4.1) with
+the training core (``axonn_launch.train``) runs it, and the Llama block built the same way
+(``traffic.block_linears``: five Linears without biases, RMSNorm, SwiGLU, untied head),
+and extends the bandwidth-only model of Megatron-AxoNN's ``comm_model.py`` (§4.1) with
 
 * a compute term: the per-GPU FLOPs of every GEMM at a throughput that calibration sets.
-  Each GEMM has its shape (``block_gemms``: forward, dX and dW of QKV, projection, MLP up
-  and down at the grid's local block sizes; ``head_gemms`` for the LM head). A shape
+  Each GEMM has its shape (``block_gemms``: forward, dX and dW of every Linear of a block
+  at the grid's local block sizes; ``head_gemms`` for the LM head). A shape
   measured by calibration (``Calibration.gemm_shapes``: TFLOP/s per formulation) runs
   at its fastest formulation with ``train.gemm_tuning`` (the job's tuner picks it) or at
   the plain ``a @ b`` without; any other GEMM at the rate measured for square GEMMs of
   its FLOPs (``Calibration.gemm``), else a fraction of the dense peak plus a fixed cost
   per call (``Calibration.gemm_efficiency``, ``kernel_overhead_us``);
-* an element-wise term: the bytes LayerNorm, residual adds, GeLU, layout copies and the
-  loss's softmax read and write (``elementwise_elements``) at the memory bandwidth
-  (measured per kernel size by calibration, else ``Hardware.memory_gbps``; without
-  either the term is left out);
+* an element-wise term: the bytes the norms, residual adds, GeLU or SwiGLU, rotary
+  embedding, layout copies and the loss's softmax read and write
+  (``elementwise_elements``) at the memory bandwidth (measured per kernel size by
+  calibration, else ``Hardware.memory_gbps``; without either the term is left out);
 * a latency term per ring step (alpha);
 * every collective of a block as ``traffic.block_collectives`` lists it: the exact
   per-GEMM volumes of §2.7 with the §4.3 correction for the MLP down-projection, in the
@@ -34,8 +35,8 @@ of Megatron-AxoNN's ``comm_model.py`` (§4.1) with
   forward work, the backward's gathers and deferred reduce-scatters another behind the
   recompute and backward work (``stream_exposed``);
 * the traffic around the blocks: vocab-parallel embedding and loss over the x*y plane,
-  the token table's gather and gradient reduce-scatter over z, and the once-per-step z
-  and data gradient all-reduces (fp32).
+  the token table's (and an untied LM head's) gather and gradient reduce-scatter over z,
+  and the once-per-step z, replicated-KV (y) and data gradient all-reduces (fp32).
 
 ``step_time`` returns the compute time and the exposed (and raw) communication time
 per axis: x, y, z, data and "xy" (the plane).
@@ -79,6 +80,7 @@ from axonn_launch.traffic import (
     WireBytes,
     block_collectives,
     block_linears,
+    replicated_kv_elements,
     tokens_per_gpu,
     wire_bytes,
 )
@@ -230,16 +232,18 @@ class Placement:
         return self.per_node >= self.size
 
 
-def placement(grid: Grid, axis: str, gpus_per_node: int) -> Placement:
+def placement(grid: Grid, axis: str, gpus_per_node: int, size: int | None = None) -> Placement:
     """Group layout of ``axis``: ranks are numbered x fastest, then y, z, data (grid.py).
+    ``size``: a group of that many consecutive ranks of the axis instead of all of them.
 
     A group stays inside one node iff stride * size <= gpus_per_node. Otherwise it spans
     nodes with gpus_per_node // stride members per node (at least one).
     """
     if axis == "xy":
-        size, stride = grid.x * grid.y, 1
+        full, stride = grid.x * grid.y, 1
     else:
-        size, stride = grid.size(axis), grid.stride(axis)
+        full, stride = grid.size(axis), grid.stride(axis)
+    size = full if size is None else size
     gpn = max(1, gpus_per_node)
     if stride * size <= gpn:
         return Placement(size=size, per_node=size)
@@ -320,14 +324,15 @@ def block_gemms(model: ModelSpec, grid: Grid, tokens: float) -> tuple[Gemm, ...]
     (fan_out/outer x fan_in/inner, axonn.md §2.3) for T = ``tokens``."""
     out: list[Gemm] = []
     for lin in block_linears(model):
-        rows = lin.fan_out // grid.size(lin.outer)
+        rows = lin.fan_out // lin.out_split(grid)
         cols = lin.fan_in // grid.size(lin.inner)
         out += linear_gemms(lin.name, int(tokens), rows, cols)
     return tuple(out)
 
 
 def head_gemms(model: ModelSpec, grid: Grid, tokens: float) -> tuple[Gemm, ...]:
-    """The tied LM head: logits [T, V/(x*y)] = hidden [T, h] @ table block^T."""
+    """The LM head: logits [T, V/(x*y)] = hidden [T, h] @ table block^T (the token
+    table's block when tied, the head's own of the same layout when not)."""
     return linear_gemms("head", int(tokens), local_vocab(model.vocab_size, grid), model.d_model)
 
 
@@ -363,6 +368,10 @@ def shaped_gemm_seconds(gemm: Gemm, hw: Hardware, cal: Calibration, *, tuned: bo
 # two and writes one (3). GeLU reads and writes (2). Q, K, V and the attention output are
 # copied between layouts (2 each). The attention core is fused (flash attention).
 LN_FUSED_PASSES, LN_EXACT_PASSES, ADD_PASSES, GELU_PASSES, COPY_PASSES = 2, 12, 3, 2, 2
+# Llama: the RMSNorm (unfused, at any x) squares (2), sums (1), scales (3) and multiplies
+# by the weight (3); the rotary embedding of q and k reads and writes the halves swapped,
+# two products and their sum (10); SwiGLU's SiLU (2 on the gate's f) and product (3 on f).
+RMS_PASSES, ROPE_PASSES, SWIGLU_PASSES = 9, 10, 5
 BACKWARD_FACTOR = 2  # a backward kernel reads the output gradient and the saved input
 LOSS_PASSES = 6  # softmax cross-entropy: max, exp, sum, normalize; its gradient
 
@@ -374,11 +383,27 @@ def elementwise_elements(model: ModelSpec, grid: Grid) -> tuple[float, float]:
     hidden over y (3h/y, h/y, f/y), the vocabulary over the x*y plane.
     """
     h, f = model.d_model, model.d_ff
+    head = LOSS_PASSES * model.vocab_size / (grid.x * grid.y)
+    if model.is_llama:
+        return _llama_elementwise(model, grid), head
     ln = LN_FUSED_PASSES if grid.x == 1 else LN_EXACT_PASSES
     per_layer = (2 * ln + 2 * ADD_PASSES) * h / grid.x
     per_layer += COPY_PASSES * 4 * h / grid.y + GELU_PASSES * f / grid.y
-    head = LOSS_PASSES * model.vocab_size / (grid.x * grid.y)
     return per_layer, head
+
+
+def _llama_elementwise(model: ModelSpec, grid: Grid) -> float:
+    """A Llama layer's forward element passes per token: two RMSNorms and residual adds
+    over h/x; over y, the rotation of q and k (k at this rank's KV width), the copies of
+    k and v to the query width when a KV head serves several local query heads, the
+    attention output's layout copy, and SwiGLU."""
+    h, f = model.d_model, model.d_ff
+    heads = h / grid.y  # query width of this rank
+    kv = next(lin for lin in block_linears(model) if lin.name == "kv").rows(grid) / 2
+    copies = heads + (2 * heads if kv < heads else 0)
+    per_layer = (2 * RMS_PASSES + 2 * ADD_PASSES) * h / grid.x
+    per_layer += COPY_PASSES * copies + ROPE_PASSES * (heads + kv)
+    return per_layer + SWIGLU_PASSES * f / grid.y
 
 
 def on_gpu(hardware: Hardware) -> bool:
@@ -488,6 +513,14 @@ class _Costs:
                 self._bw[key] = (gbps, alpha, place.size)
         gbps, alpha, p = self._bw[key]
         return ring_time(collective, p, nbytes, gbps, alpha)
+
+    def group(self, collective: str, axis: str, size: int, nbytes: float) -> float:
+        """A collective over ``size`` consecutive ranks of ``axis`` (not looked up once)."""
+        place = placement(self.grid, axis, self.hw.gpus_per_node, size)
+        if place.size <= 1:
+            return 0.0
+        gbps, alpha = bus_bandwidth(self.hw, place, collective, self.cal)
+        return ring_time(collective, place.size, nbytes, gbps, alpha)
 
     def collective(self, c: Collective) -> float:
         return self.coll(c.op, c.axis, c.nbytes)
@@ -687,7 +720,8 @@ def _embedding_and_head(costs, model, grid, train, ledger, wire: WireBytes) -> f
     rows = local_vocab(model.vocab_size, grid)
     table = rows * h
     z = costs.coll(ALL_GATHER, "z", table * wire.all_gather)
-    ledger.add("z", z + costs.coll(REDUCE_SCATTER, "z", table * wire.reduce_scatter))
+    z += costs.coll(REDUCE_SCATTER, "z", table * wire.reduce_scatter)
+    ledger.add("z", model.vocab_tables * z)
     plane = 2 * costs.coll(ALL_REDUCE, "xy", tokens * h * 4)
     plane += costs.coll(ALL_REDUCE, "xy", tokens * 4) + costs.coll(ALL_REDUCE, "xy", 2 * tokens * 4)
     ledger.add("xy", plane)
@@ -701,11 +735,16 @@ def _embedding_and_head(costs, model, grid, train, ledger, wire: WireBytes) -> f
 def _gradient_sync(costs: _Costs, model: ModelSpec, grid: Grid, wire: WireBytes) -> _Ledger:
     """Once per step, not overlapped (``finish_gradients``; Megatron-AxoNN likewise refuses
     --overlap-grad-reduce, axonn.md §2.6): one coalesced all-reduce over z of the
-    gradients replicated over z (biases, norms, positions), then one over data of every
-    local gradient, fp32 whatever the wire dtypes."""
+    gradients replicated over z (biases, norms, positions), one over each group of y
+    ranks holding the same KV heads (Llama with y > n_kv_head) of those blocks' z
+    shards, then one over data of every local gradient, fp32 whatever the wire dtypes."""
     ledger = _Ledger()
     replicated = replicated_over_z_elements(model, grid) * wire.grad
     ledger.add("z", costs.coll(ALL_REDUCE, "z", replicated))
+    kv = model.n_layer * replicated_kv_elements(model, grid) / grid.z * wire.grad
+    if kv:
+        replicas = max(lin.replicas(grid) for lin in block_linears(model))
+        ledger.add("y", costs.group(ALL_REDUCE, "y", replicas, kv))
     ledger.add(
         "data", costs.coll(ALL_REDUCE, "data", local_param_elements(model, grid) * wire.grad)
     )

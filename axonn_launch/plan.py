@@ -333,7 +333,7 @@ HELP = help_page(
     ),
     keys=[
         ("machine=NAME", "local (default), slurm_local, perlmutter, frontier, alps"),
-        ("model=NAME", "gpt_tiny (default), gpt_small, gpt_5b ... gpt_640b"),
+        ("model=NAME", "gpt_tiny (default) ... gpt_640b, llama_tiny ... llama3_405b"),
         ("nodes=N", "node count to plan for; default: the fewest where a grid fits"),
         ("top=K", "how many grids to print (default 5)"),
         ("output=table|json", "aligned columns (default) or JSON"),

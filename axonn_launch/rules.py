@@ -9,9 +9,12 @@ naming the field, its value and what would be valid.
 The sharding the rules follow (AxoNN, axonn.md §2.3): attention heads are split over y
 and the hidden dimension over x; each Linear's weight is cut into an x*y grid of blocks
 (rows over one axis, columns over the other) and every block is flattened and split over
-z. The token table is padded with zero rows to a multiple of x*y, split by rows over the
-x*y plane, and each plane member's block is flattened and split over z. Position table,
-biases and LayerNorms are split over x or y only. Every micro-batch is split over z.
+z. The token table (and an untied LM head) is padded with zero rows to a multiple of x*y,
+split by rows over the x*y plane, and each plane member's block is flattened and split
+over z. Position table, biases and norms are split over x or y only. Every micro-batch is
+split over z. Llama (``train/llama.py``): the MLP's ffn_hidden units are split over y;
+the KV heads too when y divides n_kv_head, and when n_kv_head divides y each y rank holds
+the one KV head its query heads use (``traffic.LinearShape.out_groups``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from axonn_launch.grid import Grid
 from axonn_launch.machine import Hardware
 from axonn_launch.models import ModelSpec
 from axonn_launch.spec import TrainConfig
+from axonn_launch.traffic import block_linears
 
 if TYPE_CHECKING:
     from axonn_launch.memory import MemoryEstimate
@@ -58,42 +62,122 @@ def local_vocab(vocab_size: int, grid: Grid) -> int:
     return padded_vocab(vocab_size, grid) // (grid.x * grid.y)
 
 
+BLOCK_NAMES = {  # traffic.block_linears name -> how messages call its weight block
+    "qkv": "QKV weight block",
+    "proj": "attention projection block",
+    "fc1": "MLP weight block",
+    "fc2": "MLP weight block",
+    "q": "query weight block",
+    "kv": "key-value weight block",
+    "gate_up": "MLP gate-up weight block",
+    "down": "MLP down weight block",
+}
+
+
 def z_blocks(model: ModelSpec, grid: Grid) -> dict[str, int]:
     """Elements of each block that is flattened and split over z, by name.
 
-    QKV [3h/y, h/x], attention projection [h/x, h/y], MLP up [f/y, h/x], MLP down
-    [h/x, f/y], token table [V_l, h] with V_l = padded vocab / (x*y). Valid only when
-    ``shape_problem`` finds no problem with heads and hidden over x and y.
+    Each Linear's block (``traffic.block_linears``; GPT: QKV [3h/y, h/x], projection
+    [h/x, h/y], MLP up [f/y, h/x] and down [h/x, f/y]; Llama: query [h/y, h/x], key-value
+    [2*n_kv_head*head_dim/y or 2*head_dim, h/x], projection, gate-up [2f/y, h/x] and
+    down), and the token table [V_l, h] with V_l = padded vocab / (x*y) (an untied LM
+    head has the same). Valid only when ``shape_problem`` finds no problem with heads,
+    hidden and MLP over x and y.
     """
-    h, f, x, y = model.d_model, model.d_ff, grid.x, grid.y
-    return {
-        "QKV weight block": (3 * h // y) * (h // x),
-        "attention projection block": (h // x) * (h // y),
-        "MLP weight block": (f // y) * (h // x),
-        "token table block": local_vocab(model.vocab_size, grid) * h,
-    }
+    blocks = {BLOCK_NAMES[lin.name]: int(lin.block_elements(grid)) for lin in block_linears(model)}
+    blocks["token table block"] = local_vocab(model.vocab_size, grid) * model.d_model
+    return blocks
 
 
 # --------------------------------------------------------------------------- the rules
 
 
 def model_problem(model: ModelSpec) -> str | None:
-    """The model alone: whole heads (the QKV view in ``Attention``)."""
+    """The model alone: whole heads (the QKV view in ``Attention``), KV heads that each
+    serve a whole group of query heads, rotary pairs, and Llama 3's rope scaling."""
+    if model.n_head < 1:
+        return f"model.n_head={model.n_head}: must be a positive integer"
     if model.d_model % model.n_head:
         return (
             f"model.d_model={model.d_model}: must be divisible by model.n_head={model.n_head}"
             f"; valid n_head: {_divisors(model.d_model)}"
+        )
+    for key in ("n_kv_head", "ffn_hidden"):
+        if getattr(model, key) < 0:
+            return f"model.{key}={getattr(model, key)}: must be >= 0 (0 = the default)"
+    return _llama_problem(model) if model.is_llama else _gpt_problem(model)
+
+
+def _gpt_problem(model: ModelSpec) -> str | None:
+    if model.kv_heads != model.n_head:
+        return (
+            f"model.n_kv_head={model.n_kv_head}: grouped-query attention needs"
+            f" model.arch=llama; valid for arch=gpt: 0 or model.n_head={model.n_head}"
+        )
+    return None
+
+
+def _llama_problem(model: ModelSpec) -> str | None:
+    if model.n_head % model.kv_heads:
+        return (
+            f"model.n_kv_head={model.n_kv_head}: must divide model.n_head={model.n_head}"
+            f" (each KV head serves a group of query heads); valid n_kv_head:"
+            f" {_divisors(model.n_head)}"
+        )
+    if model.head_dim % 2:
+        valid = [n for n in divisors(model.d_model) if (model.d_model // n) % 2 == 0]
+        return (
+            f"model.n_head={model.n_head}: the head dimension model.d_model/model.n_head="
+            f"{model.head_dim} must be even (rotary positions turn pairs of features)"
+            f"; valid n_head: {_listed(valid)}"
+        )
+    for key in ("norm_eps", "rope_theta"):
+        if not getattr(model, key) > 0:
+            return f"model.{key}={getattr(model, key)}: must be > 0"
+    if model.rope_scaling_factor > 0:
+        low, high = model.rope_low_freq_factor, model.rope_high_freq_factor
+        if not 0 < low < high:
+            return (
+                f"model.rope_high_freq_factor={high}: must exceed"
+                f" model.rope_low_freq_factor={low} > 0 (Llama 3 rope scaling)"
+            )
+        if model.rope_original_max_seq_len < 1:
+            return (
+                f"model.rope_original_max_seq_len={model.rope_original_max_seq_len}:"
+                " must be a positive integer (Llama 3 rope scaling)"
+            )
+    return None
+
+
+def valid_y(model: ModelSpec) -> list[int]:
+    """Every y the model's heads, KV heads and MLP can be split over."""
+    return [y for y in divisors(model.n_head) if _y_problem(model, y) is None]
+
+
+def _y_problem(model: ModelSpec, y: int) -> str | None:
+    if model.n_head % y:
+        return f"must divide model.n_head={model.n_head} (heads are split over y)"
+    kv = model.kv_heads
+    if kv % y and y % kv:
+        return (
+            f"must divide model.n_kv_head={kv} (KV heads split over y) or be a multiple of"
+            " it (each y rank holds the one KV head its query heads use)"
+        )
+    if model.d_ff % y:
+        return (
+            f"must divide the MLP width {model.d_ff} (model.ffn_hidden, or"
+            " model.ffn_mult*model.d_model; its units are split over y)"
         )
     return None
 
 
 def shape_problem(model: ModelSpec, grid: Grid) -> str | None:
     """Why the model's tensors cannot be split over the grid's x, y and z, or None."""
-    if model.n_head % grid.y:
-        return (
-            f"grid.y={grid.y}: must divide model.n_head={model.n_head} (heads are split over y)"
-            f"; valid y: {_divisors(model.n_head)}"
-        )
+    why = _y_problem(model, grid.y)
+    if why:
+        valid = valid_y(model)
+        listed = _divisors(model.n_head) if valid == divisors(model.n_head) else _listed(valid)
+        return f"grid.y={grid.y}: {why}; valid y: {listed}"
     if model.d_model % grid.x:
         return (
             f"grid.x={grid.x}: must divide model.d_model={model.d_model} (the hidden dimension"
@@ -111,7 +195,7 @@ def shape_problem(model: ModelSpec, grid: Grid) -> str | None:
 
 
 def seq_len_problem(model: ModelSpec, train: TrainConfig) -> str | None:
-    """The position table has ``max_seq_len`` rows."""
+    """The position table (GPT) and the rotary context (Llama) have ``max_seq_len`` rows."""
     if train.seq_len > model.max_seq_len:
         return f"train.seq_len={train.seq_len}: must be <= model.max_seq_len={model.max_seq_len}"
     return None
@@ -240,3 +324,8 @@ def _divisors(n: int) -> str:
     if len(values) <= LISTED_DIVISORS:
         return ", ".join(map(str, values))
     return ", ".join(map(str, values[:LISTED_DIVISORS])) + f", ... (the divisors of {n})"
+
+
+def _listed(values: list[int]) -> str:
+    shown = ", ".join(map(str, values[:LISTED_DIVISORS]))
+    return shown + (", ..." if len(values) > LISTED_DIVISORS else "") if values else "none"

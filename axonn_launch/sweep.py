@@ -52,10 +52,11 @@ class PointOutcome(Outcome):
         return self.value
 
 
-def check_objective(cfg: LaunchConfig) -> None:
+def check_objective(cfg: LaunchConfig, *, optimizing: bool = False) -> None:
+    """A known objective; one an optimizing sweeper reads must be one the job gives."""
     if cfg.objective not in OBJECTIVES:
         raise ConfigError(f"objective={cfg.objective!r}: valid: {', '.join(OBJECTIVES)}")
-    if cfg.objective == "val_loss" and cfg.train.eval_batches < 1:
+    if optimizing and cfg.objective == "val_loss" and cfg.train.eval_batches < 1:
         raise ConfigError(
             "objective=val_loss needs a validation loss: train.eval_batches=0; set it to 1 or"
             " more, or choose objective=final_loss"
@@ -64,7 +65,7 @@ def check_objective(cfg: LaunchConfig) -> None:
 
 def for_sweeper(cfg: LaunchConfig, sweeper: str) -> LaunchConfig:
     """The point's config as ``sweeper`` (its short name; 'basic' for Hydra's) needs it."""
-    check_objective(cfg)
+    check_objective(cfg, optimizing=sweeper != "basic")
     if sweeper == "basic":
         return cfg
     if cfg.wait is False:

@@ -3,14 +3,20 @@ size and the bytes per element on the wire. One function (``block_collectives``)
 the step-time model (``perf.py``) prices and the memory model (``memory.py``) reads the
 wire dtypes from. Torch-free: the planner runs on login nodes.
 
-The block is AxoNN's (axonn.md §2.3-§2.7) as the training core runs it: four Linears
+The block is AxoNN's (axonn.md §2.3-§2.7) as the training core runs it. GPT: four Linears
 (QKV, attention projection, MLP up, MLP down; the second and fourth transposed, so x and
-y swap roles), two LayerNorms whose statistics travel over x when x > 1. With
-T = tokens per GPU per micro-step = micro_batch / z * seq_len, per Linear with input
+y swap roles) and two LayerNorms whose statistics travel over x when x > 1. Llama: five
+Linears without biases (query, key-value, attention projection, SwiGLU gate-up, down;
+the third and fifth transposed) and two RMSNorms; with more y ranks than KV heads each
+y rank holds the one KV head its query heads use (``LinearShape.out_groups``), and that
+block's weight gradient is all-reduced over its y / n_kv_head replicas once per optimizer
+step (``replicated_kv_elements``, priced with the other per-step gradient collectives in
+perf.py). With T = tokens per GPU per micro-step = micro_batch / z * seq_len, per Linear with input
 features split over ``inner`` and output features over ``outer``:
 
 * forward: all-gather of the weight block (fan_out/outer x fan_in/inner) over z, then
-  the all-reduce of the output, T*fan_out/outer elements, over ``inner``;
+  the all-reduce of the output, T*fan_out/outer elements (a replicated KV block:
+  T*2*head_dim), over ``inner``;
 * recompute forward (activation checkpointing): the same again, and the gathered
   block is kept for the backward that follows it;
 * backward: the weight block all-gathered again unless the recompute kept it (without
@@ -27,7 +33,7 @@ Wire dtypes (``train.wire``; ``auto`` = bf16 when the compute is bf16, i.e.
 ``train.dtype`` bf16, or auto on a GPU; fp32 otherwise): z weight all-gathers in
 ``wire.all_gather``, z weight-gradient reduce-scatters in ``wire.reduce_scatter``, dX
 all-reduces over x and y in ``wire.all_reduce``. Forward output all-reduces travel in
-the compute dtype (autocast's bf16 GEMM outputs), LayerNorm statistics in fp32.
+the compute dtype (autocast's bf16 GEMM outputs), norm statistics in fp32.
 """
 
 from __future__ import annotations
@@ -81,11 +87,15 @@ def wire_bytes(train: TrainConfig, *, on_gpu: bool) -> WireBytes:
 
 @dataclass(frozen=True)
 class LinearShape:
-    """One Linear of a GPT block and the axes its all-reduces use (axonn.md §2.4).
+    """One Linear of a block and the axes its all-reduces use (axonn.md §2.4).
 
     ``inner`` splits the input features and carries the forward all-reduce of the
     output; ``outer`` splits the output features and carries the backward all-reduce of
-    dX. transpose=True swaps x and y.
+    dX. transpose=True swaps x and y. ``out_groups`` > 0: the output features come in
+    that many groups that are never split (Llama's KV heads), so with more ``outer``
+    ranks than groups each rank holds one whole group, replicated over
+    outer / out_groups ranks. ``segments``: runs of rows stored one after another (q, k
+    and v of the fused QKV), for the checkpoint's layout (jobcost.py).
     """
 
     name: str
@@ -93,20 +103,66 @@ class LinearShape:
     fan_out: int
     inner: str  # axis splitting fan_in
     outer: str  # axis splitting fan_out
+    out_groups: int = 0
+    segments: int = 1
+
+    def out_split(self, grid: Grid) -> int:
+        """Distinct shares of the output features along ``outer``."""
+        size = grid.size(self.outer)
+        return min(size, self.out_groups) if self.out_groups else size
+
+    def replicas(self, grid: Grid) -> int:
+        """Ranks along ``outer`` holding the same weight block (1: none replicated)."""
+        return grid.size(self.outer) // self.out_split(grid)
+
+    def rows(self, grid: Grid) -> float:
+        """Output features of this rank's weight block."""
+        return self.fan_out / self.out_split(grid)
+
+    def cols(self, grid: Grid) -> float:
+        """Input features of this rank's weight block."""
+        return self.fan_in / grid.size(self.inner)
 
     def block_elements(self, grid: Grid) -> float:
         """Elements of this rank's weight block before the split over z."""
-        return self.fan_in * self.fan_out / (grid.x * grid.y)
+        return self.fan_in * self.fan_out / (grid.size(self.inner) * self.out_split(grid))
 
 
 def block_linears(model: ModelSpec) -> tuple[LinearShape, ...]:
+    """The Linears of one block in forward order, as the training core builds them."""
     h, f = model.d_model, model.d_ff
+    if model.is_llama:
+        kv = 2 * model.kv_dim  # k rows then v rows, never splitting a KV head
+        return (
+            LinearShape("q", h, h, inner="x", outer="y"),
+            LinearShape("kv", h, kv, inner="x", outer="y", out_groups=model.kv_heads, segments=2),
+            LinearShape("proj", h, h, inner="y", outer="x"),  # transposed
+            LinearShape("gate_up", h, 2 * f, inner="x", outer="y", segments=2),
+            LinearShape("down", f, h, inner="y", outer="x"),  # transposed
+        )
     return (
-        LinearShape("qkv", h, 3 * h, inner="x", outer="y"),
+        LinearShape("qkv", h, 3 * h, inner="x", outer="y", segments=3),
         LinearShape("proj", h, h, inner="y", outer="x"),  # transpose=True
         LinearShape("fc1", h, f, inner="x", outer="y"),
         LinearShape("fc2", f, h, inner="y", outer="x"),  # transpose=True (§4.3 corrected)
     )
+
+
+def linear_weight_elements(model: ModelSpec, grid: Grid) -> float:
+    """Elements of one block's Linear weight blocks on one rank, before the split over z."""
+    return sum(lin.block_elements(grid) for lin in block_linears(model))
+
+
+def largest_linear_block(model: ModelSpec, grid: Grid) -> float:
+    """Elements of the largest Linear weight block of a rank, before the split over z."""
+    return max(lin.block_elements(grid) for lin in block_linears(model))
+
+
+def replicated_kv_elements(model: ModelSpec, grid: Grid) -> float:
+    """Elements of one block's Linear blocks that are replicated over ranks of their
+    ``outer`` axis (Llama's KV heads when y > n_kv_head), before the split over z.
+    Their gradients are all-reduced over each group of replicas once per step."""
+    return sum(lin.block_elements(grid) for lin in block_linears(model) if lin.replicas(grid) > 1)
 
 
 @dataclass(frozen=True)
@@ -118,7 +174,7 @@ class Collective:
     elements: float
     itemsize: int  # bytes per element on the wire
     phase: str  # forward | recompute | backward
-    linear: str  # qkv | proj | fc1 | fc2 | norm
+    linear: str  # a LinearShape's name (qkv | proj | fc1 | fc2; q | kv | gate_up | down) or norm
 
     @property
     def nbytes(self) -> float:
@@ -153,18 +209,18 @@ def block_collectives(
 
 
 def _forward_pass(model, grid, tokens, wire: WireBytes, phase: str, *, gather: bool):
-    out = list(_norm_statistics(tokens, phase, grid.x))
+    out = list(_norm_statistics(model, tokens, phase, grid.x))
     for lin in block_linears(model):
         if gather:
             out.append(Collective(ALL_GATHER, "z", lin.block_elements(grid), wire.all_gather,
                                   phase, lin.name))  # fmt: skip
-        elems = tokens * lin.fan_out / grid.size(lin.outer)
+        elems = tokens * lin.fan_out / lin.out_split(grid)
         out.append(Collective(ALL_REDUCE, lin.inner, elems, wire.compute, phase, lin.name))
     return tuple(out)
 
 
 def _backward_pass(model, grid, tokens, wire: WireBytes, *, regather: bool):
-    out = list(_norm_statistics(tokens, BACKWARD, grid.x))
+    out = list(_norm_statistics(model, tokens, BACKWARD, grid.x))
     for lin in reversed(block_linears(model)):
         block = lin.block_elements(grid)
         if regather:
@@ -176,11 +232,17 @@ def _backward_pass(model, grid, tokens, wire: WireBytes, *, regather: bool):
     return tuple(out)
 
 
-def _norm_statistics(tokens: float, phase: str, x: int) -> tuple[Collective, Collective]:
-    """Each of the block's two LayerNorms, fp32 over x: forward, an all-gather of three
-    numbers per token and rank (shift, mean correction, M2: Chan's merge, exact);
-    backward, an all-reduce of two per token (sums of g and g * x_hat)."""
-    if phase == BACKWARD:
+def _norm_statistics(model: ModelSpec, tokens: float, phase: str, x: int):
+    """Each of the block's two norms, fp32 over x.
+
+    LayerNorm (GPT): forward, an all-gather of three numbers per token and rank (shift,
+    mean correction, M2: Chan's merge, exact); backward, an all-reduce of two per token
+    (sums of g and g * x_hat). RMSNorm (Llama): an all-reduce of one number per token
+    each way (the sum of squares forward, the sum of g * x_hat backward).
+    """
+    if model.is_llama:
+        one = Collective(ALL_REDUCE, "x", tokens, FP32, phase, NORM)
+    elif phase == BACKWARD:
         one = Collective(ALL_REDUCE, "x", 2 * tokens, FP32, phase, NORM)
     else:
         one = Collective(ALL_GATHER, "x", 3 * tokens * x, FP32, phase, NORM)
