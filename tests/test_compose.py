@@ -18,12 +18,13 @@ MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 
 def test_the_tree_has_every_public_option():
     assert MACHINES == ["alps", "frontier", "local", "perlmutter", "slurm_local"]
-    assert set(MODELS) == {"gpt_tiny", "gpt_small"} | {
+    assert set(MODELS) >= {"gpt_tiny", "gpt_small", "hf", "llama_tiny", "tinyllama_1b"} | {
         f"gpt_{n}b" for n in (5, 10, 20, 40, 60, 80, 160, 320, 640)
-    }
+    } | {f"llama3_{n}b" for n in (8, 70, 405)}
 
 
-@pytest.mark.parametrize("model", MODELS)
+# model=hf takes its shape from model.init_from's config.json: tests/test_hf.py
+@pytest.mark.parametrize("model", [m for m in MODELS if m != "hf"])
 @pytest.mark.parametrize("machine", MACHINES)
 def test_dry_run_renders_for_every_machine_and_model(machine, model, tmp_path):
     cfg = load([f"machine={machine}", f"model={model}", "dry_run=true"])

@@ -209,6 +209,7 @@ def saved_bytes_of_one_block(grid: Grid, rank: int, bf16: bool) -> int:
     """Bytes of the tensors block 0 of the core's GPT saves for backward (not parameters)."""
     import torch
 
+    from axonn_launch.train.attention import Positions
     from axonn_launch.train.groups import build_groups
     from axonn_launch.train.model import GPT
 
@@ -226,7 +227,7 @@ def saved_bytes_of_one_block(grid: Grid, rank: int, bf16: bool) -> int:
     model.runtime.begin_micro_step(training=True)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
     with autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model.blocks[0](hidden)
+        model.blocks[0](hidden, Positions())
     model.runtime.drop_prefetched()
     return sum(storages.values())
 
