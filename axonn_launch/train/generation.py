@@ -56,7 +56,9 @@ def generate_batch(
     for _ in range(max_new_tokens):
         with autocast(device, dtype):
             logits = model.step_logits(idx, cache, start, pads)
-        choice = _broadcast(pick_tokens(logits.float(), temperature, top_k, generator), group)
+        choice = broadcast_from_rank0(
+            pick_tokens(logits.float(), temperature, top_k, generator), group
+        )
         new.append(choice)
         if eos_id is not None:
             done |= choice == eos_id
@@ -82,7 +84,7 @@ def pick_tokens(
     return torch.multinomial(probs, 1, generator=generator).squeeze(1).to(logits.device)
 
 
-def _broadcast(tokens: torch.Tensor, group) -> torch.Tensor:
+def broadcast_from_rank0(tokens: torch.Tensor, group) -> torch.Tensor:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast(tokens, src=0, group=group)
     return tokens

@@ -44,10 +44,9 @@ from torch import nn
 
 from axonn_launch.spec import OverlapConfig
 from axonn_launch.train.comm import FP32_WIRE, Comm, Handle, Wire
+from axonn_launch.train.data import IGNORE_INDEX
 from axonn_launch.train.gemm import GemmTuner
 from axonn_launch.train.groups import Groups
-
-IGNORE_INDEX = -100  # a target that does not count in the loss (data loader convention)
 
 # ---------------------------------------------------------------------------------------
 # How a parameter's local shard is cut from the full tensor

@@ -28,10 +28,9 @@ import torch.distributed as dist
 from torch import nn
 
 from axonn_launch.spec import TrainConfig
-from axonn_launch.train.data import Loader
+from axonn_launch.train.data import IGNORE_INDEX, Loader
 from axonn_launch.train.gemm import GemmTuner
 from axonn_launch.train.groups import Groups
-from axonn_launch.train.layers import IGNORE_INDEX
 from axonn_launch.train.metrics import MetricsLogger, StepStats, memory_gib
 from axonn_launch.train.model import clip_grad_norm_, finish_gradients
 

@@ -8,9 +8,9 @@ so all ranks extend the context identically even if their logits differ in the l
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from axonn_launch.train.generation import broadcast_from_rank0, pick_tokens
 from axonn_launch.train.loop import autocast
 
 
@@ -38,23 +38,10 @@ def generate(
         context = torch.tensor([tokens[-max_seq_len:]], dtype=torch.long, device=device)
         with autocast(device, dtype):
             logits = model(context)
-        choice = torch.tensor([pick_token(logits[0].float().cpu(), temperature, generator)])
-        tokens.append(int(_broadcast_from_rank0(choice.to(device), group).item()))
+        choice = pick_tokens(logits.float(), temperature, 0, generator)
+        tokens.append(int(broadcast_from_rank0(choice, group).item()))
     model.train(was_training)
     return tokens
-
-
-def pick_token(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
-    if temperature <= 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
-def _broadcast_from_rank0(value: torch.Tensor, group) -> torch.Tensor:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast(value, src=0, group=group)
-    return value
 
 
 def decode(tokens: list[int], data: str) -> str:

@@ -9,7 +9,7 @@ from axonn_launch.spec import OverlapConfig
 from axonn_launch.train.groups import single_process_groups
 from axonn_launch.train.loop import StopFlag
 from axonn_launch.train.model import GPT
-from axonn_launch.train.sample import decode, default_prompt, generate, pick_token
+from axonn_launch.train.sample import decode, default_prompt, generate
 
 SPEC = ModelSpec("s", n_layer=1, d_model=32, n_head=4, vocab_size=64, max_seq_len=8)
 CPU = torch.device("cpu")
@@ -38,14 +38,6 @@ def test_sampling_is_seeded():
     c = generate(net, [5], 12, max_seq_len=8, device=CPU, temperature=1.0, seed=2)
     assert a == b and a != c
     assert all(0 <= t < SPEC.vocab_size for t in a)
-
-
-def test_pick_token_temperature():
-    logits = torch.tensor([0.0, 5.0, 1.0])
-    generator = torch.Generator().manual_seed(0)
-    assert pick_token(logits, 0, generator) == 1
-    picks = [pick_token(logits, 100.0, generator) for _ in range(300)]
-    assert set(picks) == {0, 1, 2}  # a high temperature flattens the distribution
 
 
 def test_decode_and_prompt():
