@@ -100,17 +100,12 @@ def _quoted(value: str) -> str:
 
 
 def check_prompts(path: Path) -> None:
+    from axonn_launch.data import json_lines
+
     if not path.is_file():
         raise GenerateError(f"prompts={str(path)!r}: no such file")
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise GenerateError(f"prompts={str(path)!r} line {number}: not JSON ({exc})") from None
-        ids = record.get("ids") if isinstance(record, dict) else None
-        text = record.get("text") if isinstance(record, dict) else None
+    for number, record in json_lines(path):
+        ids, text = record.get("ids"), record.get("text")
         good_ids = isinstance(ids, list) and ids and all(isinstance(t, int) and t >= 0 for t in ids)
         if not (good_ids or (isinstance(text, str) and text)):
             raise GenerateError(
@@ -179,4 +174,6 @@ def run_generation(
 
 
 if __name__ == "__main__":
-    sys.exit(run_tool(main, sys.argv[1:], (GenerateError,)))
+    from axonn_launch.data import DataError
+
+    sys.exit(run_tool(main, sys.argv[1:], (GenerateError, DataError)))

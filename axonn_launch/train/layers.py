@@ -593,6 +593,18 @@ class _LayerNormOverX(torch.autograd.Function):
         return dx.to(x.dtype), dweight.to(weight.dtype), dbias.to(weight.dtype), None
 
 
+def _norm_parameter(
+    hidden: int, comm: Comm, name: str, value: float, device: torch.device | str
+) -> nn.Parameter:
+    """A norm's weight or bias: its x slice of h, the same on every y and z rank."""
+    local = _chunk_or_fail(hidden, comm.size("x"), f"{name} hidden")
+    layout = ShardLayout(
+        full_shape=(hidden,), splits=((0, "x"),), flatten_over_z=False,
+        replicated_over=("y", "z"),
+    )  # fmt: skip
+    return set_layout(nn.Parameter(torch.full((local,), value, device=device)), layout)
+
+
 class TPLayerNorm(nn.Module):
     """LayerNorm over h for activations holding h/x features; exact statistics over x."""
 
@@ -600,13 +612,8 @@ class TPLayerNorm(nn.Module):
                  device: torch.device | str = "cpu") -> None:  # fmt: skip
         super().__init__()
         self.comm, self.name, self.hidden, self.eps = comm, name, hidden, eps
-        local = _chunk_or_fail(hidden, comm.size("x"), f"{name} hidden")
-        layout = ShardLayout(
-            full_shape=(hidden,), splits=((0, "x"),), flatten_over_z=False,
-            replicated_over=("y", "z"),
-        )  # fmt: skip
-        self.weight = set_layout(nn.Parameter(torch.ones(local, device=device)), layout)
-        self.bias = set_layout(nn.Parameter(torch.zeros(local, device=device)), layout)
+        self.weight = _norm_parameter(hidden, comm, name, 1.0, device)
+        self.bias = _norm_parameter(hidden, comm, name, 0.0, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.comm.size("x") == 1:
@@ -642,12 +649,7 @@ class TPRMSNorm(nn.Module):
                  device: torch.device | str = "cpu") -> None:  # fmt: skip
         super().__init__()
         self.comm, self.name, self.hidden, self.eps = comm, name, hidden, eps
-        local = _chunk_or_fail(hidden, comm.size("x"), f"{name} hidden")
-        layout = ShardLayout(
-            full_shape=(hidden,), splits=((0, "x"),), flatten_over_z=False,
-            replicated_over=("y", "z"),
-        )  # fmt: skip
-        self.weight = set_layout(nn.Parameter(torch.ones(local, device=device)), layout)
+        self.weight = _norm_parameter(hidden, comm, name, 1.0, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
