@@ -77,7 +77,7 @@ def test_optuna_sweep_over_lr_on_local_runs_three_trials_and_reports_the_best(tm
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     trials = sorted(sweep_dir.glob("*/summary.json"))
     assert len(trials) == 3
-    losses = [json.loads(p.read_text())["final_loss"] for p in trials]
+    losses = [json.loads(p.read_text())["val_loss"] for p in trials]  # the default objective
     lrs = [yaml.safe_load((p.parent / "config.yaml").read_text())["train"]["lr"] for p in trials]
     assert len(set(lrs)) == 3 and all(0.0001 <= lr <= 0.01 for lr in lrs)
     results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
@@ -85,7 +85,7 @@ def test_optuna_sweep_over_lr_on_local_runs_three_trials_and_reports_the_best(tm
     assert results["best_params"]["train.lr"] == lrs[losses.index(min(losses))]
     assert f"Best value: {min(losses)}" in result.stdout + result.stderr
     table = result.stdout.split("sweep summary:")[1]
-    assert len(re.findall(r"\scompleted\s", table)) == 3 and "final_loss" in table
+    assert len(re.findall(r"\scompleted\s", table)) == 3 and "val_loss" in table
 
 
 def test_preflight_samples_sweeps_only_their_sweeper_can_expand():
@@ -111,9 +111,12 @@ def test_preflight_samples_sweeps_only_their_sweeper_can_expand():
         (["train.lrr=interval(0.001,0.1)"], "error: train.lrr: unknown key"),
         (["train.lr=interval(0.001,0.1)", "wait=false"], "error: wait=false: the optuna sweeper"),
         (
-            ["train.lr=interval(0.001,0.1)", "objective=val_loss"],
-            "error: objective='val_loss': not available (the training job has no validation"
-            " split yet); valid: final_loss, tokens_per_s",
+            ["train.lr=interval(0.001,0.1)", "train.eval_batches=0"],
+            "error: objective=val_loss needs a validation loss: train.eval_batches=0",
+        ),
+        (
+            ["train.lr=interval(0.001,0.1)", "objective=loss"],
+            "error: objective='loss': valid: val_loss, final_loss, tokens_per_s",
         ),
     ],
 )
@@ -127,9 +130,11 @@ def test_an_optuna_sweep_with_bad_input_stops_before_anything_runs(tmp_path, arg
     assert not (tmp_path / "jobs").exists()
 
 
-@pytest.mark.parametrize(("objective", "expected"), [("final_loss", 2.5), ("tokens_per_s", 1500.0)])
+@pytest.mark.parametrize(
+    ("objective", "expected"), [("val_loss", 2.7), ("final_loss", 2.5), ("tokens_per_s", 1500.0)]
+)
 def test_a_point_returns_its_objective_from_the_jobs_summary(tmp_path, objective, expected):
-    summary = {"final_loss": 2.5, "tokens_per_s": 1500.0, "steps": 4}
+    summary = {"val_loss": 2.7, "final_loss": 2.5, "tokens_per_s": 1500.0, "steps": 4}
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     assert load([f"objective={objective}"]).objective == objective
     done = with_objective(Outcome("completed", str(tmp_path)), objective)

@@ -88,7 +88,7 @@ def test_points_are_named_by_their_values_and_the_summary_compares_them(tmp_path
         "1-gpt_tiny-local-x2-steps2",
     ]
     header, *rows = result.stdout.split("sweep summary:\n")[1].splitlines()[:3]
-    at = {name: header.index(name) for name in ("loss", "tok/s", "step s", "final_loss")}
+    at = {name: header.index(name) for name in ("loss", "tok/s", "step s", "val_loss")}
 
     def cell(row: str, name: str) -> str:
         return row[at[name] :].split()[0]

@@ -1,5 +1,6 @@
 """An optimizing sweeper on the real local Slurm cluster: each trial is a Slurm job that
-the sweep waits for (wait=true implied), and Optuna's best value is the lowest loss."""
+the sweep waits for (wait=true implied), and Optuna's best value is the lowest validation
+loss (the default objective)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,6 @@ def test_optuna_trials_are_slurm_jobs_that_the_sweep_waits_for(slurm_cluster, tm
     records = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/job.json"))]
     assert len(records) == 2
     assert all(r["status"] == "completed" and r["slurm_state"] == "COMPLETED" for r in records)
-    losses = [json.loads(p.read_text())["final_loss"] for p in sorted(sweep.glob("*/summary.json"))]
+    losses = [json.loads(p.read_text())["val_loss"] for p in sorted(sweep.glob("*/summary.json"))]
     best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())["best_value"]
     assert len(losses) == 2 and best == min(losses)
