@@ -28,6 +28,7 @@ TOOLS: dict[str, str] = {
     "data": "",
     "memorization": "",
     "report": "",
+    "study": "",
 }
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import REPO
 
-TOOLS_MAYBE = ("export", "generate", "memorization", "report")  # listed only when they exist
+TOOLS_MAYBE = ("export", "generate", "data", "memorization", "report", "study")  # listed only when they exist
 
 
 def run_help(*argv: str, cwd: Path):
