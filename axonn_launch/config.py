@@ -16,7 +16,7 @@ from typing import Any
 
 from axonn_launch.machine import MachineProfile
 from axonn_launch.models import ModelSpec
-from axonn_launch.spec import GenerateConfig, TrainConfig
+from axonn_launch.spec import GenerateConfig, MemorizationConfig, TrainConfig
 
 CONFIG_MODULE = "axonn_launch.conf"
 
@@ -63,6 +63,7 @@ class LaunchConfig:
     # (train/preflight.py); None = the machine's default: on for Slurm machines
     preflight: bool | None = None
     generate: GenerateConfig = field(default_factory=GenerateConfig)
+    memorization: MemorizationConfig = field(default_factory=MemorizationConfig)
 
 
 # Overrides that a point's name leaves out: already in the name, or not about the run.
@@ -125,6 +126,7 @@ def to_launch_config(cfg: Any) -> LaunchConfig:
     except Exception as exc:
         raise ConfigError(_first_line(exc)) from exc
     raw.pop("hydra", None)
+    raw.pop("study", None)  # a study config's own values (conf/study/), for interpolation
     cfg = build(LaunchConfig, raw, "")
     return dataclasses.replace(cfg, model=model_of_source(cfg.model, cfg.generate))
 

@@ -130,6 +130,7 @@ def job_spec(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> JobSpec:
         train=resolved.train,
         runtime=runtime,
         generate=cfg.generate,
+        memorization=cfg.memorization,
     )
 
 

@@ -37,6 +37,7 @@ from axonn_launch.usage import run_tool
 METRICS = ("final_loss", "val_loss", "tokens_per_s")
 REPETITION_KEYS = (
     "repetitions",
+    "study.repetitions",  # conf/study/memorization.yaml
     "train.repetitions",
     "train.data_repetitions",
     "train.repeats",

@@ -147,6 +147,18 @@ class GenerateConfig:
 
 
 @dataclass(frozen=True)
+class MemorizationConfig:
+    """After training, continue documents of ``data`` greedily and score them against the
+    truth (``axonn_launch.memorization``; the job writes ``memorization.json``);
+    ``data`` "" = off."""
+
+    data: str = ""  # .jsonl of {"ids": [...]} or {"text": ...}, or a token .bin (+ .idx)
+    continuation: int = 50  # the last N tokens of each document are the truth
+    max_documents: int = 500
+    batch_size: int = 32  # prompts per generation batch
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     """How the job side finds its rank, device and backend."""
 
@@ -167,6 +179,7 @@ class JobSpec:
     train: TrainConfig
     runtime: RuntimeConfig
     generate: GenerateConfig = field(default_factory=GenerateConfig)
+    memorization: MemorizationConfig = field(default_factory=MemorizationConfig)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -186,6 +199,7 @@ class JobSpec:
             train=TrainConfig(**train),
             runtime=RuntimeConfig(**raw["runtime"]),
             generate=GenerateConfig(**raw.get("generate", {})),
+            memorization=MemorizationConfig(**raw.get("memorization", {})),
         )
 
     def save(self, path: Path) -> None:

@@ -175,6 +175,10 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
     logger.close_bar()
     if train.sample_tokens > 0:
         summary["sample"] = print_sample(spec, env, model, device)
+    if spec.memorization.data:  # memorization.json and its means in the summary
+        from axonn_launch.train.memorize_job import run_memorization
+
+        summary |= run_memorization(spec, model, device, env.rank)
     logger.finish(summary)
     if env.rank == 0:
         (Path(spec.job_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

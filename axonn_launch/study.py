@@ -1,0 +1,290 @@
+"""Data for the memorization study (axonn.md section 7; ``conf/study/memorization.yaml``).
+
+``python -m axonn_launch.study prepare --out DIR [--canaries N] [--canary-len L]
+[--repetitions 1,8,32] [--seed S] [--corpus-bytes B]`` writes, byte-level (vocab 256):
+
+- ``r<R>.bin`` (+ ``.idx``, ``.bin.json``) for each repetition count R: the built-in
+  corpus's train split (the first 90% of ``train/data/tinyshakespeare.txt``, optionally only
+  its first B bytes, cut at a paragraph) as one document per paragraph, with each of the N
+  canaries inserted R times between documents at random places. The loader trains on the
+  first 90% of a ``.bin``'s tokens, so every file ends with a tail of validation text
+  sized so that the cut falls exactly after the last training document: the tail is never
+  trained on.
+- ``val.bin`` (+ ``.idx``, ``.bin.json``): the corpus's last 10%, no canaries, the same for
+  every R (``train.eval_data``, read whole), so validation losses compare across points.
+- ``canaries.jsonl``: one ``{"ids": [...], "text": "..."}`` per canary, the documents the
+  memorization evaluation continues (``memorization.data``).
+- ``study.json``: the settings and, per R, tokens, documents and the canary share.
+
+A canary is ``L`` bytes of random lowercase "words" (3-8 random letters each, separated
+by spaces): novel text that appears nowhere else, each byte of it unpredictable without
+memorizing the canary (which is what makes exact match a strict test, and what lets the
+Goldfish loss's dropped positions stay unknown to the model).
+
+The Hydra callback ``PrepareStudy`` (hydra.callbacks in the study config) runs ``prepare``
+at the start of a sweep when DIR does not hold data of the same settings yet, so the whole
+study is one command. No torch here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import string
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from axonn_launch.data import IndexedWriter
+
+CORPUS = Path(__file__).parent / "train" / "data" / "tinyshakespeare.txt"
+TRAIN_FRACTION = 0.9  # the loader's (train/data.py TRAIN_FRACTION)
+VOCAB = 256
+DTYPE = np.dtype(np.uint8)
+DEFAULTS = {
+    "canaries": 32,
+    "canary_len": 160,
+    "repetitions": (1, 8, 32),
+    "seed": 0,
+    "corpus_bytes": 0,  # 0: the whole train split
+}
+
+
+class StudyError(ValueError):
+    """Bad input to the study tool: one line."""
+
+
+# ------------------------------------------------------------------------- the text
+
+
+def corpus_splits(corpus_bytes: int = 0) -> tuple[bytes, bytes]:
+    """(train, val) of the built-in corpus as the loader splits it: the first 90% of the
+    bytes, the rest. ``corpus_bytes`` > 0 keeps only that much of train, cut after a
+    paragraph."""
+    text = CORPUS.read_bytes()
+    cut = int(len(text) * TRAIN_FRACTION)
+    train, val = text[:cut], text[cut:]
+    if 0 < corpus_bytes < len(train):
+        end = train.rfind(b"\n\n", 0, corpus_bytes)
+        train = train[: end + 2 if end > 0 else corpus_bytes]
+    return train, val
+
+
+def paragraphs(text: bytes) -> list[bytes]:
+    """Documents: each paragraph with the blank line after it (their concatenation is
+    ``text``)."""
+    parts = text.split(b"\n\n")
+    docs = [p + b"\n\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+    return [d for d in docs if d]
+
+
+def make_canary(rng: np.random.Generator, length: int) -> bytes:
+    """``length`` bytes of random 3-8-letter lowercase words separated by spaces."""
+    letters = np.frombuffer(string.ascii_lowercase.encode(), dtype=np.uint8)
+    out = bytearray()
+    while len(out) < length:
+        word = letters[rng.integers(0, len(letters), size=int(rng.integers(3, 9)))]
+        out += word.tobytes() + b" "
+    return bytes(out[:length])
+
+
+def make_canaries(count: int, length: int, seed: int) -> list[bytes]:
+    rng = np.random.default_rng([seed, 0xCA7A])
+    return [make_canary(rng, length) for _ in range(count)]
+
+
+def with_canaries(
+    docs: Sequence[bytes], canaries: Sequence[bytes], repetitions: int, seed: int
+) -> list[bytes]:
+    """``docs`` in order with ``repetitions`` copies of every canary, each copy between
+    two documents at a uniformly random place."""
+    rng = np.random.default_rng([seed, repetitions])
+    copies = [c for c in range(len(canaries)) for _ in range(repetitions)]
+    slots = rng.integers(0, len(docs) + 1, size=len(copies))
+    order = rng.permutation(len(copies))  # canaries in one slot in random order
+    inserts: dict[int, list[int]] = {}
+    for i in order:
+        inserts.setdefault(int(slots[i]), []).append(copies[i])
+    out: list[bytes] = []
+    for slot in range(len(docs) + 1):
+        out += [canaries[c] for c in inserts.get(slot, [])]
+        if slot < len(docs):
+            out.append(docs[slot])
+    return out
+
+
+def tail_length(train_tokens: int) -> int:
+    """Tokens to append so that the loader's train split is exactly the first
+    ``train_tokens``: ``int((train + tail) * 0.9) == train``."""
+    tail = -(-train_tokens // 9)
+    while int((train_tokens + tail) * TRAIN_FRACTION) > train_tokens:
+        tail -= 1
+    while int((train_tokens + tail) * TRAIN_FRACTION) < train_tokens:
+        tail += 1
+    if int((train_tokens + tail) * TRAIN_FRACTION) != train_tokens:
+        raise StudyError(f"no tail puts the 90% cut after {train_tokens} tokens")
+    return tail
+
+
+def cycled(text: bytes, length: int) -> bytes:
+    return (text * (length // max(len(text), 1) + 1))[:length]
+
+
+# ------------------------------------------------------------------------- writing
+
+
+def write_documents(prefix: Path, docs: Sequence[bytes], meta: dict) -> dict:
+    writer = IndexedWriter(prefix, DTYPE)
+    try:
+        tokens = np.frombuffer(b"".join(docs), dtype=np.uint8)
+        writer.add(tokens, [len(d) for d in docs])
+        return writer.commit({"vocab_size": VOCAB, **meta})
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def settings_of(**given: Any) -> dict:
+    settings = {**DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
+    settings["repetitions"] = sorted({int(r) for r in settings["repetitions"]})
+    for key in ("canaries", "canary_len"):
+        if int(settings[key]) < 1:
+            raise StudyError(f"--{key.replace('_', '-')}={settings[key]}: expected >= 1")
+    if not settings["repetitions"] or settings["repetitions"][0] < 0:
+        raise StudyError(f"--repetitions={settings['repetitions']}: expected counts >= 0")
+    return settings
+
+
+def prepare(out: Path, **given: Any) -> dict:
+    """Write the study's data into ``out``; returns ``study.json``'s content."""
+    settings = settings_of(**given)
+    out.mkdir(parents=True, exist_ok=True)
+    train, val = corpus_splits(int(settings["corpus_bytes"]))
+    docs = paragraphs(train)
+    canaries = make_canaries(settings["canaries"], settings["canary_len"], settings["seed"])
+    if any(c in train or c in val for c in canaries):  # astronomically unlikely
+        raise StudyError("a canary occurs in the corpus; pick another --seed")
+    with (out / "canaries.jsonl").open("w") as f:
+        for i, c in enumerate(canaries):
+            f.write(json.dumps({"canary": i, "ids": list(c), "text": c.decode()}) + "\n")
+    write_documents(out / "val", paragraphs(val), {"split": "val of the built-in corpus"})
+    files = {}
+    for r in settings["repetitions"]:
+        mixed = with_canaries(docs, canaries, r, settings["seed"])
+        trained = sum(len(d) for d in mixed)
+        tail = cycled(val, tail_length(trained))
+        meta = write_documents(out / f"r{r}", [*mixed, tail], {"repetitions": r})
+        files[f"r{r}"] = {
+            "repetitions": r,
+            "train_tokens": trained,
+            "tail_tokens": len(tail),
+            "documents": meta["documents"],
+            "canary_share": r * sum(len(c) for c in canaries) / trained,
+        }
+    study = {**settings, "corpus": CORPUS.name, "files": files, "val_tokens": len(val)}
+    (out / "study.json").write_text(json.dumps(study, indent=1) + "\n")
+    return study
+
+
+def prepared(out: Path, **given: Any) -> bool:
+    """``out`` already holds the data of these settings."""
+    path = out / "study.json"
+    if not path.is_file():
+        return False
+    settings = settings_of(**given)
+    have = json.loads(path.read_text())
+    return all(have.get(k) == v for k, v in settings.items()) and all(
+        (out / f"r{r}.bin").is_file() for r in settings["repetitions"]
+    )
+
+
+# --------------------------------------------------------------- the Hydra callback
+
+try:  # the launcher's environment has Hydra; the data tool does not need it
+    from hydra.experimental.callback import Callback as _Callback
+except ModuleNotFoundError:  # pragma: no cover
+    _Callback = object  # type: ignore[assignment,misc]
+
+
+class PrepareStudy(_Callback):  # type: ignore[misc,valid-type]
+    """Prepares the study's data at the start of a run or sweep unless already there."""
+
+    def __init__(self, out: str, **settings: Any) -> None:
+        self.out = Path(out)
+        self.settings = {k: (list(v) if k == "repetitions" else v) for k, v in settings.items()}
+
+    def _ensure(self) -> None:
+        if not prepared(self.out, **self.settings):
+            print(f"study: preparing the data in {self.out}", file=sys.stderr)
+            prepare(self.out, **self.settings)
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        self._ensure()
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        self._ensure()
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        raise StudyError(message)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = _Parser(
+        prog="python -m axonn_launch.study",
+        description="Data for the memorization study: corpus + canaries repeated R times.",
+        epilog="example: python -m axonn_launch.study prepare --out data/study"
+        " --canaries 32 --canary-len 160 --repetitions 1,8,32",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare", help="write r<R>.bin, val.bin, canaries.jsonl, study.json")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--canaries", type=int, help=f"canaries (default {DEFAULTS['canaries']})")
+    p.add_argument(
+        "--canary-len", type=int, help=f"bytes per canary (default {DEFAULTS['canary_len']})"
+    )
+    p.add_argument(
+        "--repetitions",
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        help="comma-separated copies of each canary, one file each (default 1,8,32)",
+    )
+    p.add_argument("--seed", type=int, help="canaries and their places (default 0)")
+    p.add_argument(
+        "--corpus-bytes", type=int, help="use only the first B bytes of the train split (0: all)"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parse_args(argv)
+        study = prepare(
+            args.out,
+            canaries=args.canaries,
+            canary_len=args.canary_len,
+            repetitions=args.repetitions,
+            seed=args.seed,
+            corpus_bytes=args.corpus_bytes,
+        )
+    except (StudyError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for name, info in study["files"].items():
+        print(
+            f"{args.out / name}.bin: {info['train_tokens']} training tokens,"
+            f" canaries {info['canary_share']:.1%}"
+        )
+    print(f"{args.out / 'val.bin'}: {study['val_tokens']} tokens; {args.out / 'canaries.jsonl'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
