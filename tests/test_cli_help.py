@@ -13,7 +13,8 @@ import pytest
 
 from tests.conftest import REPO
 
-TOOLS_MAYBE = ("export", "generate", "data", "memorization", "report", "study")  # listed only when they exist
+# listed only when they exist
+TOOLS_MAYBE = ("export", "generate", "data", "memorization", "report", "study")
 
 
 def run_help(*argv: str, cwd: Path):
