@@ -67,7 +67,9 @@ class LaunchConfig:
 
 
 # Overrides that a point's name leaves out: already in the name, or not about the run.
-UNNAMED_KEYS = ("machine", "model", "name", "dry_run", "wait", "nodes", "objective", "preflight")
+UNNAMED_KEYS = (
+    "machine", "model", "name", "dry_run", "wait", "nodes", "objective", "preflight", "study",
+)  # fmt: skip
 NAME_MAX = 80
 
 
