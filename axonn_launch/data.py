@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from axonn_launch.usage import help_page, run_tool, wants_help
+from axonn_launch.usage import help_page, raising_parser, run_tool, wants_help
 
 MEGATRON_IDX_HEADER = b"MMIDIDX\x00\x00"
 MEGATRON_IDX_VERSION = 1
@@ -551,9 +551,7 @@ def finetune(tok: TextTokenizer, files: list[Path], out: Path, *, seq_len: int,
     return {**meta, "label_tokens": labels}
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line instead of usage + exit
-        raise DataError(f"{message} (see --help)")
+_Parser = raising_parser(DataError, " (see --help)")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

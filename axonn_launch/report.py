@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from axonn_launch.jobs import read_summary
-from axonn_launch.usage import run_tool
+from axonn_launch.usage import raising_parser, run_tool
 
 METRICS = ("final_loss", "val_loss", "tokens_per_s")
 REPETITION_KEYS = (
@@ -466,9 +466,7 @@ def plan_section(plan_file: Path, path: Path, out: Path) -> list[str]:
 # ----------------------------------------------------------------------------- CLI
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit code 2 (run_tool)
-        raise ReportError(message)
+_Parser = raising_parser(ReportError)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from axonn_launch.data import IndexedWriter
+from axonn_launch.usage import raising_parser
 
 CORPUS = Path(__file__).parent / "train" / "data" / "tinyshakespeare.txt"
 TRAIN_FRACTION = 0.9  # the loader's (train/data.py TRAIN_FRACTION)
@@ -231,9 +232,7 @@ class PrepareStudy(_Callback):  # type: ignore[misc,valid-type]
 # ----------------------------------------------------------------------------- CLI
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        raise StudyError(message)
+_Parser = raising_parser(StudyError)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

@@ -7,6 +7,7 @@ instead. Login-node code: never imports torch.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib.util
 import os
@@ -77,6 +78,17 @@ def run_tool(
     except BrokenPipeError:  # `... | head` stopped reading: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def raising_parser(error: type[Exception], suffix: str = "") -> type[argparse.ArgumentParser]:
+    """An ``ArgumentParser`` class whose errors raise ``error`` (one line, exit code 2
+    through ``run_tool``) instead of printing the usage and exiting; sub-parsers too."""
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> None:
+            raise error(f"{message}{suffix}")
+
+    return Parser
 
 
 def one_line(exc: BaseException) -> str:
