@@ -118,6 +118,10 @@ class TrainConfig:
     sample_tokens: int = 0  # >0: print a generated sample of this many tokens at the end
     progress: bool = True  # a bar on a terminal; elsewhere a line every log_every_s
     log_every_s: float = 30.0  # seconds between progress lines when stdout is no terminal
+    # CPU threads per rank; 0 = the node's cores shared among its ranks (a Slurm-bound
+    # task: its own cores). Jobs that share cores (a local sweep with n_jobs > 1) set it
+    # so their thread pools do not oversubscribe the cores.
+    threads: int = 0
 
     def computes_in_bf16(self, on_gpu: bool) -> bool:
         """train.dtype bf16, or auto on a GPU (auto is fp32 on a CPU)."""

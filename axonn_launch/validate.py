@@ -97,7 +97,7 @@ def check_train(train: TrainConfig, model: ModelSpec) -> None:
         if not getattr(train, key) > 0:
             raise ConfigError(f"train.{key}={getattr(train, key)}: must be > 0")
     for key in ("min_lr", "weight_decay", "grad_clip", "warmup_steps", "checkpoint_every",
-                "log_every_s"):  # fmt: skip
+                "log_every_s", "threads"):  # fmt: skip
         if getattr(train, key) < 0:
             raise ConfigError(f"train.{key}={getattr(train, key)}: must be >= 0")
     if train.min_lr > train.lr:

@@ -32,6 +32,7 @@ CASES = [
     (["train.cache_layers=-1"], "train.cache_layers=-1"),
     (["train.ors_window=-2"], "train.ors_window=-2"),
     (["train.gemm_tuning=sometimes"], "train.gemm_tuning='sometimes'"),
+    (["train.threads=-1"], "train.threads=-1: must be >= 0"),
     (["dry_run=maybe"], "dry_run='maybe'"),
     (["grid.x=0"], "grid.x=0"),
     (["grid.x=two"], "grid.x='two'"),

@@ -78,7 +78,7 @@ def train_rank(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool] | No
             f"grid {spec.grid.describe()} needs {spec.grid.world_size} ranks, "
             f"the job has {env.world_size}"
         )
-    configure_threads(env)
+    configure_threads(env, spec.train.threads)
     preflight.prepare(spec, env)  # before NCCL starts: its log names the network it uses
     init_distributed(env)
     try:
@@ -92,8 +92,13 @@ def train_rank(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool] | No
         gc.collect()
 
 
-def configure_threads(env: DistEnv) -> None:
-    """Share the cores among the ranks of this node unless Slurm already bound each task."""
+def configure_threads(env: DistEnv, threads: int = 0) -> None:
+    """``threads`` per rank, or (0) the cores shared among the ranks of this node unless
+    Slurm already bound each task. More threads than cores makes every step wait on
+    spinning thread pools: two 2-thread jobs on 2 cores ran 50x slower than one."""
+    if threads > 0:
+        torch.set_num_threads(threads)
+        return
     cores = len(os.sched_getaffinity(0))
     per_rank = cores if env.source == "slurm" else cores // max(env.local_world_size, 1)
     torch.set_num_threads(max(1, per_rank))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from pathlib import Path
 
@@ -92,3 +93,21 @@ def test_job_summary_groups_ranks_by_host():
         "nid0: ranks 0,1: d; network: n; torch 2.9",
         "nid1: ranks 2,3: d; network: n; torch 2.9",
     ]
+
+
+def test_threads_per_rank_given_or_the_cores_shared_among_the_local_ranks():
+    from axonn_launch.train import configure_threads
+
+    before = torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0))
+    try:
+        local = DistEnv(0, 0, 2, 2, "127.0.0.1", 0, "cpu", "gloo", "torchrun")
+        configure_threads(local, threads=3)
+        assert torch.get_num_threads() == 3
+        configure_threads(local)  # 0: this node's cores over its 2 ranks
+        assert torch.get_num_threads() == max(1, cores // 2)
+        bound = DistEnv(0, 0, 2, 2, "127.0.0.1", 0, "cpu", "gloo", "slurm")
+        configure_threads(bound)  # a Slurm task: the cores it is bound to
+        assert torch.get_num_threads() == cores
+    finally:
+        torch.set_num_threads(before)
