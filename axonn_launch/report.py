@@ -355,7 +355,9 @@ def repetitions(point: Point, memo: dict, config: dict[str, Any]) -> float | Non
 
 
 def memorization_rows(points: Sequence[Point]) -> list[dict]:
-    """(loss, model, R, exact-match rate) of each point with a memorization.json."""
+    """(loss, model, R, exact-match rate, validation loss, ...) of each point with a
+    memorization.json; ``val_vs_standard``: its validation loss relative to the standard
+    point of the same model and R."""
     rows = []
     for p in points:
         memo = read_json(p.job_dir / "memorization.json") if p.job_dir else {}
@@ -364,18 +366,30 @@ def memorization_rows(points: Sequence[Point]) -> list[dict]:
         config, record = job_config(p.job_dir), read_json(p.job_dir / "job.json")
         k = int(config.get("train.goldfish.k") or 0)
         strategy = config.get("train.goldfish.strategy", "")
+        width = config.get("train.goldfish.h")
         params = number(record.get("n_params"))
         rows.append(
             {
                 "num": p.num,
-                "loss": "standard" if k == 0 else f"goldfish k={k} {strategy}".strip(),
+                "loss": "standard"
+                if k == 0
+                else " ".join(f"goldfish k={k} {strategy} h={width}".replace("h=None", "").split()),
                 "model": record.get("model", config.get("model.name", "?"))
                 + (f" ({params / 1e6:.3g}M)" if params else ""),
                 "repetitions": repetitions(p, memo, config),
                 "exact_match_rate": number(memo.get("exact_match_rate")),
+                "token_match": number(memo.get("token_match")),
                 "rouge_l": number(memo.get("rouge_l")),
+                "val_loss": number((read_summary(p.job_dir) or {}).get("val_loss")),
             }
         )
+    standard = {
+        (r["model"], r["repetitions"]): r["val_loss"] for r in rows if r["loss"] == "standard"
+    }
+    for r in rows:
+        base = standard.get((r["model"], r["repetitions"]))
+        ok = r["val_loss"] is not None and base and r["loss"] != "standard"
+        r["val_vs_standard"] = r["val_loss"] / base - 1 if ok else None
     return rows
 
 
@@ -385,7 +399,17 @@ def memorization_section(points: Sequence[Point], out: Path) -> list[str]:
         return []
     lines = ["", "## Memorization", ""]
     lines += table(
-        ["#", "loss", "model", "R", "exact match", "ROUGE-L"],
+        [
+            "#",
+            "loss",
+            "model",
+            "R",
+            "exact match",
+            "token match",
+            "ROUGE-L",
+            "val loss",
+            "val loss vs standard",
+        ],  # fmt: skip
         [
             (
                 r["num"],
@@ -393,7 +417,10 @@ def memorization_section(points: Sequence[Point], out: Path) -> list[str]:
                 r["model"],
                 fmt(r["repetitions"]),
                 fmt(r["exact_match_rate"], "{:.3f}"),
+                fmt(r["token_match"], "{:.3f}"),
                 fmt(r["rouge_l"], "{:.3f}"),
+                fmt(r["val_loss"], "{:.3f}"),
+                fmt(r["val_vs_standard"], "{:+.1%}"),
             )
             for r in rows
         ],

@@ -161,6 +161,7 @@ def test_memorization_study(real_job, tmp_path):
             sweep / str(num),
             spec_train={"goldfish": {"k": k, "h": 4, "strategy": "hash-table"}},
             memorization={"exact_match_rate": rate, "rouge_l": rate, "n_documents": 8},
+            summary={"val_loss": 2.0 + k / 40 + r / 100},
         )
         point(sweep, num, f"train.goldfish.k={k} +train.repetitions={r}", job)
     points = report.read_sweep(sweep)
@@ -169,16 +170,21 @@ def test_memorization_study(real_job, tmp_path):
         ("standard", 1, 0.1),
         ("standard", 4, 0.5),
         ("standard", 16, 0.9),
-        ("goldfish k=4 hash-table", 1, 0.0),
-        ("goldfish k=4 hash-table", 4, 0.02),
-        ("goldfish k=4 hash-table", 16, 0.05),
+        ("goldfish k=4 hash-table h=4", 1, 0.0),
+        ("goldfish k=4 hash-table h=4", 4, 0.02),
+        ("goldfish k=4 hash-table h=4", 16, 0.05),
     ]
+    # each Goldfish point against the standard point of the same model and R
+    gaps = [r["val_vs_standard"] for r in rows]
+    assert gaps[:3] == [None] * 3
+    assert gaps[3:] == pytest.approx([0.1 / 2.01, 0.1 / 2.04, 0.1 / 2.16])
     assert {r["model"] for r in rows} == {"gpt_tiny (0.121M)"}
     out = tmp_path / "out"
     assert report.main([str(sweep), "--out", str(out)]) == 0
     markdown = (out / "report.md").read_text()
     assert "memorization.png" in images_of(markdown)
-    assert "| 4 | goldfish k=4 hash-table | gpt_tiny (0.121M) | 4 | 0.020 | 0.020 |" in markdown
+    row = "| 4 | goldfish k=4 hash-table h=4 | gpt_tiny (0.121M) | 4 | 0.020 | - | 0.020 | 2.140 | +4.9% |"
+    assert row in markdown
     assert_pngs(out, images_of(markdown))
 
 
