@@ -134,12 +134,24 @@ def plot(
     title: str,
     points: bool = False,
     diagonal: bool = False,
+    logx: bool = False,
+    dashed: str = "",
 ) -> Path:
-    """One PNG of ``series`` (lines, or markers with ``points``)."""
+    """One PNG of ``series`` (lines, or markers with ``points``); series whose label
+    starts with ``dashed`` are drawn dashed with crosses, so lines that coincide stay
+    visible."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for label, xs, ys in series:
-        ax.plot(xs, ys, "o" if points else "-o" if len(xs) < 30 else "-", label=label, ms=4)
+        style = "o" if points else "-o" if len(xs) < 30 else "-"
+        if dashed and label.startswith(dashed):
+            style = style.replace("-", "--").replace("o", "x")
+        ax.plot(xs, ys, style, label=label, ms=5)
+    if logx:
+        from matplotlib.ticker import ScalarFormatter
+
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
     if diagonal:
         low = min(min(min(xs), min(ys)) for _, xs, ys in series)
         high = max(max(max(xs), max(ys)) for _, xs, ys in series)
@@ -438,6 +450,8 @@ def memorization_section(points: Sequence[Point], out: Path) -> list[str]:
         xlabel="repetitions R",
         ylabel="exact-match rate",
         title="memorization against repetitions",
+        logx=True,
+        dashed="goldfish",
     )
     return lines + ["", f"![memorization]({path.name})"]
 

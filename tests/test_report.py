@@ -183,7 +183,10 @@ def test_memorization_study(real_job, tmp_path):
     assert report.main([str(sweep), "--out", str(out)]) == 0
     markdown = (out / "report.md").read_text()
     assert "memorization.png" in images_of(markdown)
-    row = "| 4 | goldfish k=4 hash-table h=4 | gpt_tiny (0.121M) | 4 | 0.020 | - | 0.020 | 2.140 | +4.9% |"
+    row = (
+        "| 4 | goldfish k=4 hash-table h=4 | gpt_tiny (0.121M) | 4 | 0.020 | - | 0.020 | 2.140 "
+        "| +4.9% |"
+    )
     assert row in markdown
     assert_pngs(out, images_of(markdown))
 
