@@ -23,6 +23,7 @@ ORDER = [
     ("bench_status.md", "Failures"),
     ("bench_generation.md", "Generation"),
     ("bench_hf_import.md", "Hugging Face import"),
+    ("memorization_study.md", "Memorization"),
 ]
 HEADER = """# Benchmarks
 
