@@ -69,6 +69,7 @@ class LaunchConfig:
 # Overrides that a point's name leaves out: already in the name, or not about the run.
 UNNAMED_KEYS = (
     "machine", "model", "name", "dry_run", "wait", "nodes", "objective", "preflight", "study",
+    "scale",
 )  # fmt: skip
 NAME_MAX = 80
 

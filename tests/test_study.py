@@ -117,3 +117,18 @@ def test_a_two_point_study_trains_measures_and_reports(tmp_path):
     assert (out / "memorization.png").stat().st_size > 0
     text = (out / "report.md").read_text()
     assert "## Memorization" in text and "goldfish k=4" in text and "standard" in text
+
+
+def test_scale_full_switches_the_study_to_tinyllama_on_a_cluster():
+    """`+study=memorization scale=full`: TinyLlama-1B shapes, 2048-token sequences,
+    50-token continuations, Slurm's cores per task; the CPU scale is the default."""
+    from axonn_launch.config import load
+
+    cpu = load(["+study=memorization"])
+    assert (cpu.train.steps, cpu.train.seq_len, cpu.train.threads) == (2000, 64, 1)
+    assert cpu.memorization.continuation == 32
+    full = load(["+study=memorization", "scale=full", "machine=frontier", "nodes=16"])
+    assert full.model.name == "tinyllama_1b" and full.model.n_layer == 22
+    assert (full.train.seq_len, full.train.global_batch, full.train.threads) == (2048, 256, 0)
+    assert full.memorization.continuation == 50
+    assert full.train.goldfish.h == cpu.train.goldfish.h == 32
