@@ -194,6 +194,17 @@ def shape_problem(model: ModelSpec, grid: Grid) -> str | None:
     return None
 
 
+def new_tokens_problem(key: str, new_tokens: int, model: ModelSpec) -> str | None:
+    """Tokens to generate must leave room for a prompt of at least one token inside the
+    KV cache of ``max_seq_len`` positions (generation.py checks each batch's longest)."""
+    if not 1 <= new_tokens < model.max_seq_len:
+        return (
+            f"{key}={new_tokens}: must be between 1 and model.max_seq_len-1="
+            f"{model.max_seq_len - 1} (a prompt needs at least one token)"
+        )
+    return None
+
+
 def seq_len_problem(model: ModelSpec, train: TrainConfig) -> str | None:
     """The position table (GPT) and the rotary context (Llama) have ``max_seq_len`` rows."""
     if train.seq_len > model.max_seq_len:

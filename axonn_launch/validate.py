@@ -16,7 +16,7 @@ from axonn_launch.grid import Grid
 from axonn_launch.machine import MachineProfile
 from axonn_launch.memory import MemoryEstimate, estimate_memory
 from axonn_launch.models import ModelSpec
-from axonn_launch.spec import TrainConfig
+from axonn_launch.spec import GenerateConfig, MemorizationConfig, TrainConfig
 
 BUILTIN_DATA = ("shakespeare", "synthetic")
 BYTE_VOCAB = 256
@@ -42,6 +42,7 @@ def resolve(cfg: LaunchConfig) -> Resolved:
     check_machine(cfg.machine)
     check_model(cfg.model)
     check_train(cfg.train, cfg.model)
+    check_generation(cfg.generate, cfg.memorization, cfg.model)
     planned = wants_planner(cfg.grid, cfg.machine)
     grid, train = auto_grid(cfg) if planned else (explicit_grid(cfg.grid, cfg.machine), cfg.train)
     _fail(rules.shape_problem(cfg.model, grid))
@@ -107,6 +108,25 @@ def check_train(train: TrainConfig, model: ModelSpec) -> None:
     _fail(rules.seq_len_problem(model, train))
     _fail(rules.throughput_problem(model, train))
     check_data(train.data, model)
+
+
+def check_generation(
+    generate: GenerateConfig, memorization: MemorizationConfig, model: ModelSpec
+) -> None:
+    """A generation job (generate.prompts) and the in-job memorization measurement
+    (memorization.data): what their generation would reject."""
+    if generate.prompts:
+        _fail(rules.new_tokens_problem("generate.max_new_tokens", generate.max_new_tokens, model))
+        _positive("generate.batch_size", generate.batch_size)
+        for key in ("temperature", "top_k"):
+            if getattr(generate, key) < 0:
+                raise ConfigError(f"generate.{key}={getattr(generate, key)}: must be >= 0")
+    if memorization.data:
+        _fail(
+            rules.new_tokens_problem("memorization.continuation", memorization.continuation, model)
+        )
+        _positive("memorization.max_documents", memorization.max_documents)
+        _positive("memorization.batch_size", memorization.batch_size)
 
 
 def check_data(data: str, model: ModelSpec) -> None:
