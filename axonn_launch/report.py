@@ -12,6 +12,8 @@
   also the exact-match rate against the repetition count R, one line per (loss, model):
   the loss is ``train.goldfish`` (k = 0: standard); R is the first of ``REPETITION_KEYS``
   found in ``memorization.json``, the point's overrides, ``spec.json`` or ``config.yaml``;
+  its table gives each Goldfish point's validation loss against the standard point of the
+  same model and R;
 - ``--plan FILE`` (``python -m axonn_launch.plan ... output=json``): predicted against
   measured step time for the jobs whose model, machine and grid match a plan row.
 
