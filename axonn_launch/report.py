@@ -381,13 +381,12 @@ def memorization_rows(points: Sequence[Point]) -> list[dict]:
         k = int(config.get("train.goldfish.k") or 0)
         strategy = config.get("train.goldfish.strategy", "")
         width = config.get("train.goldfish.h")
+        goldfish = [f"goldfish k={k}", strategy, f"h={width}" if width is not None else ""]
         params = number(record.get("n_params"))
         rows.append(
             {
                 "num": p.num,
-                "loss": "standard"
-                if k == 0
-                else " ".join(f"goldfish k={k} {strategy} h={width}".replace("h=None", "").split()),
+                "loss": "standard" if k == 0 else " ".join(part for part in goldfish if part),
                 "model": record.get("model", config.get("model.name", "?"))
                 + (f" ({params / 1e6:.3g}M)" if params else ""),
                 "repetitions": repetitions(p, memo, config),

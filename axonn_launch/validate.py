@@ -99,8 +99,7 @@ def check_train(train: TrainConfig, model: ModelSpec) -> None:
             raise ConfigError(f"train.{key}={getattr(train, key)}: must be > 0")
     for key in ("min_lr", "weight_decay", "grad_clip", "warmup_steps", "checkpoint_every",
                 "log_every_s", "threads"):  # fmt: skip
-        if getattr(train, key) < 0:
-            raise ConfigError(f"train.{key}={getattr(train, key)}: must be >= 0")
+        _non_negative(f"train.{key}", getattr(train, key))
     if train.min_lr > train.lr:
         raise ConfigError(f"train.min_lr={train.min_lr}: must not exceed train.lr={train.lr}")
     _one_of("train.schedule", train.schedule, ("cosine", "constant"))
@@ -119,8 +118,7 @@ def check_generation(
         _fail(rules.new_tokens_problem("generate.max_new_tokens", generate.max_new_tokens, model))
         _positive("generate.batch_size", generate.batch_size)
         for key in ("temperature", "top_k"):
-            if getattr(generate, key) < 0:
-                raise ConfigError(f"generate.{key}={getattr(generate, key)}: must be >= 0")
+            _non_negative(f"generate.{key}", getattr(generate, key))
     if memorization.data:
         _fail(
             rules.new_tokens_problem("memorization.continuation", memorization.continuation, model)
@@ -291,6 +289,11 @@ def _fail(problem: str | None) -> None:
 def _positive(key: str, value: int) -> None:
     if value < 1:
         raise ConfigError(f"{key}={value}: must be a positive integer")
+
+
+def _non_negative(key: str, value: float) -> None:
+    if value < 0:
+        raise ConfigError(f"{key}={value}: must be >= 0")
 
 
 def _one_of(key: str, value: str, valid: tuple[str, ...]) -> None:

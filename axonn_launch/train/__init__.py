@@ -95,7 +95,7 @@ def train_rank(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool] | No
 def configure_threads(env: DistEnv, threads: int = 0) -> None:
     """``threads`` per rank, or (0) the cores shared among the ranks of this node unless
     Slurm already bound each task. More threads than cores makes every step wait on
-    spinning thread pools: two 2-thread jobs on 2 cores ran 50x slower than one."""
+    spinning thread pools: two 2-thread jobs on 2 cores ran about 45x slower than one."""
     if threads > 0:
         torch.set_num_threads(threads)
         return
