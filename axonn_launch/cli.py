@@ -160,10 +160,25 @@ def preflight(argv: list[str]) -> None:
     config_dir = valued.get("--config-dir") or valued.get("-cd")
     if config_dir:
         overrides.append(f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]")
-    for point in expand_sweep(overrides) if sweeping else [overrides]:
+    optimizing = sweeping and sweeper not in ("", "basic")
+    points = expand_sweep(overrides, interval_ends=optimizing) if sweeping else [overrides]
+    for point in points:
         cfg = for_sweeper(to_launch_config(compose(point)), sweeper or "basic")
         if not sweeping:
             resolve(cfg)
+        elif optimizing:
+            resolve_trial(cfg, point, sweeper)
+
+
+def resolve_trial(cfg: LaunchConfig, point: list[str], sweeper: str) -> None:
+    """An optimizing sweeper may pick any point of its search space, and one invalid trial
+    stops it (Hydra's ``max_failure_rate`` is 0): so every combination of choices and of
+    interval ends must be valid before the first trial runs."""
+    try:
+        resolve(cfg)
+    except ConfigError as exc:
+        trial = " ".join(point)
+        raise ConfigError(f"{exc} (a trial the {sweeper} sweeper may pick: {trial})") from None
 
 
 def main() -> None:

@@ -110,10 +110,11 @@ def objective_value(outcome: Outcome, objective: str) -> float | None:
 # --------------------------------------------------------------------------- pre-flight
 
 
-def expand_sweep(overrides: list[str]) -> list[list[str]]:
+def expand_sweep(overrides: list[str], *, interval_ends: bool = False) -> list[list[str]]:
     """The points to check before the sweep runs: every value of each choice, range and
-    glob sweep (their product), and one sample, the lower end, of each interval sweep
-    (``interval(a,b)``, ``tag(log, interval(a,b))``), whose values only its sweeper picks."""
+    glob sweep (their product), and of each interval sweep (``interval(a,b)``,
+    ``tag(log, interval(a,b))``), whose values only its sweeper picks, the lower end, or
+    both ends with ``interval_ends``."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
@@ -128,7 +129,9 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
         elif override.is_discrete_sweep():
             choices.append([f"{key}={v}" for v in override.sweep_string_iterator()])
         else:
-            choices.append([f"{key}={sample(override.value().start)}"])
+            interval = override.value()
+            ends = (interval.start, interval.end) if interval_ends else (interval.start,)
+            choices.append([f"{key}={sample(end)}" for end in ends])
     return [list(point) for point in itertools.product(*choices)]
 
 

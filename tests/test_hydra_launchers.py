@@ -63,7 +63,7 @@ def test_optuna_sweep_over_lr_on_local_runs_three_trials_and_reports_the_best(tm
         "hydra/sweeper=optuna",
         "hydra.sweeper.n_trials=3",
         "hydra.sweeper.sampler.seed=7",
-        "train.lr=interval(0.0001,0.01)",
+        "train.lr=interval(0.001,0.01)",
         "machine=local",
         "grid.x=1",
         "grid.z=1",
@@ -79,7 +79,7 @@ def test_optuna_sweep_over_lr_on_local_runs_three_trials_and_reports_the_best(tm
     assert len(trials) == 3
     losses = [json.loads(p.read_text())["val_loss"] for p in trials]  # the default objective
     lrs = [yaml.safe_load((p.parent / "config.yaml").read_text())["train"]["lr"] for p in trials]
-    assert len(set(lrs)) == 3 and all(0.0001 <= lr <= 0.01 for lr in lrs)
+    assert len(set(lrs)) == 3 and all(0.001 <= lr <= 0.01 for lr in lrs)
     results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert results["best_value"] == min(losses)
     assert results["best_params"]["train.lr"] == lrs[losses.index(min(losses))]
@@ -105,6 +105,17 @@ def test_preflight_samples_sweeps_only_their_sweeper_can_expand():
     ]
 
 
+def test_preflight_of_an_optimizing_sweep_takes_both_ends_of_each_interval():
+    points = expand_sweep(
+        ["train.lr=interval(0.001,0.1)", "train.seed=tag(log, interval(1, 100))", "grid.z=1,2"],
+        interval_ends=True,
+    )
+    assert len(points) == 8
+    assert {p[0] for p in points} == {"train.lr=0.001", "train.lr=0.1"}
+    assert {p[1] for p in points} == {"train.seed=1", "train.seed=100"}
+    assert {p[2] for p in points} == {"grid.z=1", "grid.z=2"}
+
+
 @pytest.mark.parametrize(
     ("args", "error"),
     [
@@ -113,6 +124,15 @@ def test_preflight_samples_sweeps_only_their_sweeper_can_expand():
         (
             ["train.lr=interval(0.001,0.1)", "train.eval_batches=0"],
             "error: objective=val_loss needs a validation loss: train.eval_batches=0",
+        ),
+        (  # a trial below train.min_lr would stop the sweep midway
+            ["train.lr=interval(0.0001,0.01)"],
+            "error: train.min_lr=0.0003: must not exceed train.lr=0.0001 (a trial the optuna"
+            " sweeper may pick: train.lr=0.0001)",
+        ),
+        (  # every choice too: any of them may be a trial
+            ["train.seed=interval(1,2)", "grid.z=1,3"],
+            "error: grid.z=3: must divide",
         ),
         (
             ["train.lr=interval(0.001,0.1)", "objective=loss"],

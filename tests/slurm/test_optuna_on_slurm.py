@@ -18,7 +18,8 @@ pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install -e
 def test_optuna_trials_are_slurm_jobs_that_the_sweep_waits_for(slurm_cluster, tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2",
-            "train.lr=interval(0.0001,0.01)", "machine=slurm_local", "grid.x=2",
+            "hydra.sweeper.sampler.seed=7", "train.lr=interval(0.001,0.01)",
+            "machine=slurm_local", "grid.x=2",
             "train.steps=3", "train.warmup_steps=1", "train.sample_tokens=0",
             "train.progress=false", f"hydra.sweep.dir={sweep}"]  # fmt: skip
     result = run_launcher(args, cwd=tmp_path, timeout=600)
