@@ -7,6 +7,7 @@ nothing written or submitted. Set HYDRA_FULL_ERROR=1 for tracebacks.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -140,7 +141,8 @@ def split_argv(argv: list[str]) -> tuple[list[str], dict[str, str], set[str]]:
 
 
 def preflight(argv: list[str]) -> None:
-    """Compose each point of the command line; validate it too when not sweeping."""
+    """Compose each point of the command line; validate it when not sweeping, and each
+    trial an optimizing sweeper may pick."""
     overrides, valued, bare = split_argv(argv)
     if bare & HYDRA_FLAGS_WITHOUT_PREFLIGHT or {
         "--config-path",
@@ -163,19 +165,35 @@ def preflight(argv: list[str]) -> None:
     optimizing = sweeping and sweeper not in ("", "basic")
     points = expand_sweep(overrides, interval_ends=optimizing) if sweeping else [overrides]
     for point in points:
-        cfg = for_sweeper(to_launch_config(compose(point)), sweeper or "basic")
+        tree = compose(point)
+        cfg = for_sweeper(to_launch_config(tree), sweeper or "basic")
         if not sweeping:
-            resolve(cfg)
+            check_run(tree, cfg)
         elif optimizing:
-            resolve_trial(cfg, point, sweeper)
+            check_trial(tree, cfg, point, sweeper)
 
 
-def resolve_trial(cfg: LaunchConfig, point: list[str], sweeper: str) -> None:
+def check_run(tree: DictConfig, cfg: LaunchConfig) -> None:
+    """Validate a run. A study's data (``+study=...``) is prepared by its Hydra callback
+    when the run starts, after this check of ``train.data``; so once the rest is valid
+    (checked as a dry run, which only warns about missing data) it is prepared here."""
+    if "study" in tree:
+        from axonn_launch.study import PrepareStudy, StudyError
+
+        resolve(dataclasses.replace(cfg, dry_run=True))
+        try:
+            PrepareStudy(tree.study).ensure()
+        except StudyError as exc:
+            raise ConfigError(str(exc)) from None
+    resolve(cfg)
+
+
+def check_trial(tree: DictConfig, cfg: LaunchConfig, point: list[str], sweeper: str) -> None:
     """An optimizing sweeper may pick any point of its search space, and one invalid trial
     stops it (Hydra's ``max_failure_rate`` is 0): so every combination of choices and of
     interval ends must be valid before the first trial runs."""
     try:
-        resolve(cfg)
+        check_run(tree, cfg)
     except ConfigError as exc:
         trial = " ".join(point)
         raise ConfigError(f"{exc} (a trial the {sweeper} sweeper may pick: {trial})") from None

@@ -32,7 +32,7 @@ import argparse
 import json
 import string
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,15 +148,25 @@ def write_documents(prefix: Path, docs: Sequence[bytes], meta: dict) -> dict:
         raise
 
 
-def settings_of(**given: Any) -> dict:
+def cli_flag(key: str) -> str:
+    return f"--{key.replace('_', '-')}"
+
+
+def settings_of(name: Callable[[str], str] = cli_flag, **given: Any) -> dict:
+    """The settings with defaults filled in; a bad one raises, named by ``name(key)``."""
     settings = {**DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
-    settings["repetitions"] = sorted({int(r) for r in settings["repetitions"]})
-    for key in ("canaries", "canary_len"):
-        if int(settings[key]) < 1:
-            raise StudyError(f"--{key.replace('_', '-')}={settings[key]}: expected >= 1")
-    if not settings["repetitions"] or settings["repetitions"][0] < 0:
-        raise StudyError(f"--repetitions={settings['repetitions']}: expected counts >= 0")
+    for key, low in (("canaries", 1), ("canary_len", 1), ("corpus_bytes", 0), ("seed", 0)):
+        if not _is_int(settings[key]) or settings[key] < low:
+            raise StudyError(f"{name(key)}={settings[key]!r}: expected an integer >= {low}")
+    counts = list(settings["repetitions"])
+    if not counts or not all(_is_int(r) and r >= 0 for r in counts):
+        raise StudyError(f"{name('repetitions')}={counts}: expected counts >= 0")
+    settings["repetitions"] = sorted(set(counts))
     return settings
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def prepare(out: Path, **given: Any) -> dict:
@@ -211,22 +221,30 @@ except ModuleNotFoundError:  # pragma: no cover
 
 
 class PrepareStudy(_Callback):  # type: ignore[misc,valid-type]
-    """Prepares the study's data at the start of a run or sweep unless already there."""
+    """Prepares the study's data at the start of a run or sweep unless already there.
 
-    def __init__(self, out: str, **settings: Any) -> None:
-        self.out = Path(out)
-        self.settings = {k: (list(v) if k == "repetitions" else v) for k, v in settings.items()}
+    ``study`` is the study config's ``study:`` section (``dir``, ``all_repetitions``,
+    ``canaries``, ``canary_len``, ``corpus_bytes``, ``seed``); the launcher's pre-flight
+    calls ``ensure`` itself before a single run checks that ``train.data`` exists."""
 
-    def _ensure(self) -> None:
+    KEYS = {"repetitions": "all_repetitions"}  # setting -> its key under study: when not equal
+
+    def __init__(self, study: Mapping[str, Any]) -> None:
+        self.out = Path(study["dir"])
+        self.settings = {key: study[self.KEYS.get(key, key)] for key in DEFAULTS}
+        self.settings["repetitions"] = list(self.settings["repetitions"])
+        settings_of(lambda key: f"study.{self.KEYS.get(key, key)}", **self.settings)
+
+    def ensure(self) -> None:
         if not prepared(self.out, **self.settings):
             print(f"study: preparing the data in {self.out}", file=sys.stderr)
             prepare(self.out, **self.settings)
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        self._ensure()
+        self.ensure()
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
-        self._ensure()
+        self.ensure()
 
 
 # ----------------------------------------------------------------------------- CLI

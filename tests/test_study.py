@@ -69,7 +69,53 @@ def test_bad_settings_are_one_line_exit_2(tmp_path):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: --canaries=0: expected >= 1"
+    assert result.stderr.strip() == "error: --canaries=0: expected an integer >= 1"
+
+
+@pytest.mark.parametrize(
+    ("override", "error"),
+    [
+        ("study.canaries=0", "error: study.canaries=0: expected an integer >= 1"),
+        (
+            "study.all_repetitions=[1,-1]",
+            "error: study.all_repetitions=[1, -1]: expected counts >= 0",
+        ),
+        ("study.seed=x", "error: study.seed='x': expected an integer >= 0"),
+        ("train.steps=0", "error: train.steps=0: must be a positive integer"),
+    ],
+)
+def test_a_study_run_with_bad_settings_writes_nothing(tmp_path, override, error):
+    """The pre-flight prepares a single run's study data, but only once all is valid."""
+    result = run_launcher(["+study=memorization", f"study.dir={tmp_path / 'data'}", override],
+                          cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip() == error
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+TINY_STUDY = [
+    "study.canaries=4",
+    "study.canary_len=48",
+    "study.corpus_bytes=4000",
+    "study.all_repetitions=[4]",
+    "study.repetitions=4",
+    "model=study_s",
+    "train.steps=4",
+    "train.eval_batches=1",
+    "memorization.continuation=16",
+]
+
+
+def test_one_point_of_a_study_runs_without_a_sweep_on_fresh_data(tmp_path):
+    """No -m: the pre-flight, which checks that train.data exists, prepares it first."""
+    data = tmp_path / "data"
+    args = ["+study=memorization", f"study.dir={data}", *TINY_STUDY, "train.goldfish.k=4"]
+    result = run_launcher(args, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((data / "study.json").read_text())["files"]["r4"]["repetitions"] == 4
+    (summary,) = (tmp_path / "jobs").glob("*/*/summary.json")
+    assert json.loads(summary.read_text())["steps"] == 4
+    assert (summary.parent / "memorization.json").is_file()
 
 
 def test_a_two_point_study_trains_measures_and_reports(tmp_path):
@@ -80,16 +126,8 @@ def test_a_two_point_study_trains_measures_and_reports(tmp_path):
         "-m",
         "+study=memorization",
         f"study.dir={data}",
-        "study.canaries=4",
-        "study.canary_len=48",
-        "study.corpus_bytes=4000",
-        "study.all_repetitions=[4]",
-        "study.repetitions=4",
-        "model=study_s",
+        *TINY_STUDY,
         "train.goldfish.k=0,4",
-        "train.steps=4",
-        "train.eval_batches=1",
-        "memorization.continuation=16",
         f"hydra.sweep.dir={sweep}",
     ]
     result = run_launcher(args, cwd=tmp_path, timeout=300)
