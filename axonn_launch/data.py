@@ -8,13 +8,16 @@
 directory (loaded with ``transformers.AutoTokenizer``; its ``chat_template`` renders
 conversations). Both commands write ``PREFIX.bin`` (token ids), ``PREFIX.idx`` (Megatron's
 ``MMapIndexedDataset`` index: header, version, dtype code, sequence and document counts,
-then sizes, byte pointers and document indices; one sequence per document) and
+then sizes, byte pointers and document indices) and
 ``PREFIX.bin.json`` (dtype, vocab size, counts; the job checks the vocab against the
 model's). ``finetune`` also writes ``PREFIX.mask``: one uint8 per token, 1 where the token
 counts as a label (a response token or the end-of-turn token after it), 0 for prompts and
 padding. Its documents are the packed sequences of ``S + 1`` tokens each: whole examples
 in order, padded with the end-of-document token; an example longer than ``S + 1`` is
-truncated (and counted in a warning).
+truncated (and counted in a warning). Each example is a sequence of the index (and the
+padding one more), so a document lists the examples it packs, Megatron's distinction
+between sequences and documents: the job keeps each example's attention and positions to
+itself. ``prepare`` writes one sequence per document.
 
 Files are tokenized in parallel (one file per task); the output is the same for any
 ``--workers``. Everything is written under temporary names and renamed at the end, so an
@@ -98,7 +101,11 @@ class MegatronIndex:
         """Token offset of each document's first token (int64, ascending)."""
         first = self.doc_indices[:-1]
         first = first[first < len(self.sizes)]
-        return (self.pointers[first] // self.dtype.itemsize).astype(np.int64)
+        return self.sequence_starts()[first]
+
+    def sequence_starts(self) -> np.ndarray:
+        """Token offset of each sequence's first token (int64, ascending)."""
+        return (self.pointers // self.dtype.itemsize).astype(np.int64)
 
     @property
     def tokens(self) -> int:
@@ -116,15 +123,17 @@ def dtype_code(dtype: np.dtype) -> int:
     return next(code for code, t in MEGATRON_DTYPES.items() if np.dtype(t) == dtype)
 
 
-def index_bytes(sizes: np.ndarray, dtype: np.dtype) -> bytes:
-    """The ``.idx`` of one sequence per document with these token counts."""
+def index_bytes(sizes: np.ndarray, dtype: np.dtype, firsts: np.ndarray | None = None) -> bytes:
+    """The ``.idx`` of sequences with these token counts; ``firsts``: the sequence each
+    document starts with (None: one sequence per document)."""
     count = len(sizes)
     sizes = np.asarray(sizes, dtype=np.int32)
     pointers = np.zeros(count, dtype=np.int64)
     np.cumsum(sizes[:-1].astype(np.int64) * dtype.itemsize, out=pointers[1:])
+    firsts = np.arange(count, dtype=np.int64) if firsts is None else np.asarray(firsts, np.int64)
+    docs = np.append(firsts, count).astype(np.int64)
     header = MEGATRON_IDX_HEADER + struct.pack("<QBQQ", MEGATRON_IDX_VERSION, dtype_code(dtype),
-                                               count, count + 1)  # fmt: skip
-    docs = np.arange(count + 1, dtype=np.int64)
+                                               count, len(docs))  # fmt: skip
     return header + sizes.tobytes() + pointers.tobytes() + docs.tobytes()
 
 
@@ -159,24 +168,37 @@ class IndexedWriter:
         self.prefix = prefix
         self.dtype = dtype
         self.sizes: list[np.ndarray] = []
+        self.firsts: list[int] = []  # the sequence each document starts with
+        self.sequences = 0
         self.names = [".bin", ".idx", ".bin.json"] + ([MASK_SUFFIX] if masked else [])
         self.tmp = {s: prefix.with_name(f".{prefix.name}{s}.tmp{os.getpid()}") for s in self.names}
         self.bin = self.tmp[".bin"].open("wb")
         self.mask = self.tmp[MASK_SUFFIX].open("wb") if masked else None
 
-    def add(self, tokens: np.ndarray, sizes: Sequence[int], mask: np.ndarray | None = None) -> None:
-        """Documents of ``sizes`` tokens, concatenated in ``tokens``."""
+    def add(
+        self,
+        tokens: np.ndarray,
+        sizes: Sequence[int],
+        mask: np.ndarray | None = None,
+        *,
+        one_document: bool = False,
+    ) -> None:
+        """Sequences of ``sizes`` tokens, concatenated in ``tokens``: each a document, or
+        with ``one_document`` together one."""
         self.bin.write(np.asarray(tokens, dtype=self.dtype).tobytes())
         if self.mask is not None:
             self.mask.write(np.asarray(mask, dtype=np.uint8).tobytes())
         self.sizes.append(np.asarray(sizes, dtype=np.int64))
+        starts = range(self.sequences, self.sequences + (1 if one_document else len(sizes)))
+        self.firsts.extend(starts)
+        self.sequences += len(sizes)
 
     def commit(self, meta: dict) -> dict:
         """Write the index and sidecar, rename everything into place; the sidecar's dict."""
         self._close()
         sizes = np.concatenate(self.sizes) if self.sizes else np.zeros(0, dtype=np.int64)
-        self.tmp[".idx"].write_bytes(index_bytes(sizes, self.dtype))
-        meta = {"dtype": self.dtype.name, **meta, "documents": len(sizes),
+        self.tmp[".idx"].write_bytes(index_bytes(sizes, self.dtype, np.array(self.firsts)))
+        meta = {"dtype": self.dtype.name, **meta, "documents": len(self.firsts),
                 "tokens": int(sizes.sum())}  # fmt: skip
         self.tmp[".bin.json"].write_text(json.dumps(meta, indent=1) + "\n")
         for suffix in sorted(self.names, key=lambda s: s == ".bin"):  # the .bin last
@@ -428,9 +450,10 @@ class Packer:
 
     length: int
     pad: int
-    emit: Callable[[np.ndarray, np.ndarray], None]  # (tokens, mask) of one full sequence
+    emit: Callable[[np.ndarray, np.ndarray, list[int]], None]  # (tokens, mask, example sizes)
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
     truncated: int = 0
     padding: int = 0
 
@@ -442,14 +465,17 @@ class Packer:
             ids, mask = ids[: self.length], mask[: self.length]
         self.ids += ids
         self.mask += mask
+        self.sizes.append(len(ids))
 
     def flush(self) -> None:
+        """Emit the sequence so far, padded; the padding is one more example's size."""
         if not self.ids:
             return
         fill = self.length - len(self.ids)
         self.padding += fill
-        self.emit(np.array(self.ids + [self.pad] * fill), np.array(self.mask + [0] * fill))
-        self.ids, self.mask = [], []
+        sizes = self.sizes + [fill] * (fill > 0)
+        self.emit(np.array(self.ids + [self.pad] * fill), np.array(self.mask + [0] * fill), sizes)
+        self.ids, self.mask, self.sizes = [], [], []
 
 
 # ------------------------------------------------------------------ workers
@@ -531,7 +557,8 @@ def finetune(tok: TextTokenizer, files: list[Path], out: Path, *, seq_len: int,
     progress = Progress(len(files))
     examples = labels = 0
     with IndexedWriter(out, token_dtype(tok.vocab_size), masked=True) as writer:
-        packer = Packer(seq_len + 1, tok.eod_id, lambda t, m: writer.add(t, [len(t)], m))
+        packer = Packer(seq_len + 1, tok.eod_id,
+                        lambda t, m, sizes: writer.add(t, sizes, m, one_document=True))  # fmt: skip
         for file_examples in map_files(tokenize_examples, files, tok, eod, workers):
             for ids, mask in file_examples:
                 packer.add(ids, mask)

@@ -237,9 +237,13 @@ def test_finetune_packs_whole_examples_and_masks_exactly_the_responses(tokenizer
                "--seq-len", seq - 1, "--eod", EOD) == 0  # fmt: skip
     assert "warning: 1 of 4 examples" in capsys.readouterr().err
     tokens, mask, index = read_packed(out)
-    assert index.sizes.tolist() == [seq] * 3 and len(mask) == len(tokens) == 3 * seq
+    assert len(mask) == len(tokens) == 3 * seq
     (ids0, m0), (ids1, m1), (ids2, m2) = examples
     pad = seq - len(ids2)
+    # each example is an index sequence (the padding one more); each packed row a document
+    assert index.sizes.tolist() == [len(ids0), len(ids1), len(ids2), pad, seq]
+    assert index.doc_indices.tolist() == [0, 2, 4, 5]
+    assert index.document_starts().tolist() == [0, seq, 2 * seq]
     assert tokens[:seq].tolist() == ids0 + ids1 and mask[:seq].tolist() == m0 + m1
     assert tokens[seq : 2 * seq].tolist() == ids2 + [tok.eod_id] * pad
     assert mask[seq : 2 * seq].tolist() == m2 + [0] * pad
@@ -303,7 +307,9 @@ def test_chat_template_renders_messages_and_masks_assistant_turns(hf_dir, tmp_pa
     second = tokens.tolist()[len(first) :]
     text = hf.decode(second[: second.index(eod) + 1])
     assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHail.<|im_end|>\n" + EOD
-    assert index.sizes.tolist() == [128]
+    second_len = second.index(eod) + 1
+    assert index.sizes.tolist() == [len(first), second_len, 128 - len(first) - second_len]
+    assert index.document_starts().tolist() == [0]
 
 
 def test_hf_directory_gives_the_eos_token_for_prepare(hf_dir, corpus, tmp_path):

@@ -2,10 +2,12 @@
 of generation and the causal (or padded, cached) attention itself.
 
 A ``Positions`` describes one forward: training runs ``[b, s]`` tokens from position 0
-with a plain causal mask; generation runs a prompt batch that is left-padded to one
-length (``pads[b]`` leading pad tokens per row), then one token at a time against the
-keys and values in a ``KVCache``. The cache holds this rank's heads only (split over y
-as the activations are), so it is sharded like the activations.
+with a plain causal mask, or, when rows pack several fine-tuning examples, a causal mask
+within each example and positions counted from its first token; generation runs a prompt
+batch that is left-padded to one length (``pads[b]`` leading pad tokens per row), then
+one token at a time against the keys and values in a ``KVCache``. The cache holds this
+rank's heads only (split over y as the activations are), so it is sharded like the
+activations.
 """
 
 from __future__ import annotations
@@ -50,21 +52,32 @@ class Positions:
     start: int = 0
     pads: torch.Tensor | None = None  # [b] int64; None: no padding
     cache: KVCache | None = None
+    examples: torch.Tensor | None = None  # [b, s] packed example of each token; None: one
+
+    def __post_init__(self) -> None:
+        if self.examples is not None and not (self.start == 0 and self.pads is None):
+            raise ValueError("packed examples are for training: from position 0, unpadded")
 
     @property
     def plain(self) -> bool:
         """Training's case: from position 0, unpadded, no cache (plain causal mask)."""
-        return self.start == 0 and self.pads is None and self.cache is None
+        return (
+            self.start == 0 and self.pads is None and self.cache is None and self.examples is None
+        )
 
     def ids(self, b: int, s: int, device: torch.device) -> torch.Tensor:
-        """``[b, s]`` position of each token in its own sequence (pads count from 0)."""
+        """``[b, s]`` position of each token in its own sequence (pads count from 0) or,
+        packed, in its own example."""
         ids = torch.arange(self.start, self.start + s, device=device).expand(b, s)
+        if self.examples is not None:
+            return ids - example_firsts(self.examples.to(device))
         if self.pads is None:
             return ids
         return (ids - self.pads.to(device)[:, None]).clamp(min=0)
 
     def mask(self, b: int, s: int, device: torch.device) -> torch.Tensor | None:
-        """``[b, 1, s, start + s]`` keys each query may see (causal, not padding)."""
+        """``[b, 1, s, start + s]`` keys each query may see (causal, not padding, in its
+        own example)."""
         if self.plain:
             return None
         keys = torch.arange(self.start + s, device=device)
@@ -73,7 +86,20 @@ class Positions:
         allowed = allowed.expand(b, s, self.start + s)
         if self.pads is not None:
             allowed = allowed & (keys[None, None, :] >= self.pads.to(device)[:, None, None])
+        if self.examples is not None:
+            examples = self.examples.to(device)
+            allowed = allowed & (examples[:, :, None] == examples[:, None, :])
         return allowed[:, None]
+
+
+def example_firsts(examples: torch.Tensor) -> torch.Tensor:
+    """``[b, s]``: the index of the first token of each token's example in its row
+    (examples are runs of equal numbers)."""
+    s = examples.shape[1]
+    index = torch.arange(s, device=examples.device).expand_as(examples)
+    new = torch.ones_like(examples, dtype=torch.bool)
+    new[:, 1:] = examples[:, 1:] != examples[:, :-1]
+    return torch.where(new, index, torch.zeros_like(index)).cummax(dim=1).values
 
 
 def attend(

@@ -16,14 +16,18 @@ Sources (``TrainConfig.data``):
 - a ``.bin`` with a ``.mask`` beside it (``python -m axonn_launch.data finetune``) is
   *packed*: each ``.idx`` document is one training sequence of ``seq_len + 1`` tokens, read
   whole and aligned (in a shuffled order, each once per epoch), and a label whose mask byte
-  is 0 does not count. The first 90% of the documents is the train split.
+  is 0 does not count. The ``.idx`` sequences of a document are the examples packed into
+  it: each token attends only to its own example's tokens, at positions counted from the
+  example's first token (``MicroBatch.examples``), so a packed example trains as it would
+  alone. The first 90% of the documents is the train split.
 
 Any other training sequence is a window of ``seq_len + 1`` tokens at an offset that is a
 hash of (seed, global sequence number), so each rank reads only its own windows.
 
-Batches are ``(inputs, targets)``, int64, with ``targets == IGNORE_INDEX`` (-100, what
-``cross_entropy`` ignores) wherever a label does not count: a mask byte of 0, or a label the
-Goldfish loss drops (``Loader(goldfish=...)``, training only; ``EvalLoader`` never drops).
+Micro-batches are ``MicroBatch(inputs, targets, examples)``, int64, with
+``targets == IGNORE_INDEX`` (-100, what ``cross_entropy`` ignores) wherever a label does not
+count: a mask byte of 0, or a label the Goldfish loss drops (``Loader(goldfish=...)``,
+training only; ``EvalLoader`` never drops).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -59,6 +63,15 @@ class Span:
     tokens: np.ndarray  # int64 [before + length]: ``before`` stream tokens first (MISSING: none)
     offsets: np.ndarray  # int64 [length]: each token's offset from its document's first token
     keep: np.ndarray | None = None  # bool [length]: the token counts as a label; None: all
+    examples: np.ndarray | None = None  # int64 [length]: packed example of each token; None: one
+
+
+class MicroBatch(NamedTuple):
+    """One micro-batch of this rank, each ``[rows, seq_len]`` int64."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor  # IGNORE_INDEX where a label does not count
+    examples: torch.Tensor | None = None  # each input's packed example (None: one per row)
 
 
 class TokenSource(Protocol):
@@ -98,7 +111,8 @@ class ArraySource:
 
     ``starts``: the first token of each document, ascending, beginning with 0 (None: one
     document). ``mask``: one uint8 per token, 1 = counts as a label; a source with a mask
-    is packed: its sequences are its documents.
+    is packed: its sequences are its documents. ``examples``: the first token of each
+    example packed into them, ascending (None: one per document).
     """
 
     name: str
@@ -106,6 +120,7 @@ class ArraySource:
     vocab_size: int
     starts: np.ndarray | None = None
     mask: np.ndarray | None = None
+    examples: np.ndarray | None = None
     _order: tuple = field(default=(), repr=False, compare=False)  # (seed, epoch, permutation)
 
     @property
@@ -145,7 +160,11 @@ class ArraySource:
         starts = self.document_starts()
         offsets = at - starts[np.searchsorted(starts, at, side="right") - 1]
         keep = None if self.mask is None else self.mask[start : start + length].astype(bool)
-        return Span(out, offsets, keep)
+        examples = None
+        if self.packed and self.examples is not None:
+            examples = np.searchsorted(self.examples, at, side="right")
+            examples -= examples[0]
+        return Span(out, offsets, keep, examples)
 
     def start(self, number: int, length: int, seed: int, *, ordered: bool = False) -> int:
         """First token of sequence ``number``: a document (packed), else a hashed offset;
@@ -224,7 +243,8 @@ def open_bin(path: Path, *, model_vocab: int) -> ArraySource:
                 f"{mask_path}: a label mask needs the .idx of its packed sequences and one "
                 f"byte per token of {path.name} ({len(tokens)}); found {len(mask)} bytes"
             )
-    return ArraySource(path.name, tokens, vocab, starts, mask)
+    examples = sequence_starts(path) if mask is not None else None
+    return ArraySource(path.name, tokens, vocab, starts, mask, examples)
 
 
 def document_starts(path: Path, tokens: int) -> np.ndarray | None:
@@ -241,6 +261,15 @@ def document_starts(path: Path, tokens: int) -> np.ndarray | None:
     return np.union1d([0], index.document_starts()).astype(np.int64)
 
 
+def sequence_starts(path: Path) -> np.ndarray | None:
+    """First token of each ``.idx`` sequence of a ``.bin`` when some document holds more
+    than one (packed examples), else None."""
+    index = read_index(path.with_suffix(".idx"))
+    if len(index.doc_indices) - 1 >= len(index.sizes):
+        return None
+    return index.sequence_starts()
+
+
 def _shakespeare_tokens() -> np.ndarray:
     return np.frombuffer(SHAKESPEARE.read_bytes(), dtype=np.uint8)
 
@@ -251,13 +280,18 @@ def _split(whole: ArraySource, split: str) -> ArraySource:
         return whole
     cut = _split_point(whole)
     low, high = (0, cut) if split == "train" else (cut, len(whole.tokens))
-    starts = None
-    if whole.starts is not None:
-        inside = whole.starts[(whole.starts >= low) & (whole.starts < high)]
-        starts = np.union1d([0], inside - low).astype(np.int64)
+    starts, examples = (_inside(firsts, low, high) for firsts in (whole.starts, whole.examples))
     mask = None if whole.mask is None else whole.mask[low:high]
     name = f"{whole.name}:{split}"
-    return ArraySource(name, whole.tokens[low:high], whole.vocab_size, starts, mask)
+    return ArraySource(name, whole.tokens[low:high], whole.vocab_size, starts, mask, examples)
+
+
+def _inside(firsts: np.ndarray | None, low: int, high: int) -> np.ndarray | None:
+    """The first tokens in ``[low, high)``, counted from ``low``, beginning with 0."""
+    if firsts is None:
+        return None
+    inside = firsts[(firsts >= low) & (firsts < high)]
+    return np.union1d([0], inside - low).astype(np.int64)
 
 
 def _split_point(whole: ArraySource) -> int:
@@ -362,9 +396,8 @@ class Loader:
         )
         return [base + r for r in range(self.local_rows)]
 
-    def batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(inputs, targets), each ``[micro_batch // z, seq_len]`` int64; targets are
-        IGNORE_INDEX where a label does not count."""
+    def batch(self, step: int, micro: int) -> MicroBatch:
+        """Inputs, targets and packed examples, each ``[micro_batch // z, seq_len]``."""
         spans = [
             self.source.span(n, self.seq_len + 1, self.seed, before=self.context,
                              ordered=self.ordered)
@@ -375,10 +408,22 @@ class Loader:
         keep = self._keep(spans, rows)
         if keep is not None:
             targets = targets.masked_fill(~keep, IGNORE_INDEX)
+        examples = self._examples(spans)
         if self.device.type == "cuda":
-            inputs = inputs.pin_memory().to(self.device, non_blocking=True)
-            targets = targets.pin_memory().to(self.device, non_blocking=True)
-        return inputs, targets
+            inputs, targets, examples = (
+                t if t is None else t.pin_memory().to(self.device, non_blocking=True)
+                for t in (inputs, targets, examples)
+            )
+        return MicroBatch(inputs, targets, examples)
+
+    def _examples(self, spans: list[Span]) -> torch.Tensor | None:
+        """``[rows, seq_len]`` example number of each input token; None when every row
+        is one example (plain causal attention)."""
+        if all(s.examples is None or s.examples[-2] == 0 for s in spans):
+            return None
+        zeros = np.zeros(self.seq_len + 1, np.int64)
+        rows = [zeros if s.examples is None else s.examples for s in spans]
+        return torch.from_numpy(np.stack(rows)[:, :-1])
 
     def _keep(self, spans: list[Span], rows: torch.Tensor) -> torch.Tensor | None:
         """Bool ``[rows, seq_len]``: the labels that count (None: all of them)."""
@@ -396,7 +441,7 @@ class Loader:
         dropped = keep_mask(rows[:, 1:], positions, g.k, g.h, g.strategy)
         return dropped if keep is None else keep & dropped
 
-    def next_step(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def next_step(self) -> list[MicroBatch]:
         """All micro-batches of the next optimizer step; advances the position."""
         batches = [self.batch(self.step, m) for m in range(self.accumulation)]
         self.step += 1
@@ -446,7 +491,7 @@ class EvalLoader(Loader):
     def __len__(self) -> int:
         return self.batches * self.accumulation
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[MicroBatch]:
         for step in range(self.batches):
             for micro in range(self.accumulation):
                 yield self.batch(step, micro)

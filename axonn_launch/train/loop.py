@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from axonn_launch.spec import TrainConfig
-from axonn_launch.train.data import IGNORE_INDEX, Loader
+from axonn_launch.train.data import IGNORE_INDEX, Loader, MicroBatch
 from axonn_launch.train.gemm import GemmTuner
 from axonn_launch.train.groups import Groups
 from axonn_launch.train.metrics import MetricsLogger, StepStats, memory_gib
@@ -174,13 +174,13 @@ def periodic_checkpoint(step: int, train: TrainConfig) -> bool:
     return train.checkpoint_every > 0 and step % train.checkpoint_every == 0
 
 
-Batch = list[tuple[torch.Tensor, torch.Tensor]]
+Batch = list[MicroBatch]
 
 
 def counted_labels(batches: Batch, groups: Groups, device: torch.device) -> torch.Tensor:
     """Labels that count in the loss over all micro-batches and ranks of one step (the
     x*y plane members hold the same rows, so the sum runs over z and data)."""
-    count = sum((targets != IGNORE_INDEX).sum() for _, targets in batches)
+    count = sum((batch.targets != IGNORE_INDEX).sum() for batch in batches)
     total = torch.as_tensor(count, dtype=torch.float32, device=device).reshape(())
     for axis in ("z", "data"):
         if groups.size(axis) > 1:
@@ -196,9 +196,9 @@ def run_micro_steps(
     z and data index)."""
     normalizer = counted_labels(batches, groups, device)
     total = torch.zeros((), device=device)
-    for inputs, targets in batches:
+    for inputs, targets, examples in batches:
         with autocast(device, dtype):
-            loss = model(inputs, targets, normalizer=normalizer)
+            loss = model(inputs, targets, normalizer=normalizer, examples=examples)
         loss.backward()
         total += loss.detach().float()
     return total
@@ -214,9 +214,9 @@ def evaluate(
     model.eval()
     normalizer = counted_labels(batches, groups, device)
     total = torch.zeros((), device=device)
-    for inputs, targets in batches:
+    for inputs, targets, examples in batches:
         with autocast(device, dtype):
-            total += model(inputs, targets, normalizer=normalizer).float()
+            total += model(inputs, targets, normalizer=normalizer, examples=examples).float()
     model.train(was_training)
     loss, _ = average_loss_and_flags(total, (), device, groups)
     return loss

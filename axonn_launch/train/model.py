@@ -181,11 +181,13 @@ class GPT(nn.Module):
         targets: torch.Tensor | None = None,
         *,
         normalizer: float | torch.Tensor | None = None,
+        examples: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Cross-entropy of this rank's counted labels (``targets`` other than
         ``layers.IGNORE_INDEX``) summed and divided by ``normalizer`` (None: their
-        number, the local mean), or last-position logits ``[b, V]``."""
-        hidden, table = self._hidden(idx, Positions())
+        number, the local mean), or last-position logits ``[b, V]``. ``examples``
+        (``[b, s]``): the packed example of each token, which attends only within it."""
+        hidden, table = self._hidden(idx, Positions(examples=examples))
         if targets is None:
             return self.embedding.last_logits(hidden, self.embedding.head_table(table))
         return self.embedding.loss(hidden, self.embedding.head_table(table), targets, normalizer)

@@ -63,13 +63,14 @@ def test_plane_members_get_identical_tensors_and_planes_differ():
     for rank in range(1, 4):
         assert torch.equal(batches[0][0], batches[rank][0])
     assert not torch.equal(batches[0][0], batches[4][0])
-    x, y = batches[0]
+    x, y, examples = batches[0]
+    assert examples is None  # unpacked: plain causal attention
     assert x.shape == (2, 16) and x.dtype == torch.int64
     assert torch.equal(x[:, 1:], y[:, :-1])
 
 
 def test_windows_are_slices_of_the_corpus():
-    x, y = make_loader(Grid(), 0).batch(2, 1)
+    x, y, _ = make_loader(Grid(), 0).batch(2, 1)
     corpus = SHAKESPEARE.read_bytes()
     for row_x, row_y in zip(x, y, strict=True):
         text = bytes(row_x.tolist()) + bytes(row_y[-1:].tolist())
@@ -94,7 +95,7 @@ def test_state_restore_continues_the_same_stream():
     resumed = make_loader(Grid(data=2), 1)
     resumed.load_state_dict(state)
     for expected in batches[3:]:
-        for (ex, ey), (gx, gy) in zip(expected, resumed.next_step(), strict=True):
+        for (ex, ey, _), (gx, gy, _) in zip(expected, resumed.next_step(), strict=True):
             assert torch.equal(ex, gx) and torch.equal(ey, gy)
 
 
@@ -137,7 +138,7 @@ def test_bin_memmap_round_trip(tmp_path, vocab):
     assert bound == vocab
     np.testing.assert_array_equal(read, tokens)
     source = open_source(str(path), model_vocab=vocab)
-    x, y = make_loader(Grid(), 0, source=source).batch(0, 0)
+    x, y, _ = make_loader(Grid(), 0, source=source).batch(0, 0)
     row = x[0].numpy()
     start = next(i for i in range(len(tokens)) if np.array_equal(tokens[i : i + 16], row))
     np.testing.assert_array_equal(y[0].numpy(), tokens[start + 1 : start + 17])

@@ -85,7 +85,7 @@ def test_packed_windows_are_whole_sequences_with_minus_100_where_masked(tmp_path
     seen = []
     load = loader(source, micro_batch=6, accumulation=1)
     for step in range(3):  # 3 batches of 6 = one epoch of 18 sequences
-        x, y = load.batch(step, 0)
+        x, y, _ = load.batch(step, 0)
         for row_x, row_y in zip(x.numpy(), y.numpy()):
             doc = next(i for i in range(18) if np.array_equal(tokens[i, :-1], row_x))
             expected = np.where(masks[doc, 1:] == 1, tokens[doc, 1:], IGNORE_INDEX)
@@ -118,7 +118,7 @@ def test_packed_loader_state_resumes(tmp_path):
     resumed = loader(open_source(str(path), model_vocab=VOCAB), Grid(data=2), 1)
     resumed.load_state_dict({**reference.state_dict(), "step": 4})
     for want in expected[4:]:
-        for (ex, ey), (gx, gy) in zip(want, resumed.next_step()):
+        for (ex, ey, _), (gx, gy, _) in zip(want, resumed.next_step()):
             assert torch.equal(ex, gx) and torch.equal(ey, gy)
 
 
@@ -150,7 +150,7 @@ def test_goldfish_masks_equal_keep_mask_on_the_full_stream(tmp_path, strategy):
     plain, fish = loader(source), loader(source, goldfish=cfg)
     dropped = 0
     for step in range(4):
-        (x0, y0), (x, y) = plain.batch(step, 1), fish.batch(step, 1)
+        (x0, y0, _), (x, y, _) = plain.batch(step, 1), fish.batch(step, 1)
         assert torch.equal(x0, x)
         for s, row_y, row_plain in zip(offsets(fish, step, 1, x, stream), y.numpy(), y0.numpy()):
             expected = np.where(keep[s : s + SEQ], stream[s + 1 : s + SEQ + 1], IGNORE_INDEX)
@@ -166,7 +166,7 @@ def test_goldfish_static_counts_positions_from_the_stream_start_without_an_index
     corpus = np.asarray(source.tokens, dtype=np.int64)
     cfg = GoldfishConfig(k=5, h=4, strategy="static")
     load = loader(source, goldfish=cfg)
-    x, y = load.batch(7, 0)
+    x, y, _ = load.batch(7, 0)
     for s, row_y in zip(offsets(load, 7, 0, x, corpus), y.numpy()):
         position = s + np.arange(SEQ)  # label s + 1 + i sits at index s + i of its targets
         expected = np.where(position % 5 == 0, IGNORE_INDEX, corpus[s + 1 : s + SEQ + 1])
@@ -178,7 +178,7 @@ def test_goldfish_combines_with_a_packed_mask(tmp_path):
     path, tokens, masks = packed_dataset(tmp_path)
     source = open_source(str(path), model_vocab=VOCAB)
     cfg = GoldfishConfig(k=4, h=2, strategy="static")
-    x, y = loader(source, goldfish=cfg, micro_batch=6, accumulation=1).batch(0, 0)
+    x, y, _ = loader(source, goldfish=cfg, micro_batch=6, accumulation=1).batch(0, 0)
     for row_x, row_y in zip(x.numpy(), y.numpy()):
         doc = next(i for i in range(18) if np.array_equal(tokens[i, :-1], row_x))
         counts = (masks[doc, 1:] == 1) & (np.arange(SEQ) % 4 != 0)  # aligned: position = index
@@ -189,8 +189,9 @@ def test_goldfish_off_reads_no_context_and_changes_nothing():
     source = open_source("shakespeare", model_vocab=256)
     off = loader(source, goldfish=GoldfishConfig(k=0))
     assert off.context == 0
-    for a, b in zip(off.batch(2, 1), loader(source).batch(2, 1)):
-        assert torch.equal(a, b)
+    a, b = off.batch(2, 1), loader(source).batch(2, 1)
+    assert torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets)
+    assert a.examples is b.examples is None
 
 
 # ------------------------------------------------------------------ validation
@@ -217,7 +218,7 @@ def test_eval_shards_union_to_the_single_rank_batches(grid, data, tmp_path):
         batches = iter(load)
         for step in range(3):
             for m in range(accumulation):
-                x, y = next(batches)
+                x, y, _ = next(batches)
                 for r, number in enumerate(load.sequence_numbers(step, m)):
                     if number in rows:  # a plane member: the same row
                         assert torch.equal(rows[number][0], x[r])
@@ -225,7 +226,7 @@ def test_eval_shards_union_to_the_single_rank_batches(grid, data, tmp_path):
                     rows[number] = (x[r], y[r])
     assert sorted(rows) == list(range(3 * global_batch))
     for number, (x, y) in rows.items():
-        ref_x, ref_y = reference[number // global_batch]
+        ref_x, ref_y, _ = reference[number // global_batch]
         assert torch.equal(x, ref_x[number % global_batch])
         assert torch.equal(y, ref_y[number % global_batch])
     if data == "packed":
@@ -237,7 +238,7 @@ def test_eval_is_deterministic_ordered_and_ignores_the_training_seed():
     a = [b for b in eval_loader(source, Grid(), 0)]
     b = [b for b in eval_loader(source, Grid(), 0)]
     assert all(torch.equal(p[1], q[1]) for p, q in zip(a, b))
-    x, y = a[0]
+    x, y, _ = a[0]
     val = np.asarray(source.tokens, dtype=np.int64)
     for r in range(4):  # sequence r: the window at r * seq_len, its labels the next tokens
         np.testing.assert_array_equal(x[r].numpy(), val[r * SEQ : (r + 1) * SEQ])

@@ -51,7 +51,7 @@ def _step(rank: int, world_size: int, grids: list[Grid]) -> list[tuple]:
         finish_gradients(model, groups, average=False)
         grads = {n: g.numpy() for n, g in full_grad_dict(model, groups).items()}
         val_loss = evaluate(model, list(val), groups, CPU, torch.float32)
-        counted = int(sum((t != IGNORE_INDEX).sum() for _, t in batches))
+        counted = int(sum((b.targets != IGNORE_INDEX).sum() for b in batches))
         results.append((loss, grads, val_loss, counted))
     return results
 
@@ -68,7 +68,8 @@ def test_one_rank_loss_is_the_mean_over_counted_labels(one_rank):
     model = build_model(SPEC, groups=groups, overlap=OverlapConfig(), seed=3)
     train, _ = _loaders(Grid(), groups.coords)
     batches = train.next_step()
-    inputs, targets = (torch.cat(parts) for parts in zip(*batches))
+    inputs = torch.cat([b.inputs for b in batches])
+    targets = torch.cat([b.targets for b in batches])
     logits = model.all_logits(inputs)
     expected = F.cross_entropy(logits.reshape(-1, 256), targets.reshape(-1), ignore_index=-100)
     assert counted == int((targets != IGNORE_INDEX).sum()) < targets.numel() * 0.8
