@@ -2,8 +2,9 @@
 continuations of a JSONL of prompts, one output line per prompt in order.
 
 Prompts are batched by length (``generate.batch_size`` of similar lengths together, so
-that little is padded) and continued with ``generation.generate_batch`` on the job's
-grid; rank 0 writes ``generate.out`` (temporary name, then rename) and the summary.
+that little is padded), split over the grid's data × z planes and continued with
+``generation.generate``; rank 0 writes ``generate.out`` (temporary name, then rename) and
+the summary. Sampling is seeded per prompt by ``train.seed``: the same output on any grid.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch.distributed as dist
 
 from axonn_launch.spec import JobSpec
 from axonn_launch.train.bootstrap import DistEnv
-from axonn_launch.train.generation import generate_batch
+from axonn_launch.train.generation import generate
 from axonn_launch.train.loop import compute_dtype
 from axonn_launch.train.model import GPT
 
@@ -112,19 +113,12 @@ def run_generation_job(
     codec = open_codec(gen.tokenizer, spec.model.init_from, spec.train.data)
     prompts = read_prompts(gen.prompts, codec)
     eos = codec.eos_id if codec is not None and gen.stop_at_eos else None
-    generator = torch.Generator().manual_seed(spec.train.seed)
-    outputs: list[list[int]] = [[] for _ in prompts]
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     started = time.perf_counter()
-    for first in range(0, len(order), gen.batch_size):
-        batch = order[first : first + gen.batch_size]
-        new = generate_batch(
-            model, [prompts[i] for i in batch], gen.max_new_tokens, device=device,
-            dtype=compute_dtype(spec.train, device), temperature=gen.temperature,
-            top_k=gen.top_k, eos_id=eos, generator=generator, group=model.groups.world,
-        )  # fmt: skip
-        for i, tokens in zip(batch, new):
-            outputs[i] = tokens
+    outputs = generate(
+        model, prompts, gen.max_new_tokens, batch_size=gen.batch_size, device=device,
+        dtype=compute_dtype(spec.train, device), temperature=gen.temperature, top_k=gen.top_k,
+        eos_id=eos, seed=spec.train.seed,
+    )  # fmt: skip
     seconds = time.perf_counter() - started
     summary = {
         "task": "generate",

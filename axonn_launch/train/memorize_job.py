@@ -3,7 +3,7 @@
 With ``memorization.data`` set, after the last step every rank reads the documents
 (``axonn_launch.memorization.read_documents``), cuts each to the model's context and
 splits it into prompt and truth (the last ``memorization.continuation`` tokens), the
-prompts are continued greedily with ``generation.generate_batch`` on the job's grid, and
+prompts are continued greedily with ``generation.generate`` on the job's grid, and
 rank 0 scores them (exact match, token match, ROUGE-L) and writes
 ``<job_dir>/memorization.json`` in the format ``python -m axonn_launch.memorization``
 writes. The job's summary gets the three means.
@@ -20,7 +20,7 @@ import torch
 
 from axonn_launch import memorization as memo
 from axonn_launch.spec import JobSpec
-from axonn_launch.train.generation import generate_batch
+from axonn_launch.train.generation import generate
 from axonn_launch.train.loop import compute_dtype
 
 log = logging.getLogger(__name__)
@@ -54,16 +54,11 @@ def run_memorization(spec: JobSpec, model, device: torch.device, rank: int) -> d
         memo.read_documents(Path(cfg.data), tokenizer, chunk=settings.max_length), settings
     )
     started = time.perf_counter()
-    outputs: list[dict] = [{} for _ in prompts]
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]["ids"]))
-    for first in range(0, len(order), cfg.batch_size):
-        batch = order[first : first + cfg.batch_size]
-        new = generate_batch(
-            model, [prompts[i]["ids"] for i in batch], cfg.continuation, device=device,
-            dtype=compute_dtype(spec.train, device), group=model.groups.world,
-        )  # fmt: skip
-        for i, tokens in zip(batch, new):
-            outputs[i] = {"output_ids": tokens}
+    new = generate(
+        model, [p["ids"] for p in prompts], cfg.continuation, batch_size=cfg.batch_size,
+        device=device, dtype=compute_dtype(spec.train, device),
+    )  # fmt: skip
+    outputs = [{"output_ids": tokens} for tokens in new]
     seconds = time.perf_counter() - started
     result = {"source": str(job_dir), "data": cfg.data, "continuation": cfg.continuation}
     repetitions = data_repetitions(spec.train.data)

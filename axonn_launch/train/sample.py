@@ -38,7 +38,7 @@ def generate(
         context = torch.tensor([tokens[-max_seq_len:]], dtype=torch.long, device=device)
         with autocast(device, dtype):
             logits = model(context)
-        choice = pick_tokens(logits.float(), temperature, 0, generator)
+        choice = pick_tokens(logits.float(), temperature, 0, [generator])
         tokens.append(int(broadcast_from_rank0(choice, group).item()))
     model.train(was_training)
     return tokens

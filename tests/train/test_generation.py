@@ -1,5 +1,7 @@
 """Batched generation with the KV cache equals Hugging Face's ``generate`` and plain
-repeated forwards, for padded batches, on one rank and on 4-rank grids."""
+repeated forwards, for padded batches, on one rank and on 4-rank grids whose data × z
+planes split the prompts; end-of-sequence stops and seeded sampling give the same
+continuations on every grid and batch size."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from axonn_launch.grid import Grid
 from axonn_launch.hf import spec_from_hf_config
 from axonn_launch.models import ModelSpec
 from axonn_launch.spec import OverlapConfig
-from axonn_launch.train.generation import generate_batch, pick_tokens
+from axonn_launch.train.generation import generate, generate_batch, pick_tokens
 from axonn_launch.train.groups import build_groups, single_process_groups
 from axonn_launch.train.model import GPT, build_model, load_full_state_dict
 from tests.train.dist_utils import run_world
@@ -49,7 +51,7 @@ def _generate_on_rank(rank, world_size, grids, spec, state, prompts):
         groups = build_groups(grid, rank=rank)
         model = build_model(spec, groups=groups, overlap=OverlapConfig())
         load_full_state_dict(model, groups, state)
-        outputs.append(generate_batch(model, prompts, NEW, device=CPU, group=groups.world))
+        outputs.append(generate(model, prompts, NEW, batch_size=2, device=CPU))
     return outputs
 
 
@@ -59,13 +61,14 @@ def test_greedy_equals_hf_generate_on_one_rank(hf_case):
     model = build_model(spec, groups=groups, overlap=OverlapConfig())
     load_full_state_dict(model, groups, state)
     assert generate_batch(model, prompts, NEW, device=CPU) == expected
+    assert generate(model, prompts, NEW, batch_size=3, device=CPU) == expected
     assert model.training  # the mode is restored
 
 
 @pytest.mark.slow
 def test_greedy_equals_hf_generate_on_4_rank_grids(hf_case):
     spec, state, prompts, expected = hf_case
-    grids = [Grid(x=2, y=2), Grid(y=4), Grid(y=2, z=2), Grid(data=2, x=2)]
+    grids = [Grid(x=2, y=2), Grid(y=4), Grid(y=2, z=2), Grid(data=2, x=2), Grid(data=2, z=2)]
     per_rank = run_world(_generate_on_rank, 4, grids, spec, state, prompts)
     for outputs in per_rank:
         assert outputs == [expected] * len(grids)
@@ -92,18 +95,17 @@ def test_eos_ends_a_row_and_sampling_is_seeded():
     cut = generate_batch(model, [[1, 2]], 10, device=CPU, eos_id=eos)[0]
     assert cut == greedy[: greedy.index(eos) + 1]
 
-    def sample(seed: int) -> list[list[int]]:
-        generator = torch.Generator().manual_seed(seed)
-        return generate_batch(model, [[5], [6, 7]], 12, device=CPU, temperature=1.0, top_k=8,
-                              generator=generator)  # fmt: skip
+    def sample(seed: int, batch_size: int = 2) -> list[list[int]]:
+        return generate(model, [[5], [6, 7]], 12, batch_size=batch_size, device=CPU,
+                        temperature=1.0, top_k=8, seed=seed)  # fmt: skip
 
-    assert sample(1) == sample(1) != sample(2)
+    assert sample(1) == sample(1) == sample(1, batch_size=1) != sample(2)
 
 
 def test_top_k_keeps_only_the_k_most_likely():
     logits = torch.tensor([[0.0, 5.0, 1.0, 4.0]])
     generator = torch.Generator().manual_seed(0)
-    picks = {int(pick_tokens(logits, 100.0, 2, generator)) for _ in range(200)}
+    picks = {int(pick_tokens(logits, 100.0, 2, [generator])) for _ in range(200)}
     assert picks == {1, 3}
     assert int(pick_tokens(logits, 0.0, 0, None)) == 1
 
@@ -113,3 +115,33 @@ def test_too_long_is_refused():
     model = GPT(spec, groups=single_process_groups(), overlap=OverlapConfig())
     with pytest.raises(ValueError, match="max_seq_len=8"):
         generate_batch(model, [[1, 2, 3]], 6, device=CPU)
+
+
+GPT_SPEC = ModelSpec("g", n_layer=2, d_model=32, n_head=4, vocab_size=64, max_seq_len=40)
+FIVE_PROMPTS = [[1, 2, 3], [7], [4, 5, 6, 7, 8, 9], [9, 9], [3, 1, 4, 1, 5]]
+
+
+def _continue(groups, eos: int | None, temperature: float, batch_size: int = 2) -> list[list[int]]:
+    model = GPT(GPT_SPEC, groups=groups, overlap=OverlapConfig(), seed=3)
+    return generate(model, FIVE_PROMPTS, 12, batch_size=batch_size, device=CPU, eos_id=eos,
+                    temperature=temperature, top_k=0, seed=4)  # fmt: skip
+
+
+def _continue_on_rank(rank, world_size, grids, eos, temperature):
+    return [_continue(build_groups(grid, rank=rank), eos, temperature, 1) for grid in grids]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_planes_split_the_prompts_and_every_grid_gives_one_rank_s_continuations(temperature):
+    """5 prompts over 2 or 4 planes, one per batch: planes get unequal shares (a plane
+    out of prompts runs a filler row) and rows stop at an end-of-sequence token at
+    different steps."""
+    greedy = _continue(single_process_groups(), None, temperature)
+    eos = greedy[0][4]  # some rows end early, others run to 12 tokens
+    expected = _continue(single_process_groups(), eos, temperature)
+    lengths = {len(row) for row in expected}
+    assert len(lengths) > 1 and max(lengths) == 12
+    grids = [Grid(data=4), Grid(data=2, z=2), Grid(z=4), Grid(data=2, y=2)]
+    for outputs in run_world(_continue_on_rank, 4, grids, eos, temperature):
+        assert outputs == [expected] * len(grids)
