@@ -1,12 +1,13 @@
 """Every collective the parallel model issues, with optional recording.
 
 A ``Comm`` wraps the grid's ``Groups``. Collectives are addressed by axis name
-("x", "y", "z", "data", "plane"); over a group of size one they are skipped (and not
-recorded). A ``Recorder`` attached to a ``Comm`` (``with comm.recording() as rec``)
-logs each collective as (op, axis, group size, elements, dtype, tag) so tests can
-count them. For all-gather and reduce-scatter the recorded size is the gathered
-(full) size, the convention of the AxoNN volume table; ``CommRecord.bytes`` is that
-size times the element size of the dtype that travelled.
+("x", "y", "z", "data", "plane"; ``all_reduce_in`` takes a group of its own and a name
+for it); over a group of size one they are skipped (and not recorded). A ``Recorder``
+attached to a ``Comm`` (``with comm.recording() as rec``) logs each collective as (op,
+axis, group size, elements, dtype, tag) so tests can count them. For all-gather and
+reduce-scatter the recorded size is the gathered (full) size, the convention of the AxoNN
+volume table; ``CommRecord.bytes`` is that size times the element size of the dtype
+that travelled.
 
 Wire dtypes (axonn.md section 3.1): ``resolve_wire`` turns the job's ``WireConfig`` and
 compute dtype into a ``Wire`` of torch dtypes, the one place where "auto" is decided.
@@ -194,6 +195,19 @@ class Comm:
             tensor, op=reduce_op, group=self.groups.group(axis), async_op=async_op
         )
         return Handle(work)
+
+    def all_reduce_in(
+        self, tensor: torch.Tensor, group: dist.ProcessGroup | None, size: int, *, axis: str,
+        tag: str = "",
+    ) -> None:  # fmt: skip
+        """In-place sum over ``group`` of ``size`` ranks, a group that is not one of the
+        grid's axes (Llama's KV replicas over y), recorded under the name ``axis``."""
+        if group is None or size == 1:
+            return
+        if self.recorder is not None:
+            self.recorder.add(CommRecord("all_reduce", axis, size, tensor.numel(), tensor.dtype,
+                                         tag))  # fmt: skip
+        dist.all_reduce(tensor, group=group)
 
     def all_reduce_as(
         self, tensor: torch.Tensor, axis: str, dtype: torch.dtype, *, tag: str = "",

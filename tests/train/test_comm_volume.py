@@ -1,4 +1,5 @@
-"""Collectives issued by the parallel GPT, counted, sized and typed (4 gloo ranks).
+"""Collectives issued by the parallel GPT (and Llama's KV replica sum), counted, sized
+and typed (4 gloo ranks).
 
 The expected records are derived from the layer definitions (which group each Linear
 reduces over, how big its local output, input and weight block are, and which dtype
@@ -27,9 +28,10 @@ import torch
 from axonn_launch.grid import Grid
 from axonn_launch.models import ModelSpec
 from axonn_launch.spec import OverlapConfig
+from axonn_launch.traffic import replicated_kv_elements
 from axonn_launch.train.comm import FP32_WIRE, Wire
 from axonn_launch.train.groups import build_groups
-from axonn_launch.train.model import GPT, finish_gradients, full_grad_dict
+from axonn_launch.train.model import GPT, build_model, finish_gradients, full_grad_dict
 from tests.train.dist_utils import run_world
 
 SPEC = ModelSpec("tiny", n_layer=2, d_model=32, n_head=4, vocab_size=61, max_seq_len=16)
@@ -309,3 +311,38 @@ def _check_windows(rank: int, world: int) -> int:
 
 def test_ors_window_bounds_pending_reduce_scatters_and_keeps_gradients():
     assert run_world(_check_windows, 4, timeout=600) == [len(WINDOW_GRIDS) * 2 * 2] * 4
+
+
+# ------------------------------------------------------------ Llama's KV replicas
+
+LLAMA = ModelSpec("tiny-llama", n_layer=2, d_model=32, n_head=4, vocab_size=61, max_seq_len=16,
+                  arch="llama", n_kv_head=1, ffn_hidden=64)  # fmt: skip
+REPLICA_GRIDS = [Grid(y=4), Grid(y=2, z=2), Grid(x=2, y=2), Grid(x=2, z=2)]
+
+
+def _replica_records(rank: int, world: int) -> list[list[tuple]]:
+    """The gradient sync's records over the KV replicas, per grid."""
+    out = []
+    for grid in REPLICA_GRIDS:
+        groups = build_groups(grid, rank=rank)
+        model = build_model(LLAMA, groups=groups, overlap=OverlapConfig(), seed=1)
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        with model.comm.recording() as rec:
+            finish_gradients(model, groups, average=False)
+        out.append([(r.op, r.group_size, r.numel, r.dtype, r.tag)
+                    for r in rec.select(axis="y_replicas")])  # fmt: skip
+    return out
+
+
+def test_the_kv_replica_gradient_sum_is_recorded_as_the_traffic_model_prices_it():
+    """One KV head over y=2 or 4 ranks: its gradient is summed over the y replicas once per
+    step, recorded, and exactly the size ``traffic.replicated_kv_elements`` prices (per
+    block, split over z); grids without replicas issue none."""
+    for records in run_world(_replica_records, 4):
+        for grid, got in zip(REPLICA_GRIDS, records, strict=True):
+            if grid.y == 1:
+                assert got == [], grid.describe()
+                continue
+            elements = LLAMA.n_layer * replicated_kv_elements(LLAMA, grid) / grid.z
+            assert got == [("all_reduce", grid.y, elements, FP32, "grad_sync")], grid.describe()
