@@ -61,7 +61,8 @@ class Span:
     """One sequence's tokens and what the loader needs around them."""
 
     tokens: np.ndarray  # int64 [before + length]: ``before`` stream tokens first (MISSING: none)
-    offsets: np.ndarray  # int64 [length]: each token's offset from its document's first token
+    offsets: np.ndarray  # int64 [length]: each token's offset from its document's (packed:
+    # its example's) first token
     keep: np.ndarray | None = None  # bool [length]: the token counts as a label; None: all
     examples: np.ndarray | None = None  # int64 [length]: packed example of each token; None: one
 
@@ -157,14 +158,12 @@ class ArraySource:
         if window.max(initial=0) >= self.vocab_size or window.min(initial=0) < 0:
             raise ValueError(f"{self.name}: token id outside [0, {self.vocab_size}) at {start}")
         at = np.arange(start, start + length)
-        starts = self.document_starts()
-        offsets = at - starts[np.searchsorted(starts, at, side="right") - 1]
+        packing = self.packed and self.examples is not None
+        firsts = self.examples if packing else self.document_starts()
+        which = np.searchsorted(firsts, at, side="right") - 1
+        offsets = at - firsts[which]
         keep = None if self.mask is None else self.mask[start : start + length].astype(bool)
-        examples = None
-        if self.packed and self.examples is not None:
-            examples = np.searchsorted(self.examples, at, side="right")
-            examples -= examples[0]
-        return Span(out, offsets, keep, examples)
+        return Span(out, offsets, keep, which - which[0] if packing else None)
 
     def start(self, number: int, length: int, seed: int, *, ordered: bool = False) -> int:
         """First token of sequence ``number``: a document (packed), else a hashed offset;

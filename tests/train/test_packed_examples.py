@@ -14,7 +14,7 @@ from axonn_launch.data import IndexedWriter, token_dtype
 from axonn_launch.grid import Grid
 from axonn_launch.models import ModelSpec
 from axonn_launch.plan import enumerate_grids
-from axonn_launch.spec import OverlapConfig
+from axonn_launch.spec import GoldfishConfig, OverlapConfig
 from axonn_launch.train.attention import Positions, example_firsts
 from axonn_launch.train.data import IGNORE_INDEX, Loader, open_source
 from axonn_launch.train.groups import build_groups
@@ -63,6 +63,27 @@ def test_the_loader_numbers_each_tokens_example_within_its_row(tmp_path):
         runs[-1] += 1  # the row's last token is a label only
         assert tuple(runs) in rows
         assert row_examples == sorted(row_examples)
+
+
+def test_goldfish_static_counts_positions_from_each_examples_first_token(tmp_path):
+    """The static strategy drops labels 0, k, 2k, ... of a document (axonn.md 7.2); a
+    packed example is a document, so the count starts again at each example of a row."""
+    pytest.importorskip("axonn_launch.train.goldfish")
+    source = open_source(str(write_packed(tmp_path / "p", ROWS)), model_vocab=VOCAB, split="all")
+    k, rows = 3, len(ROWS)
+    static = GoldfishConfig(k=k, h=2, strategy="static")
+    fish = Loader(source, grid=Grid(), coords=Grid().coords(0), micro_batch=rows, seq_len=SEQ,
+                  accumulation=1, seed=3, goldfish=static)  # fmt: skip
+    _, fished, examples = fish.batch(0, 0)
+    _, plain, _ = loader(source, micro_batch=rows).batch(0, 0)
+    for r in range(rows):
+        sizes = torch.bincount(examples[r]).tolist()
+        sizes[-1] += 1  # the row's last token, a label only, ends its last example
+        offsets = torch.cat([torch.arange(n) for n in sizes])  # each token's, in its example
+        label = offsets[1:] - 1  # a label's index among its example's labels
+        drop = (label >= 0) & (label % k == 0)
+        assert torch.equal(fished[r], plain[r].masked_fill(drop, IGNORE_INDEX)), ROWS
+    assert (fished == IGNORE_INDEX).sum() > (plain == IGNORE_INDEX).sum()
 
 
 def test_rows_of_one_example_each_keep_plain_causal_attention(tmp_path):
