@@ -55,7 +55,8 @@ class Positions:
     examples: torch.Tensor | None = None  # [b, s] packed example of each token; None: one
 
     def __post_init__(self) -> None:
-        if self.examples is not None and not (self.start == 0 and self.pads is None):
+        training = self.start == 0 and self.pads is None and self.cache is None
+        if self.examples is not None and not training:
             raise ValueError("packed examples are for training: from position 0, unpadded")
 
     @property
