@@ -15,6 +15,7 @@ ORDER = [
     ("optimizations.md", "Training core"),
     ("bench_train_loop.md", "Training core"),
     ("bench_checkpoint.md", "Training core"),
+    ("bench_packed.md", "Fine-tuning"),
     ("bench_plan.md", "Planner"),
     ("validate_planner.md", "Planner"),
     ("headline_plans.md", "Planner"),
