@@ -197,12 +197,12 @@ class Comm:
         return Handle(work)
 
     def all_reduce_in(
-        self, tensor: torch.Tensor, group: dist.ProcessGroup | None, size: int, *, axis: str,
-        tag: str = "",
-    ) -> None:  # fmt: skip
-        """In-place sum over ``group`` of ``size`` ranks, a group that is not one of the
-        grid's axes (Llama's KV replicas over y), recorded under the name ``axis``."""
-        if group is None or size == 1:
+        self, tensor: torch.Tensor, group: dist.ProcessGroup | None, *, axis: str, tag: str = ""
+    ) -> None:
+        """In-place sum over ``group``, a group that is not one of the grid's axes (Llama's
+        KV replicas over y), recorded under the name ``axis``."""
+        size = 1 if group is None else dist.get_world_size(group)
+        if size == 1:
             return
         if self.recorder is not None:
             self.recorder.add(CommRecord("all_reduce", axis, size, tensor.numel(), tensor.dtype,

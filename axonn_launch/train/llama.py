@@ -133,7 +133,6 @@ class Llama(GPT):
         self._inv_freq = rope_frequencies(spec).to(device)
         super().__init__(spec, **kwargs)
         self.replica_group = _replica_group(self.groups.grid, self.groups.rank, spec.kv_heads)
-        self.kv_replicas = kv_split(spec.kv_heads, self.groups.grid.y)[1]
 
     def _block(self, index: int, device: torch.device | str) -> nn.Module:
         return LlamaBlock(self.spec, comm=self.comm, runtime=self.runtime, name=f"blocks.{index}",

@@ -268,7 +268,7 @@ def _sum_over_replicas(model: GPT, grads: list[torch.Tensor]) -> None:
     if group is None or not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
-    model.comm.all_reduce_in(flat, group, model.kv_replicas, axis="y_replicas", tag="grad_sync")
+    model.comm.all_reduce_in(flat, group, axis="y_replicas", tag="grad_sync")
     offset = 0
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))
