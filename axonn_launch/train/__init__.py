@@ -178,16 +178,64 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
     summary = train_loop(model, ctx)
     checkpointer.wait()  # the last save completes before the job reports success
     logger.close_bar()
-    if train.sample_tokens > 0:
-        summary["sample"] = print_sample(spec, env, model, device)
+    summary |= after_training(spec, env, model, summary)
+    logger.finish(summary)
+    write_summary(spec, env, summary)
+    return summary
+
+
+PENDING = "pending"  # an after-training step not (yet) finished: a crash leaves it so
+
+
+def after_training(spec: JobSpec, env: DistEnv, model: GPT, summary: dict) -> dict:
+    """Run the steps that follow a finished training (sample, memorization), recording
+    each outcome in ``summary["after_training"]``. The training is written to summary.json
+    first, and a step that raises is logged in one line, not raised: what fails after the
+    training never makes the trained model a failed job (``jobs status`` says COMPLETED
+    and shows what did not finish)."""
+    steps = after_training_steps(spec, env, model)
+    outcomes = summary["after_training"] = {name: PENDING for name in steps}
+    write_summary(spec, env, summary)
+    found: dict = {}
+    for name, step in steps.items():
+        try:
+            found |= step()
+        except Exception as error:
+            outcomes[name] = f"failed: {type(error).__name__}: {first_line(error)}"
+            log.error("%s %s; the training finished and is saved", name, outcomes[name])
+            log.debug("%s: traceback", name, exc_info=True)
+        else:
+            outcomes[name] = "done"
+        write_summary(spec, env, summary | found)
+    return found
+
+
+def after_training_steps(spec: JobSpec, env: DistEnv, model: GPT) -> dict[str, Callable]:
+    """name -> a step returning what it adds to the summary (every rank runs each)."""
+    device = torch.device(env.device)
+    steps: dict[str, Callable[[], dict]] = {}
+    if spec.train.sample_tokens > 0:
+        steps["sample"] = lambda: {"sample": print_sample(spec, env, model, device)}
     if spec.memorization.data:  # memorization.json and its means in the summary
         from axonn_launch.train.memorize_job import run_memorization
 
-        summary |= run_memorization(spec, model, device, env.rank)
-    logger.finish(summary)
-    if env.rank == 0:
-        (Path(spec.job_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+        steps["memorization"] = lambda: run_memorization(spec, model, device, env.rank)
+    return steps
+
+
+def write_summary(spec: JobSpec, env: DistEnv, summary: dict) -> None:
+    """summary.json (rank 0), replaced whole so that a reader never sees half of it."""
+    if env.rank != 0:
+        return
+    path = Path(spec.job_dir) / "summary.json"
+    partial = path.with_name(f"summary.json.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(summary, indent=2) + "\n")
+    partial.replace(path)
+
+
+def first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else ""
 
 
 def load_pretrained(spec: JobSpec, model: GPT, groups: Groups) -> None:

@@ -5,6 +5,10 @@ Prompts are batched by length (``generate.batch_size`` of similar lengths togeth
 that little is padded), split over the grid's data × z planes and continued with
 ``generation.generate``; rank 0 writes ``generate.out`` (temporary name, then rename) and
 the summary. Sampling is seeded per prompt by ``train.seed``: the same output on any grid.
+
+Every row has ``output_ids``; ``text`` only where ids have text: a tokenizer, or the byte
+vocabulary of a model trained on the built-in corpus (an id above 255 shows as ``<id:N>``).
+A Hugging Face model without a tokenizer has none: its ids are not bytes.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from axonn_launch.train.bootstrap import DistEnv
 from axonn_launch.train.generation import generate
 from axonn_launch.train.loop import compute_dtype
 from axonn_launch.train.model import GPT
+from axonn_launch.train.sample import byte_text
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +45,10 @@ class Codec:
     eos_id: int | None = None
 
 
-def open_codec(tokenizer: str, init_from: str, data: str) -> Codec | None:
-    """``generate.tokenizer``, else ``model.init_from``'s tokenizer, else bytes for the
-    built-in corpus; None when there is none (prompts must then give ``ids``)."""
+def open_codec(tokenizer: str, init_from: str, byte_vocab: bool) -> Codec | None:
+    """``generate.tokenizer``, else ``model.init_from``'s tokenizer, else bytes when the
+    model's ids are bytes (``byte_vocab``); None when there is none (prompts must then give
+    ``ids``, and the outputs have no text)."""
     path = tokenizer or (init_from if _has_tokenizer(init_from) else "")
     if path and Path(path).is_dir():
         from transformers import AutoTokenizer
@@ -58,11 +64,16 @@ def open_codec(tokenizer: str, init_from: str, data: str) -> Codec | None:
 
         fast = Tokenizer.from_file(path)
         return Codec(lambda text: fast.encode(text).ids, fast.decode)
-    if data == "shakespeare":
-        return Codec(
-            lambda text: list(text.encode()), lambda ids: bytes(ids).decode(errors="replace")
-        )
+    if byte_vocab:
+        return Codec(lambda text: list(text.encode()), byte_text)
     return None
+
+
+def has_byte_vocab(spec: JobSpec) -> bool:
+    """The model's ids are bytes: trained on the built-in byte-level corpus, and not the
+    weights of a Hugging Face directory (its ids are its own tokenizer's)."""
+    hf_weights = bool(spec.model.init_from) and not spec.generate.checkpoint
+    return spec.train.data == "shakespeare" and not hf_weights
 
 
 def _has_tokenizer(directory: str) -> bool:
@@ -110,7 +121,7 @@ def run_generation_job(
 ) -> dict:
     gen, device = spec.generate, torch.device(env.device)
     source = load_weights(spec, model, group)
-    codec = open_codec(gen.tokenizer, spec.model.init_from, spec.train.data)
+    codec = open_codec(gen.tokenizer, spec.model.init_from, has_byte_vocab(spec))
     prompts = read_prompts(gen.prompts, codec)
     eos = codec.eos_id if codec is not None and gen.stop_at_eos else None
     started = time.perf_counter()
@@ -128,6 +139,7 @@ def run_generation_job(
         "seconds": seconds,
         "tokens_per_s": sum(len(o) for o in outputs) / seconds if seconds > 0 else None,
         "out": gen.out,
+        "text": codec is not None,
     }
     if env.rank == 0:
         write_outputs(Path(gen.out), prompts, outputs, codec)
@@ -139,11 +151,26 @@ def run_generation_job(
 def write_outputs(
     out: Path, prompts: list[list[int]], outputs: list[list[int]], codec: Codec | None
 ) -> None:
+    """One row per prompt, in order; ``text`` only where the ids can be decoded."""
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + f".partial-{os.getpid()}")
     with partial.open("w") as f:
         for prompt, new in zip(prompts, outputs):
-            text = codec.decode(new) if codec is not None else ""
-            row = {"prompt_ids": prompt, "output_ids": new, "text": text}
+            row = {"prompt_ids": prompt, "output_ids": new}
+            text = decoded(codec, new)
+            if text is not None:
+                row["text"] = text
             f.write(json.dumps(row) + "\n")
     partial.replace(out)
+
+
+def decoded(codec: Codec | None, ids: list[int]) -> str | None:
+    """The text of ``ids``, or None: no codec, or one that cannot decode them (the ids
+    are written all the same)."""
+    if codec is None:
+        return None
+    try:
+        return codec.decode(ids)
+    except Exception as error:  # a tokenizer's own limits must not lose the output
+        log.warning("cannot decode %d ids to text (%s: %s)", len(ids), type(error).__name__, error)
+        return None
