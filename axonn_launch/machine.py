@@ -33,6 +33,9 @@ class SlurmSettings:
     exclusive: bool = False
     signal_delay_s: int = 120
     srun_args: list[str] = field(default_factory=list)
+    # the site's default srun --mpi plugin (slurm.conf MpiDefault); "" = none. A real script
+    # relies on it; a rehearsal (rehearse.py) names it, as the local cluster's default is none
+    mpi_default: str = ""
     extra_sbatch: dict[str, str] = field(default_factory=dict)
 
 
@@ -139,6 +142,10 @@ class MachineProfile:
     master_port: int = 29500
     max_local_processes: int = 64  # scheduler=local only
     preflight: PreflightSettings = field(default_factory=PreflightSettings)
+    # where each site fact comes from: "env.NAME", "multinode_env.NAME", "task_env.NAME",
+    # "slurm.KEY", "srun_args[ARG]", "modules", "setup[N]" -> a page or file (tests check
+    # that every flag and variable of a site profile has one)
+    sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.container.engine and not (self.python or self.container.python):

@@ -1,0 +1,269 @@
+"""A rehearsal: a site machine's real batch script, run on the local Slurm cluster.
+
+``rehearse=true`` renders the batch script of ``machine=perlmutter|frontier|alps`` through the
+same code as a real submission, then changes a short, fixed list of site-only parts so that
+it runs on ``machines/slurm_local`` (two nodes on this computer):
+
+- ``module`` becomes a shell function that records each call in the job's log;
+- the container flag (``--environment=``) is dropped once its EDF has been read and checked
+  (it exists, is TOML, names an image, and mounts the job dir); the EDF's ``[env]`` is
+  exported instead;
+- GPU-only flags (``--gpus-*``, ``--gpu-bind``, ``-C gpu``) and Slingshot-only flags
+  (``--network=``) are dropped;
+- partition, account, QOS and constraint become the local cluster's;
+- the CPUs per task are scaled down to the local nodes';
+- the tasks' interpreter becomes this one, through the ``machine.python`` rule;
+- the ranks use gloo on the CPU, and the preflight compares with the local cluster's floors.
+
+Everything else runs as rendered: every exported variable, the set-up lines and their
+fail-fast, the MPI plugin (``--mpi=pmix`` on Alps; the site's default plugin, e.g.
+``cray_shasta``, made explicit elsewhere), the master address and port, signals and
+requeue, two nodes with the machine's own tasks per node, the job dir and its checkpoints.
+Where a substitution could hide a site mistake, what can be checked is checked instead and
+reported (``Rehearsal.checks``, ``Rehearsal.warnings``).
+
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from axonn_launch import edf
+from axonn_launch.config import ConfigError, LaunchConfig
+from axonn_launch.machine import MachineProfile
+
+LOCAL_MACHINE = "slurm_local"
+LOCAL_CLUSTER = "axonn"  # ClusterName in machines/slurm_local (lib.sh)
+START_SCRIPT = "machines/slurm_local/start.sh"
+NODES = 2  # the local cluster's nodes
+MODULE_FUNCTION = (
+    'module() { echo "axonn_launch rehearsal: module $*" >&2; }  # the site\'s modules, recorded'
+)
+GPU_FLAGS = ("--gpus", "--gpu-bind", "--gres=gpu", "--gpus-per-task", "--gpus-per-node")
+SLINGSHOT_FLAGS = ("--network",)
+CONTAINER_FLAGS = ("--environment",)
+
+
+@dataclass(frozen=True)
+class Rehearsal:
+    """What a rehearsal of ``site`` changes (``substitutions``) and checks instead."""
+
+    site: str
+    local: MachineProfile
+    node_cpus: int
+    substitutions: list[str] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    edf_env: dict[str, str] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "rehearsal_of": self.site,
+            "substitutions": self.substitutions,
+            "checks": self.checks,
+            "warnings": self.warnings,
+        }
+
+    def describe(self) -> str:
+        lines = [f"rehearsal  {self.site}'s batch script on the local cluster; substituted:"]
+        lines += [f"  - {s}" for s in self.substitutions]
+        lines += [f"  checked: {c}" for c in self.checks]
+        return "\n".join(lines)
+
+
+def check_machine(cfg: LaunchConfig) -> None:
+    """Only a site's Slurm machine can be rehearsed."""
+    machine = cfg.machine
+    if machine.scheduler != "slurm" or machine.name == LOCAL_MACHINE:
+        raise ConfigError(
+            f"rehearse=true: machine={machine.name} already runs here; rehearse a site"
+            " machine: machine=perlmutter, frontier or alps"
+        )
+
+
+def site_config(cfg: LaunchConfig, login_python: str = sys.executable) -> LaunchConfig:
+    """The configuration the rehearsal validates and runs: the site's, on two nodes, with
+    this computer's interpreter (``machine.python``) and no site account to ask for."""
+    check_machine(cfg)
+    if cfg.nodes not in (None, NODES):
+        raise ConfigError(
+            f"nodes={cfg.nodes}: a rehearsal runs on the local cluster's {NODES} nodes;"
+            f" leave nodes unset or set nodes={NODES}"
+        )
+    required = [key for key in cfg.machine.required if key != "slurm.account"]
+    machine = replace(cfg.machine, python=login_python, required=required)
+    return replace(cfg, nodes=NODES, machine=machine)
+
+
+def prepare(cfg: LaunchConfig, local: MachineProfile, job_dir: str) -> Rehearsal:
+    """Check the local cluster and what the substitutions hide; list the substitutions.
+    ``cfg`` is the configuration as the user gave it (the site's own)."""
+    check_machine(cfg)
+    node_cpus = local_cluster_cpus()
+    machine = cfg.machine
+    checks, warnings, edf_env = [], [], {}
+    subs = [
+        "module: a shell function that records each call in the job log"
+        if machine.modules
+        else "module: none loaded by this profile",
+    ]
+    if machine.container.engine == "edf":
+        found = load_edf(machine)
+        edf_env = dict(found.env)
+        subs.append(
+            f"--environment={machine.container.environment}: dropped; its EDF {found.path}"
+            f" was read (image {found.image}) and its [env] exported"
+            f" ({', '.join(sorted(edf_env)) or 'none'})"
+        )
+        checks.append(f"EDF {found.path}: valid TOML, an image, mounts {found.mount_list()}")
+        interpreter = machine.task_python(sys.executable)
+        if machine.python:
+            checks.append(f"interpreter {interpreter}: named by machine.python")
+        elif found.covers(interpreter):
+            checks.append(f"interpreter {interpreter}: inside the container's mounts")
+        else:
+            raise ConfigError(
+                f"machine.container.python={interpreter!r}: outside the container's mounts"
+                f" ({found.mount_list()}); the tasks could not start it on {machine.name}"
+            )
+        if not found.covers(job_dir):
+            warnings.append(
+                f"job dir {job_dir}: outside the container's mounts ({found.mount_list()});"
+                f" fine for this rehearsal, but a real submission to {machine.name} refuses it"
+            )
+    slurm = machine.slurm
+    gpu = [f"--gpus-per-node={slurm.gpus_per_node}"] if slurm.gpus_per_node else []
+    gpu += [f"--gpus-per-task={slurm.gpus_per_task}"] if slurm.gpus_per_task else []
+    gpu += [f"--gpu-bind={slurm.gpu_bind}"] if slurm.gpu_bind else []
+    gpu += [f"-C {slurm.constraint}"] if slurm.constraint else []
+    if gpu:
+        subs.append(f"GPU flags dropped: {' '.join(gpu)}")
+    if slurm.network or any(a.startswith(SLINGSHOT_FLAGS) for a in slurm.srun_args):
+        subs.append("Slingshot flags dropped: --network=...")
+    site_queue = ", ".join(
+        f"{k} {v}" for k, v in (("partition", slurm.partition), ("qos", slurm.qos)) if v
+    )
+    subs.append(
+        f"queue: {site_queue or 'the default'} and the site account -> partition"
+        f" {local.slurm.partition} of the local cluster, no account or QOS"
+    )
+    tasks = machine.hardware.gpus_per_node
+    subs.append(
+        f"CPUs per task: {slurm.cpus_per_task} -> {local_cpus_per_task(node_cpus, tasks)}"
+        f" ({node_cpus} CPUs per local node / {tasks} tasks)"
+    )
+    subs.append(f"interpreter: {machine.task_python(sys.executable)} -> {sys.executable}")
+    subs.append(
+        f"ranks: backend {machine.backend} on GPUs -> gloo on the CPU; preflight floors ->"
+        " the local cluster's"
+    )
+    if slurm.mpi_default and not _names_mpi(slurm.srun_args):
+        subs.append(f"MPI plugin: the site's default made explicit: --mpi={slurm.mpi_default}")
+    return Rehearsal(
+        site=machine.name,
+        local=local,
+        node_cpus=node_cpus,
+        substitutions=subs,
+        checks=checks,
+        warnings=warnings,
+        edf_env=edf_env,
+    )
+
+
+def load_edf(machine: MachineProfile) -> edf.EDF:
+    try:
+        return edf.load(machine.container.environment)
+    except edf.EDFError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def local_cpus_per_task(node_cpus: int, tasks_per_node: int) -> int:
+    return max(1, node_cpus // tasks_per_node)
+
+
+def substitute(
+    params: dict[str, Any], rehearsal: Rehearsal, machine: MachineProfile, tasks_per_node: int
+) -> dict[str, Any]:
+    """submitit's parameters of the site's script, with the site-only parts substituted."""
+    params = dict(params)
+    for key in ("gpus_per_node", "gpus_per_task", "constraint", "qos", "account"):
+        params.pop(key, None)
+    params["partition"] = rehearsal.local.slurm.partition
+    cpus = local_cpus_per_task(rehearsal.node_cpus, tasks_per_node)
+    params["cpus_per_task"] = cpus
+    extra = {
+        k: v
+        for k, v in params.pop("additional_parameters", {}).items()
+        if k not in ("gpu-bind", "network")
+    }
+    if extra:
+        params["additional_parameters"] = extra
+    srun = [_local_srun_arg(arg, cpus) for arg in params["srun_args"]]
+    srun = [arg for arg in srun if arg]
+    if machine.slurm.mpi_default and not _names_mpi(srun):
+        srun.append(f"--mpi={machine.slurm.mpi_default}")
+    params["srun_args"] = srun
+    setup = list(params.get("setup", []))
+    if machine.modules or any("module" in line for line in setup):
+        setup.insert(0, MODULE_FUNCTION)
+    setup += [f"export {k}={shlex.quote(v)}" for k, v in sorted(rehearsal.edf_env.items())]
+    params["setup"] = setup
+    return params
+
+
+def _local_srun_arg(arg: str, cpus: int) -> str:
+    if arg.startswith(GPU_FLAGS + SLINGSHOT_FLAGS + CONTAINER_FLAGS):
+        return ""
+    if arg.startswith("--cpus-per-task"):
+        return f"--cpus-per-task={cpus}"
+    return arg
+
+
+def _names_mpi(srun_args: list[str]) -> bool:
+    return any(arg.startswith("--mpi") for arg in srun_args)
+
+
+def local_cluster_cpus() -> int:
+    """CPUs per node of the running local cluster; ConfigError when it is not running."""
+    try:
+        name = _slurm(["scontrol", "show", "config"])
+        nodes = _slurm(["sinfo", "-h", "-N", "-o", "%N %c"])
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ConfigError(
+            f"rehearse=true: the local Slurm cluster is not running ({_why(exc)}); start it"
+            f" with: bash {START_SCRIPT}"
+        ) from None
+    cluster = next(
+        (ln.split("=", 1)[1].strip() for ln in name.splitlines() if ln.startswith("ClusterName")),
+        "",
+    )
+    if cluster != LOCAL_CLUSTER:
+        raise ConfigError(
+            f"rehearse=true: this Slurm is cluster {cluster!r}, not the local test cluster"
+            f" {LOCAL_CLUSTER!r}; rehearse on a computer running bash {START_SCRIPT}"
+        )
+    cpus = [int(line.split()[1]) for line in nodes.splitlines() if len(line.split()) == 2]
+    if len(cpus) < NODES:
+        raise ConfigError(
+            f"rehearse=true: the local cluster has {len(cpus)} node(s), a rehearsal needs"
+            f" {NODES}; restart it with: bash {START_SCRIPT}"
+        )
+    return min(cpus)
+
+
+def _slurm(command: list[str]) -> str:
+    return subprocess.run(command, capture_output=True, text=True, timeout=20, check=True).stdout
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return f"`{exc.filename}` is not installed"
+    if isinstance(exc, subprocess.CalledProcessError):
+        text = (exc.stderr or "").strip().splitlines()
+        return text[-1] if text else f"exit code {exc.returncode}"
+    return str(exc) or type(exc).__name__
