@@ -714,8 +714,93 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
+def resume_point(job_dir: Path) -> str:
+    """The step a new attempt starts from, as the resubmit line says it: the latest complete
+    checkpoint (what ``seed_from_checkpoint`` gives the new attempt), else step 0."""
+    pointer = job_dir / "checkpoints" / "latest"
+    if not pointer.exists():
+        return "restarts from step 0: no checkpoint was saved"
+    name = pointer.read_text().strip()
+    try:
+        meta = json.loads((job_dir / "checkpoints" / name / "meta.json").read_text())
+        return f"resumes from step {int(meta['step'])} (checkpoints/{name})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"restarts from step 0: checkpoints/{name}, the latest, is incomplete"
+
+
+def partition_nodes(partition: str) -> tuple[str, list[str]] | None:
+    """(partition name, its nodes) from one ``sinfo`` call: ``partition`` (a comma list is
+    their union) or, when empty, the default one (sinfo marks it ``*``); None when sinfo is
+    missing, fails or does not list it."""
+    text = _run(["sinfo", "-h", "-o", "%P|%N"])
+    wanted = {p for p in partition.split(",") if p}
+    names, nodes = [], []
+    for line in (text or "").splitlines():
+        name, sep, hostlist = line.strip().partition("|")
+        if sep and (name.rstrip("*") in wanted if wanted else name.endswith("*")):
+            names.append(name.rstrip("*"))
+            try:
+                nodes += slurmtext.expand_nodelist(hostlist)
+            except ValueError:
+                return None
+    return (",".join(dict.fromkeys(names)), list(dict.fromkeys(nodes))) if names else None
+
+
+def excluded_nodes(overrides: list[str]) -> list[str]:
+    """The nodes the ``--exclude`` override of a new attempt names."""
+    values = [o.split("=", 1)[1].strip("'\"") for o in overrides if _key(o) == _key(EXCLUDE_KEY)]
+    return [n for v in values for n in v.split(",") if n]
+
+
+def nodes_needed(record: dict, given: list[str]) -> int | None:
+    """The new attempt's node count: ``nodes=`` as given, else the old job's unless the
+    given overrides change the grid (then only composing it tells)."""
+    for override in reversed(given):
+        if _key(override) == "nodes" and override.split("=", 1)[1].isdigit():
+            return int(override.split("=", 1)[1])
+    return None if reshapes(given) else int(record.get("nodes") or 0) or None
+
+
+def schedulable_warning(
+    job_dir: Path, record: dict, given: list[str], overrides: list[str]
+) -> str | None:
+    """Why the new attempt may never start: its exclusions leave its partition fewer nodes
+    than it needs; or that this cannot be known here. None when there is nothing to say."""
+    excluded = excluded_nodes(overrides)
+    if record.get("scheduler", "slurm") != "slurm" or not excluded:
+        return None
+    partition = _given_value(given, "machine.slurm.partition")
+    if partition is None:
+        config = _load_yaml(job_dir / "config.yaml") or {}
+        partition = str(((config.get("machine") or {}).get("slurm") or {}).get("partition") or "")
+    found, needed = partition_nodes(partition), nodes_needed(record, given)
+    named = f"partition {partition}" if partition else "the default partition"
+    unsure = f"excluding {','.join(excluded)}: cannot tell whether enough nodes are left"
+    if found is None:
+        count = f"{needed} nodes" if needed else "the job's nodes"
+        return f"{unsure}: sinfo does not list {named} here; check that it has {count} without them"
+    if needed is None:
+        return f"{unsure}: the new grid's node count is known only at submission (give nodes=N)"
+    name, nodes = found
+    left = [n for n in nodes if n not in excluded]
+    if len(left) >= needed:
+        return None
+    smaller = f"resubmit with nodes={len(left)} and a grid that fits it, or " if left else ""
+    return (
+        f"excluding {','.join(excluded)} leaves {len(left)} of the {len(nodes)} nodes of"
+        f" partition {name}, and the job needs {needed}: it can never start; {smaller}wait"
+        f" until {','.join(excluded)} {'is' if len(excluded) == 1 else 'are'} back in service"
+    )
+
+
+def _given_value(given: list[str], key: str) -> str | None:
+    values = [o.split("=", 1)[1] for o in given if _key(o) == key]
+    return values[-1] if values else None
+
+
 def resubmit_one(status: JobStatus, args: argparse.Namespace, out) -> str:
-    """Resubmit one job under its lock; returns a one-line outcome."""
+    """Resubmit one job under its lock; returns the outcome: one line, then the step the new
+    attempt starts from. An exclusion its partition cannot satisfy warns on stderr."""
     job_dir = Path(status.job_dir)
     with job_lock(job_dir):
         record = read_record(job_dir)
@@ -729,10 +814,13 @@ def resubmit_one(status: JobStatus, args: argparse.Namespace, out) -> str:
             for_hydra(o)
             for o in new_overrides(original_overrides(job_dir, record), args.overrides, exclude)
         ]
+        warning = schedulable_warning(job_dir, record, args.overrides, overrides)
+        if warning:
+            print(f"warning: {status.job_id} {job_dir}: {warning}", file=sys.stderr, flush=True)
+        resumes = f"\n  {resume_point(job_dir)}"
         if args.dry_run:
-            return f"would resubmit {status.job_id} ({status.failure}) as {target}: " + " ".join(
-                overrides
-            )
+            head = f"would resubmit {status.job_id} ({status.failure}) as {target}: "
+            return head + " ".join(overrides) + resumes
         update_record(job_dir, resubmitted_as=str(target))  # the mark comes before the job
         try:
             new_id = submit_attempt(job_dir, target, record, status, overrides, attempt, out)
@@ -743,7 +831,9 @@ def resubmit_one(status: JobStatus, args: argparse.Namespace, out) -> str:
         update_record(
             job_dir, resubmitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), resubmitted_job=new_id
         )
-        return f"resubmitted {status.job_id} ({status.failure}) as job {new_id} in {target}"
+        return f"resubmitted {status.job_id} ({status.failure}) as job {new_id} in {target}" + (
+            resumes
+        )
 
 
 def submit_attempt(
