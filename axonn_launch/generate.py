@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from axonn_launch.jobs import dry_run_problem
 from axonn_launch.usage import help_page, run_tool, wants_help
 
 OWN_KEYS = ("prompts", "out", "max_new_tokens", "temperature", "top_k", "batch_size",
@@ -32,14 +33,19 @@ HELP = help_page(
         "model of SOURCE (a job directory, a checkpoints/step_N directory or a Hugging Face\n"
         "Llama directory) and write one line per prompt, in order:\n"
         '{"prompt_ids": [...], "output_ids": [new tokens], "text": "..."}. Batched, with a\n'
-        "KV cache, on the grid and machine you name (the launcher's keys)."
+        "KV cache, on the grid and machine you name (the launcher's keys). Rows have\n"
+        '"text" only where the ids have text: a tokenizer, or the bytes of a model trained on\n'
+        "the built-in corpus (an id above 255 shows as <id:N>).\n\n"
+        "Greedy decoding (the default) of an early checkpoint repeats itself: a model after\n"
+        'a few hundred steps continues with spaces or "the the the". Sampling gives text\n'
+        "that reads like its training data: temperature=0.8 (with top_k=50, say)."
     ),
     keys=[
         ("SOURCE", "job dir, checkpoints/step_N, or an HF directory with config.json"),
         ("prompts=FILE", 'JSONL of {"text": ...} or {"ids": [...]} (one prompt per line)'),
         ("out=FILE", "JSONL written when the job ends"),
         ("max_new_tokens=N", "tokens to generate per prompt (default 32)"),
-        ("temperature=T top_k=K", "sampling (default greedy: temperature=0)"),
+        ("temperature=T top_k=K", "sampling (default greedy: temperature=0; see above)"),
         ("batch_size=B", "prompts per batch (default 16)"),
         ("tokenizer=PATH", "tokenizer.json or HF dir (default: the HF source's, or bytes)"),
         ("stop_at_eos=true", "end a continuation at the tokenizer's end-of-sequence"),
@@ -48,6 +54,8 @@ HELP = help_page(
     examples=[
         "python -m axonn_launch.generate jobs/gpt_tiny-local/2026-12-01_08-00-00 "
         "prompts=p.jsonl max_new_tokens=64 out=o.jsonl",
+        "python -m axonn_launch.generate jobs/gpt_tiny-local/2026-12-01_08-00-00 "
+        "prompts=p.jsonl out=o.jsonl temperature=0.8 top_k=50",
         "python -m axonn_launch.generate ~/Llama-3.2-1B prompts=p.jsonl out=o.jsonl "
         "grid.x=2 grid.z=2",
     ],
@@ -61,6 +69,9 @@ class GenerateError(ValueError):
 def launcher_overrides(source: str, keys: dict[str, str]) -> list[str]:
     """The launcher's overrides for a generation job over ``source`` with ``keys``."""
     path = Path(source).expanduser()
+    dry_run = dry_run_problem(path)
+    if dry_run:
+        raise GenerateError(dry_run)
     if (path / "config.json").is_file():
         model = ["model=hf", f"model.init_from={path.resolve()}"]
     elif (path / "meta.json").is_file() or (path / "checkpoints" / "latest").is_file():
@@ -73,7 +84,7 @@ def launcher_overrides(source: str, keys: dict[str, str]) -> list[str]:
     for key in ("prompts", "out"):
         if not keys.get(key):
             raise GenerateError(f"{key}=FILE is required (python -m axonn_launch.generate --help)")
-    check_prompts(Path(keys["prompts"]))
+    check_prompts(Path(keys["prompts"]), text_codec(path, keys))
     out = Path(keys["out"]).expanduser().resolve()
     if out.is_dir():
         raise GenerateError(f"out={keys['out']!r}: is a directory; name a .jsonl file")
@@ -99,7 +110,21 @@ def _quoted(value: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def check_prompts(path: Path) -> None:
+def text_codec(source: Path, keys: dict[str, str]) -> str:
+    """What turns text into ids for ``source`` ("" when nothing does): ``tokenizer=``, an
+    HF directory's tokenizer, or the bytes of a job trained on the built-in corpus (the
+    job's rule, ``train/generate_job.py``)."""
+    if keys.get("tokenizer"):
+        return "tokenizer=" + keys["tokenizer"]
+    if (source / "config.json").is_file():
+        tokenizers = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+        return "its tokenizer" if any((source / f).is_file() for f in tokenizers) else ""
+    data = _training_data(source)
+    return "bytes" if not data or data[0] == "train.data=shakespeare" else ""
+
+
+def check_prompts(path: Path, codec: str = "bytes") -> None:
+    """Every line gives ids, or text that ``codec`` (``text_codec``; "": none) encodes."""
     from axonn_launch.data import json_lines
 
     if not path.is_file():
@@ -111,6 +136,11 @@ def check_prompts(path: Path) -> None:
             raise GenerateError(
                 f'prompts={str(path)!r} line {number}: expected {{"text": "..."}} or '
                 '{"ids": [non-negative token ids]}'
+            )
+        if not good_ids and not codec:
+            raise GenerateError(
+                f"prompts={str(path)!r} line {number}: a text prompt needs a tokenizer and "
+                'SOURCE has none; give tokenizer=PATH or {"ids": [...]}'
             )
 
 

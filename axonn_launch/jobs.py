@@ -87,6 +87,8 @@ class JobStatus:
     bad_nodes: list[str] = field(default_factory=list)
     resubmitted_as: str = ""
     slow_nodes: list[str] = field(default_factory=list)  # named by this attempt's preflight
+    # what ran after the training (sample, memorization): "done", "failed: ..." or "pending"
+    after_training: dict[str, str] = field(default_factory=dict)
 
 
 # --- finding and reading job directories -------------------------------------------------
@@ -141,6 +143,25 @@ def read_summary(job_dir: Path | str) -> dict | None:
     except (OSError, ValueError):
         return None
     return summary if isinstance(summary, dict) else None
+
+
+DRY_RUN_STATE = "DRY_RUN"
+
+
+def is_dry_run(record: dict) -> bool:
+    """The launch only rendered and recorded the job (``dry_run=true``): nothing ran."""
+    return bool(record.get("dry_run")) or record.get("status") == "dry_run"
+
+
+def dry_run_problem(job_dir: Path | str) -> str | None:
+    """The one line for a tool asked for what only a run makes (report, generate), or None."""
+    try:
+        record = read_record(Path(job_dir))
+    except (OSError, ValueError):
+        return None
+    if not is_dry_run(record):
+        return None
+    return f"{job_dir}: is a dry run: nothing was trained; launch it without dry_run=true"
 
 
 def last_metrics(job_dir: Path) -> dict | None:
@@ -395,9 +416,10 @@ def local_state(record: dict) -> str:
 def diagnose(
     job_dir: Path, record: dict, info: SchedulerInfo | None, preflight: dict | None
 ) -> tuple[str, Diagnosis]:
-    """(state to show, diagnosis) of one job; ``preflight``: its verdict (``preflight_of``)."""
-    if record.get("dry_run") or record.get("status") == "dry_run":
-        return "DRY_RUN", Diagnosis(failures.UNKNOWN, "dry run: never submitted")
+    """(state to show, diagnosis) of one job; ``preflight``: its verdict (``preflight_of``).
+
+    A job whose training finished (its summary.json has every step) is COMPLETED whatever
+    failed after it (a sample, an export: ``after_training`` in the summary says what)."""
     if record.get("status") == "refused":
         return "REFUSED", Diagnosis(failures.UNKNOWN, f"sbatch refused it: {record.get('error')}")
     if not current_job_id(record):
@@ -407,11 +429,13 @@ def diagnose(
     if diagnosis.failure in (failures.COLLECTIVE_FAILURE, failures.UNKNOWN):
         ev = evidence(job_dir, record, info, every_task=True)
         diagnosis = failures.classify(ev)
-    first = None
     if diagnosis.failure not in (failures.COMPLETED, failures.RUNNING):
         first = rankfail.first_failure(job_dir)
-    if first is not None:  # the rank that failed first says why, in its own words
-        diagnosis = replace(diagnosis, reason=rankfail.headline(first))
+        if first is not None:  # the rank that failed first says why, in its own words
+            diagnosis = replace(diagnosis, reason=rankfail.headline(first))
+        if finished_by_itself(job_dir, record):  # what failed came after the training
+            why = f"training finished, then the job ended ({diagnosis.failure}): {diagnosis.reason}"
+            return "COMPLETED", Diagnosis(failures.COMPLETED, why)
     stopped = preflight_stop(preflight, diagnosis)
     shown = ev.state or _state_from_class(diagnosis.failure)
     return shown, stopped or diagnosis
@@ -439,7 +463,10 @@ def _state_from_class(failure: str) -> str:
 def job_status(
     job_dir: Path, record: dict, info: SchedulerInfo | None, preflight: dict | None
 ) -> JobStatus:
-    state, diagnosis = diagnose(job_dir, record, info, preflight)
+    if is_dry_run(record):  # its own state: no failure class, nothing to do about it
+        state, diagnosis = DRY_RUN_STATE, None
+    else:
+        state, diagnosis = diagnose(job_dir, record, info, preflight)
     metrics = last_metrics(job_dir)
     results = run_results(job_dir, metrics)
     grid = record.get("grid") or {}
@@ -457,14 +484,21 @@ def job_status(
         loss=results.loss,
         tokens_per_s=results.tokens_per_s,
         step_time_s=results.step_time_s,
-        failure=diagnosis.failure,
-        action=diagnosis.action,
-        reason=diagnosis.reason[:300],
+        failure=diagnosis.failure if diagnosis else "",
+        action=diagnosis.action if diagnosis else "",
+        reason=diagnosis.reason[:300] if diagnosis else "dry run: never submitted",
         attempt=int(record.get("attempt", 1)),
-        bad_nodes=list(diagnosis.bad_nodes),
+        bad_nodes=list(diagnosis.bad_nodes) if diagnosis else [],
         resubmitted_as=str(record.get("resubmitted_as", "")),
         slow_nodes=slow_nodes_of(preflight),
+        after_training=after_training_of(job_dir),
     )
+
+
+def after_training_of(job_dir: Path) -> dict[str, str]:
+    """summary.json's ``after_training``: step -> "done", "failed: ..." or "pending"."""
+    found = (read_summary(job_dir) or {}).get("after_training")
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
 def collect(paths: list[str]) -> list[JobStatus]:
@@ -499,26 +533,33 @@ def fold_preflight(job_dir: Path, record: dict, preflight: dict | None) -> None:
 
 # --- status output -------------------------------------------------------------------------
 
+# Narrow enough for a 120-column terminal with the default job dirs; the name, machine,
+# model, step time, attempt and action are in --json (the name and machine are in the dir;
+# the action is on the line under the table that says why the job ended).
 COLUMNS = (
     ("JOB ID", lambda s: s.job_id or "-"),
-    ("NAME", lambda s: s.name),
-    ("MACHINE", lambda s: s.machine),
-    ("MODEL", lambda s: s.model),
-    ("GRID", lambda s: s.grid.replace("data=", "d").replace(" ", "").replace("=", "")),
+    ("GRID", lambda s: short_grid(s.grid)),
     ("NODES", lambda s: str(s.nodes)),
     ("STATE", lambda s: s.state),
     ("STEP", lambda s: f"{s.step if s.step is not None else '-'}/{s.steps}"),
     ("LOSS", lambda s: f"{s.loss:.4f}" if s.loss is not None else "-"),
     ("TOK/S", lambda s: f"{s.tokens_per_s:.0f}" if s.tokens_per_s is not None else "-"),
-    ("STEP S", lambda s: f"{s.step_time_s:.3g}" if s.step_time_s is not None else "-"),
-    ("CLASS", lambda s: s.failure),
-    ("ATTEMPT", lambda s: str(s.attempt)),
-    (
-        "ACTION",
-        lambda s: f"resubmitted as {Path(s.resubmitted_as).name}" if s.resubmitted_as else s.action,
-    ),
-    ("DIR", lambda s: s.job_dir),
+    ("CLASS", lambda s: s.failure or "-"),
+    ("DIR", lambda s: shown_dir(s.job_dir)),
 )
+
+
+def short_grid(grid: str) -> str:
+    """``data=1 x=2 y=1 z=2`` as ``x2z2``: the axes above 1 (``1`` for a single rank)."""
+    axes = [word.split("=") for word in grid.split()]
+    text = "".join(f"{'d' if a == 'data' else a}{n}" for a, n in axes if n != "1")
+    return text or ("1" if axes else "-")
+
+
+def shown_dir(job_dir: str) -> str:
+    """The job dir relative to the current directory when it is inside it."""
+    relative = os.path.relpath(job_dir)
+    return job_dir if relative.startswith("..") else relative
 
 
 def format_table(rows: list[JobStatus]) -> str:
@@ -542,11 +583,27 @@ def status_main(args: argparse.Namespace) -> int:
 
 
 def notes(row: JobStatus) -> list[str]:
-    """The lines under the table for one job: why it failed, and its slow nodes."""
-    ended = row.failure not in (failures.COMPLETED, failures.RUNNING)
-    lines = [row.reason] if ended and row.reason and not row.resubmitted_as else []
+    """The lines under the table for one job: why it failed and what to do, what failed
+    after a finished training, and its slow nodes."""
+    lines = []
+    if row.resubmitted_as:
+        lines.append(f"resubmitted as {row.resubmitted_as}")
+    elif row.failure not in ("", failures.COMPLETED, failures.RUNNING) and row.reason:
+        lines.append(f"{row.reason} (action: {row.action})")
+    elif row.failure == failures.COMPLETED:
+        lines += after_training_notes(row)
     if row.slow_nodes and not any("slow nodes" in line for line in lines):
         lines.append(f"preflight named slow nodes: {', '.join(row.slow_nodes)}")
+    return lines
+
+
+def after_training_notes(row: JobStatus) -> list[str]:
+    """A completed training's steps that did not finish, and how its job ended if not well."""
+    lines = [row.reason] if row.reason.startswith("training finished, then") else []
+    for name, outcome in row.after_training.items():
+        if outcome != "done":
+            shown = "did not finish" if outcome == "pending" else outcome
+            lines.append(f"{name} after the training {shown}")
     return lines
 
 
@@ -593,6 +650,8 @@ def update_record(job_dir: Path, **updates) -> dict:
 
 def refusal(status: JobStatus, record: dict, args: argparse.Namespace) -> str | None:
     """Why this job must not be resubmitted now, or None."""
+    if status.state == DRY_RUN_STATE:
+        return "a dry run: nothing to resubmit; launch it without dry_run=true"
     if record.get("resubmitted_as"):
         return f"already resubmitted as {record['resubmitted_as']}"
     if status.failure in (failures.COMPLETED, failures.RUNNING):
