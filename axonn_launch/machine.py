@@ -143,8 +143,10 @@ class MachineProfile:
     max_local_processes: int = 64  # scheduler=local only
     preflight: PreflightSettings = field(default_factory=PreflightSettings)
     # where each site fact comes from: "env.NAME", "multinode_env.NAME", "task_env.NAME",
-    # "slurm.KEY", "srun_args[ARG]", "modules", "setup[N]" -> a page or file (tests check
-    # that every flag and variable of a site profile has one)
+    # "slurm.KEY" (a field changed from SlurmSettings' default; "slurm.extra_sbatch.KEY"),
+    # "srun_args[ARG]" (ARG as composed, interpolations resolved), "modules", "setup[N]"
+    # (1-based), "container.KEY" -> a URL or owner/repo:path, then any note
+    # (tests/test_site_sources.py checks that every flag and variable of a site profile has one)
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
