@@ -20,6 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from axonn_launch import rehearse
 from axonn_launch.config import (
     ConfigError,
     LaunchConfig,
@@ -38,7 +39,7 @@ from axonn_launch.sweep import (
     with_objective,
 )
 from axonn_launch.usage import register_help_resolver
-from axonn_launch.validate import resolve
+from axonn_launch.validate import container_warnings, resolve
 
 HYDRA_FLAGS_WITHOUT_PREFLIGHT = {
     "--help",
@@ -159,6 +160,7 @@ def preflight(argv: list[str]) -> None:
         for o in overrides
         if not o.startswith(("hydra.", "hydra/")) or o.startswith("hydra.searchpath")
     ]
+    run_dir = run_dir_prefix(overrides)
     config_dir = valued.get("--config-dir") or valued.get("-cd")
     if config_dir:
         overrides.append(f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]")
@@ -168,12 +170,20 @@ def preflight(argv: list[str]) -> None:
         tree = compose(point)
         cfg = for_sweeper(to_launch_config(tree), sweeper or "basic")
         if not sweeping:
-            check_run(tree, cfg)
+            check_run(tree, cfg, run_dir)
         elif optimizing:
             check_trial(tree, cfg, point, sweeper)
 
 
-def check_run(tree: DictConfig, cfg: LaunchConfig) -> None:
+def run_dir_prefix(overrides: list[str]) -> str:
+    """The part of the job dir known before Hydra runs: ``hydra.run.dir`` up to its first
+    interpolation (the default puts job dirs under ./jobs), made absolute."""
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
+    prefix = (given[-1] if given else "jobs/").split("${", 1)[0]
+    return os.path.abspath(prefix or ".")
+
+
+def check_run(tree: DictConfig, cfg: LaunchConfig, run_dir: str = "") -> None:
     """Validate a run. A study's data (``+study=...``) is prepared by its Hydra callback
     when the run starts, after this check of ``train.data``; so once the rest is valid
     (checked as a dry run, which only warns about missing data) it is prepared here."""
@@ -185,7 +195,12 @@ def check_run(tree: DictConfig, cfg: LaunchConfig) -> None:
             PrepareStudy(tree.study).ensure()
         except StudyError as exc:
             raise ConfigError(str(exc)) from None
+    run_dir = run_dir or run_dir_prefix([])
+    if cfg.rehearse:
+        rehearse.prepare(cfg, run_dir)
+        cfg = rehearse.site_config(cfg)
     resolve(cfg)
+    container_warnings(cfg, run_dir)
 
 
 def check_trial(tree: DictConfig, cfg: LaunchConfig, point: list[str], sweeper: str) -> None:

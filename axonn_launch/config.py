@@ -64,12 +64,14 @@ class LaunchConfig:
     preflight: bool | None = None
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     memorization: MemorizationConfig = field(default_factory=MemorizationConfig)
+    # run this site machine's batch script on the local Slurm cluster (rehearse.py)
+    rehearse: bool = False
 
 
 # Overrides that a point's name leaves out: already in the name, or not about the run.
 UNNAMED_KEYS = (
     "machine", "model", "name", "dry_run", "wait", "nodes", "objective", "preflight", "study",
-    "scale",
+    "scale", "rehearse",
 )  # fmt: skip
 NAME_MAX = 80
 
@@ -114,6 +116,18 @@ def compose(overrides: list[str]):
         raise ConfigError(_bad_override(overrides) or explain_compose_error(exc)) from exc
     finally:
         GlobalHydra.instance().clear()
+
+
+def machine_profile(name: str) -> MachineProfile:
+    """The machine profile ``conf/machine/<name>.yaml`` alone (no interpolations to resolve
+    beyond its own), for tools that need a second machine, e.g. a rehearsal's local one."""
+    from importlib import resources
+
+    from omegaconf import OmegaConf
+
+    text = resources.files(CONFIG_MODULE).joinpath("machine", f"{name}.yaml").read_text()
+    raw = OmegaConf.to_container(OmegaConf.create(text), resolve=True)
+    return build(MachineProfile, raw, "machine")
 
 
 def load(overrides: list[str]) -> LaunchConfig:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from axonn_launch import edf
-from axonn_launch.config import ConfigError, LaunchConfig
+from axonn_launch.config import ConfigError, LaunchConfig, machine_profile
 from axonn_launch.machine import MachineProfile
 
 LOCAL_MACHINE = "slurm_local"
@@ -97,14 +97,26 @@ def site_config(cfg: LaunchConfig, login_python: str = sys.executable) -> Launch
         )
     required = [key for key in cfg.machine.required if key != "slurm.account"]
     machine = replace(cfg.machine, python=login_python, required=required)
-    return replace(cfg, nodes=NODES, machine=machine)
+    wait = True if cfg.wait is None else cfg.wait  # a rehearsal is followed to its end
+    return replace(cfg, nodes=NODES, machine=machine, wait=wait)
 
 
-def prepare(cfg: LaunchConfig, local: MachineProfile, job_dir: str) -> Rehearsal:
+def as_run(cfg: LaunchConfig, rehearsal: Rehearsal) -> LaunchConfig:
+    """After validation on the site's hardware: the ranks run gloo on the CPU and the
+    preflight compares with the local cluster's floors."""
+    hardware = replace(cfg.machine.hardware, peak_tflops_per_gpu=0.0)
+    machine = replace(
+        cfg.machine, backend="gloo", hardware=hardware, preflight=rehearsal.local.preflight
+    )
+    return replace(cfg, machine=machine)
+
+
+def prepare(cfg: LaunchConfig, job_dir: str) -> Rehearsal:
     """Check the local cluster and what the substitutions hide; list the substitutions.
     ``cfg`` is the configuration as the user gave it (the site's own)."""
     check_machine(cfg)
     node_cpus = local_cluster_cpus()
+    local = machine_profile(LOCAL_MACHINE)
     machine = cfg.machine
     checks, warnings, edf_env = [], [], {}
     subs = [

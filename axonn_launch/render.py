@@ -103,5 +103,11 @@ def render_script(
     params = slurm_parameters(
         machine=machine, nodes=nodes, tasks_per_node=tasks_per_node, job_name=job_name
     )
-    command = submitit_command(python=machine.task_python(python), folder=folder)
+    return script_of(params, folder=folder, python=machine.task_python(python))
+
+
+def script_of(params: dict[str, Any], *, folder: Path, python: str) -> str:
+    """The batch script submitit makes of ``params`` (``slurm_parameters``, or a
+    rehearsal's substitution of them) for tasks that run ``python``."""
+    command = submitit_command(python=python, folder=folder)
     return _make_sbatch_string(command=command, folder=folder, **params)
