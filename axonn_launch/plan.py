@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -36,8 +37,21 @@ from axonn_launch.jobcost import job_cost
 from axonn_launch.machine import Hardware, MachineProfile
 from axonn_launch.memory import GIB, MemoryEstimate, estimate_memory, largest_cache_that_fits
 from axonn_launch.models import ModelSpec
-from axonn_launch.perf import COMM_AXES, Calibration, StepTime, load_calibration, step_time
-from axonn_launch.rules import batch_problem, divisors, fit_micro_batch, shape_problem
+from axonn_launch.perf import (
+    COMM_AXES,
+    DEFAULT_GEMM_EFFICIENCY,
+    Calibration,
+    StepTime,
+    load_calibration,
+    step_time,
+)
+from axonn_launch.rules import (
+    batch_problem,
+    divisors,
+    fit_micro_batch,
+    placement_problem,
+    shape_problem,
+)
 from axonn_launch.spec import TrainConfig
 from axonn_launch.usage import help_page, run_tool, wants_help
 
@@ -79,15 +93,6 @@ def enumerate_grids(world_size: int) -> list[Grid]:
             for z in divisors(world_size // (x * y)):
                 grids.append(Grid(data=world_size // (x * y * z), x=x, y=y, z=z))
     return grids
-
-
-def placement_problem(hardware: Hardware, grid: Grid) -> str | None:
-    """x must stay inside a node: ranks are numbered x fastest, and x's collectives (two
-    per layer, in the forward and the backward pass) need the node's fast links, as in
-    AxoNN. So x divides the GPUs of a node."""
-    if hardware.gpus_per_node % grid.x:
-        return f"x={grid.x} does not divide the {hardware.gpus_per_node} GPUs of a node"
-    return None
 
 
 # --------------------------------------------------------------------------- ranking
@@ -359,6 +364,7 @@ class PlanArgs:
     top: int
     output: str  # table | json
     calibration: Calibration | None
+    overrides: tuple[str, ...] = ()  # the Hydra overrides as given, for the launch command
 
 
 def parse_args(argv: list[str]) -> PlanArgs:
@@ -391,6 +397,7 @@ def parse_args(argv: list[str]) -> PlanArgs:
         top=_positive_int("top", own.get("top", "5")),
         output=output,
         calibration=read_calibration(own["calibration"]) if own.get("calibration") else None,
+        overrides=tuple(overrides),
     )
 
 
@@ -465,7 +472,94 @@ def run(args: PlanArgs) -> tuple[str, bool]:
     if not rows:
         return f"{header}\n{why}", False
     table = format_table(rows, hw.peak_tflops_per_gpu)
-    return f"{header}\n{table}\n{job_start_line(args, rows[0].grid)}", True
+    lines = [header, table, job_start_line(args, rows[0].grid), legend(hw)]
+    lines += [calibration_note(args), *launch_lines(args, rows[0], nodes)]
+    return "\n".join(lines), True
+
+
+def legend(hw: Hardware) -> str:
+    """What each column means; ``rank`` above all, which is no MPI rank."""
+    memory = f" (a GPU has {hw.mem_per_gpu_gb:g})" if hw.mem_per_gpu_gb > 0 else ""
+    peak = f"{hw.peak_tflops_per_gpu:g} TFLOP/s" if hw.peak_tflops_per_gpu > 0 else "unknown: -"
+    columns = [
+        ("rank", "place in this ranking by predicted step time (1 = fastest); not an MPI rank"),
+        ("grid", "ranks on each axis: data replicas, x and y (tensor), z (depth)"),
+        ("mb", "micro-batch: sequences per micro-step of a data replica, split over z"),
+        ("cache", "blocks whose gathered weights stay from forward to backward (cache_layers)"),
+        ("step s", "predicted seconds per optimizer step"),
+        ("% peak", f"TFLOP/s/GPU over the GPU's peak ({peak})"),
+        ("mem GiB", f"estimated memory per GPU{memory}"),
+        ("compute s", "GEMM and element-wise time of a step"),
+        ("x/y/z/data s", "communication over that axis that compute does not hide"),
+        ("xy s", "the same for the token table and loss, split over the x*y plane"),
+    ]
+    width = max(len(name) for name, _ in columns)
+    return "\n".join(["columns:", *(f"  {n.ljust(width)}  {t}" for n, t in columns)])
+
+
+def calibration_note(args: PlanArgs) -> str:
+    """Whether the figures rest on measurements of this machine or on nominal numbers."""
+    if args.calibration is not None:
+        return f"predictions calibrated with {args.calibration.source} (measured on the machine)"
+    machine = args.machine
+    measure = f"python -m axonn_launch.calibrate machine={machine.name}"
+    if machine.scheduler == "local":
+        measure = f"`{measure} nproc={machine.hardware.gpus_per_node} out=cal.json`"
+    else:
+        measure = f"`srun ... {measure} out=cal.json` in an allocation (one task per GPU)"
+    return (
+        f"uncalibrated predictions: nominal numbers of machine={machine.name} (peak TFLOP/s,"
+        f" link speeds, {DEFAULT_GEMM_EFFICIENCY:.0%} GEMM efficiency), not measurements;"
+        f" calibrate with {measure}, then pass calibration=cal.json"
+    )
+
+
+# overrides the launch command sets itself (the best row's grid and node count)
+LAUNCH_OWN_KEYS = ("grid", "nodes")
+
+
+def launch_command(args: PlanArgs, row: PlanRow, nodes: int) -> str:
+    """The launcher's command line for ``row``: machine, model, its grid and node count,
+    then plan's other overrides as given, each shell-quoted. A cache choice the launcher
+    would not make itself (one that rests on a calibration) is pinned."""
+    given = {_override_key(o): o for o in args.overrides}
+    g = row.grid
+    words = [
+        given.get("machine", f"machine={args.machine.name}"),
+        given.get("model", f"model={args.model.name}"),
+        f"grid.data={g.data}", f"grid.x={g.x}", f"grid.y={g.y}", f"grid.z={g.z}", f"nodes={nodes}",
+    ]  # fmt: skip
+    words += [o for o in args.overrides if not _set_by_launch(_override_key(o))]
+    tr = dataclasses.replace(args.train, micro_batch=row.micro_batch)
+    if resolve_cache_layers(args.machine.hardware, args.model, tr, g) != row.cache_layers:
+        words.append(f"train.cache_layers={row.cache_layers}")
+    return " ".join(["python", "-m", "axonn_launch", *map(shlex.quote, words)])
+
+
+def launch_lines(args: PlanArgs, row: PlanRow, nodes: int) -> list[str]:
+    """The last lines: what to run next (the command alone on the last line)."""
+    missing = [k for k in args.machine.required if not _attribute(args.machine, k)]
+    need = f"; a real submission also needs machine.{', machine.'.join(missing)}" if missing else ""
+    hint = f" (site.accounts.{args.machine.name}=...)" if "slurm.account" in missing else ""
+    return [
+        f"launch the best grid (rank 1); add dry_run=true to check it first{need}{hint}:",
+        launch_command(args, row, nodes),
+    ]
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _set_by_launch(key: str) -> bool:
+    top = key.split(".", 1)[0]
+    return key in ("machine", "model") or top in LAUNCH_OWN_KEYS
+
+
+def _attribute(obj: object, dotted: str) -> object:
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def job_start_line(args: PlanArgs, grid: Grid) -> str:
@@ -507,6 +601,7 @@ def plan_json(args: PlanArgs, nodes: int, ranking: Ranking, rows: list[PlanRow],
         "rejected": ranking.rejected,
         "plans": [r.as_dict() for r in rows],
         **({"job_start": job_start_line(args, rows[0].grid)} if rows else {}),
+        **({"launch_command": launch_command(args, rows[0], nodes)} if rows else {}),
         **({"why_none": why} if why else {}),
     }
 

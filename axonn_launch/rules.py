@@ -194,6 +194,16 @@ def shape_problem(model: ModelSpec, grid: Grid) -> str | None:
     return None
 
 
+def placement_problem(hardware: Hardware, grid: Grid) -> str | None:
+    """x must stay inside a node: ranks are numbered x fastest, and x's collectives (two
+    per layer, in the forward and the backward pass) need the node's fast links, as in
+    AxoNN. So x divides the GPUs of a node. The planner rejects any other x; an explicit
+    grid with one runs, slower, after a warning (``validate.placement_warnings``)."""
+    if hardware.gpus_per_node % grid.x:
+        return f"grid.x={grid.x} does not divide the {hardware.gpus_per_node} GPUs of a node"
+    return None
+
+
 def new_tokens_problem(key: str, new_tokens: int, model: ModelSpec) -> str | None:
     """Tokens to generate must leave room for a prompt of at least one token inside the
     KV cache of ``max_seq_len`` positions (generation.py checks each batch's longest)."""
@@ -299,10 +309,24 @@ def fit_micro_batch(
     name, value = estimate.biggest()
     return (
         f"grid ({grid.describe()}) with train.micro_batch={micro}: needs"
-        f" {estimate.total / gib:.1f} GiB per GPU but a {hardware.gpu_model} has"
+        f" {estimate.total / gib:.1f} GiB per GPU but {with_article(hardware.gpu_model)} has"
         f" {hardware.mem_per_gpu_gb:g} GiB (largest term: {name} {value / gib:.1f} GiB); use"
-        " more z/x/y ranks, a smaller micro_batch or train.activation_checkpointing=true"
+        f" {_or(memory_remedies(train, grid))}"
     )
+
+
+def memory_remedies(train: TrainConfig, grid: Grid) -> list[str]:
+    """What would lower the memory per GPU, leaving out what is already set: a smaller
+    micro-batch only when one was pinned (the automatic choice tried every valid one)."""
+    remedies = ["more z/x/y ranks"]
+    smaller = [m for m in micro_batch_candidates(train, grid) if m < (train.micro_batch or 0)]
+    if train.micro_batch is not None and smaller:
+        remedies.append(f"a smaller train.micro_batch (valid: {_listed(smaller)})")
+    if train.cache_layers:
+        remedies.append("fewer cached blocks (train.cache_layers=0)")
+    if not train.activation_checkpointing:
+        remedies.append("train.activation_checkpointing=true")
+    return remedies
 
 
 def _estimate(model: ModelSpec, grid: Grid, train: TrainConfig) -> MemoryEstimate:
@@ -312,6 +336,22 @@ def _estimate(model: ModelSpec, grid: Grid, train: TrainConfig) -> MemoryEstimat
 
 
 # --------------------------------------------------------------------------- wording
+
+# Letters whose spoken name begins with a vowel sound: "an H100", "an MI250X", "an A100".
+VOWEL_SOUND_LETTERS = "AEFHILMNORSX"
+
+
+def with_article(name: str) -> str:
+    """``name`` after "a" or "an": read letter by letter when it opens with a capital and
+    then a capital or digit (an initialism: A100, MI250X-GCD, GH200), else as a word."""
+    spelled = len(name) > 1 and name[0].isupper() and (name[1].isupper() or name[1].isdigit())
+    vowel = name[:1].upper() in (VOWEL_SOUND_LETTERS if spelled else "AEIOU")
+    return f"{'an' if vowel else 'a'} {name}"
+
+
+def _or(items: list[str]) -> str:
+    """Joined as: a; a or b; a, b or c."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" or {items[-1]}"
 
 
 def _valid_micro_batches(train: TrainConfig, grid: Grid) -> str:
