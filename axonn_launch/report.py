@@ -6,10 +6,11 @@
   and against tokens (step × ``train.global_batch`` × ``train.seq_len`` of ``spec.json``),
   learning rate, tokens/s and MFU, and a summary table;
 - a sweep directory (``points/<num>.json``, as ``axonn_launch.sweep`` records them): one
-  metric (``final_loss``, default; ``val_loss``; ``tokens_per_s``) against each swept key,
-  one line per value of the other swept keys. When the points' job directories hold a
-  ``memorization.json`` (``python -m axonn_launch.memorization ... out=<job>/memorization.json``)
-  also the exact-match rate against the repetition count R, one line per (loss, model):
+  metric (``final_loss``, ``val_loss``, ``tokens_per_s``; ``default_metric`` picks one)
+  against each swept key, one line per value of the other swept keys. When the points'
+  job directories hold a ``memorization.json``
+  (``python -m axonn_launch.memorization ... out=<job>/memorization.json``) also the
+  exact-match rate against the repetition count R, one line per (loss, model):
   the loss is ``train.goldfish`` (k = 0: standard); R is the first of ``REPETITION_KEYS``
   found in ``memorization.json``, the point's overrides, ``spec.json`` or ``config.yaml``;
   its table gives each Goldfish point's validation loss against the standard point of the
@@ -17,6 +18,8 @@
 - ``--plan FILE`` (``python -m axonn_launch.plan ... output=json``): predicted against
   measured step time for the jobs whose model, machine and grid match a plan row.
 
+Loss, tokens/s and step time are the job's own (``jobs.run_results``: its summary, else
+its last step), so the report, the console's ``done:`` line and ``jobs status`` agree.
 Images and ``report.md`` go to ``--out`` (default ``PATH/report``). Login-node code:
 matplotlib is imported only to draw (the ``plot`` extra); torch never.
 """
@@ -33,10 +36,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from axonn_launch.jobs import read_summary
+from axonn_launch.jobs import dry_run_problem, read_summary, run_results
 from axonn_launch.usage import raising_parser, run_tool
 
 METRICS = ("final_loss", "val_loss", "tokens_per_s")
+# swept keys that change how a job runs, not what it computes: the loss is the same for
+# every value (the same model, data and seed on any grid), the speed is what differs
+HOW_IT_RUNS = (
+    "grid", "nodes", "machine", "train.micro_batch", "train.overlap", "train.wire",
+    "train.activation_checkpointing", "train.gemm_tuning", "train.cache_layers",
+    "train.threads", "train.ors_window", "preflight", "hydra",
+)  # fmt: skip
+DRY_RUN_STATUS = "dry_run"  # a sweep point's status when the sweep was a dry run
 REPETITION_KEYS = (
     "repetitions",
     "study.repetitions",  # conf/study/memorization.yaml
@@ -138,10 +149,12 @@ def plot(
     diagonal: bool = False,
     logx: bool = False,
     dashed: str = "",
+    xticks: Sequence[tuple[float, str]] | None = None,
 ) -> Path:
     """One PNG of ``series`` (lines, or markers with ``points``); series whose label
     starts with ``dashed`` are drawn dashed with crosses, so lines that coincide stay
-    visible."""
+    visible. ``xticks``: (position, label) of every tick, for values that are names or
+    whole numbers (a grid axis of 1 and 2 has no tick at 1.5)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for label, xs, ys in series:
@@ -158,6 +171,8 @@ def plot(
         low = min(min(min(xs), min(ys)) for _, xs, ys in series)
         high = max(max(max(xs), max(ys)) for _, xs, ys in series)
         ax.plot([low, high], [low, high], "k--", lw=0.8, label="predicted = measured")
+    if xticks is not None:
+        ax.set_xticks([at for at, _ in xticks], [label for _, label in xticks])
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.grid(alpha=0.3)
     if len(series) > 1 or diagonal:
@@ -183,6 +198,9 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
 def job_report(job_dir: Path, out: Path) -> list[str]:
     """report.md lines of one job; its PNGs written to ``out``."""
     rows = read_metrics(job_dir)
+    dry_run = dry_run_problem(job_dir)
+    if dry_run:
+        raise ReportError(dry_run)
     if not rows:
         raise ReportError(f"{job_dir}: metrics.jsonl has no steps yet")
     record, summary, config = (
@@ -190,12 +208,13 @@ def job_report(job_dir: Path, out: Path) -> list[str]:
         read_summary(job_dir) or {},
         job_config(job_dir),
     )
+    name = str(record.get("name") or job_dir.name)
     per_step = (config.get("train.global_batch") or 0) * (config.get("train.seq_len") or 0)
     for row in rows:
         row["tokens"] = row["step"] * per_step
     images = [
-        _loss_plot(rows, out, "step"),
-        *([_loss_plot(rows, out, "tokens")] if per_step else []),
+        _loss_plot(rows, out, "step", name),
+        *([_loss_plot(rows, out, "tokens", name)] if per_step else []),
     ]
     for key, label in (("lr", "learning rate"), ("tokens_per_s", "tokens/s"), ("mfu", "MFU")):
         xs, ys = column(rows, key)
@@ -206,29 +225,32 @@ def job_report(job_dir: Path, out: Path) -> list[str]:
                     [(label, xs, ys)],
                     xlabel="step",
                     ylabel=label,
-                    title=f"{label}: {job_dir.name}",
+                    title=f"{label}: {name}",
                 )
             )
-    lines = [f"# Job {record.get('name', job_dir.name)}", "", f"`{job_dir}`", ""]
-    lines += table(["key", "value"], _job_summary(record, summary, rows, per_step))
+    lines = [f"# Job {name}", "", f"`{job_dir}`", ""]
+    lines += table(["key", "value"], _job_summary(job_dir, record, summary, rows, per_step))
     if not column(rows, "mfu")[0]:
         lines += ["", "No MFU: the machine profile has no peak (a CPU run)."]
     lines += [""] + [f"![{p.stem}]({p.name})" for p in images]
     return lines
 
 
-def _loss_plot(rows: list[dict], out: Path, x: str) -> Path:
+def _loss_plot(rows: list[dict], out: Path, x: str, name: str) -> Path:
     series = [
         (name, *column(rows, key, x))
         for name, key in (("train", "loss"), ("validation", "val_loss"))
     ]
     series = [s for s in series if s[1]]
-    name = "loss.png" if x == "step" else "loss_tokens.png"
-    return plot(out / name, series, xlabel=x, ylabel="loss", title=f"loss against {x}")
+    title = f"loss against {x}: {name}"
+    return plot(out / f"{'loss' if x == 'step' else 'loss_tokens'}.png", series, xlabel=x,
+                ylabel="loss", title=title)  # fmt: skip
 
 
-def _job_summary(record: dict, summary: dict, rows: list[dict], per_step: int) -> list[tuple]:
-    speeds = column(rows[1:] or rows, "tokens_per_s")[1]  # the first step includes warm-up
+def _job_summary(
+    job_dir: Path, record: dict, summary: dict, rows: list[dict], per_step: int
+) -> list[tuple]:
+    results = run_results(job_dir, rows[-1])  # the numbers jobs status and the console show
     val = column(rows, "val_loss")[1]
     grid = record.get("grid") or {}
     return [
@@ -238,16 +260,19 @@ def _job_summary(record: dict, summary: dict, rows: list[dict], per_step: int) -
         ("status", record.get("status", "-")),
         ("steps", rows[-1]["step"]),
         ("tokens", f"{rows[-1]['step'] * per_step:,}" if per_step else "-"),
-        ("final loss", fmt(summary.get("final_loss", rows[-1].get("loss")))),
+        ("final loss", fmt(results.loss)),
         ("final validation loss", fmt(val[-1] if val else None)),
-        (
-            "tokens/s (mean after step 1)",
-            fmt(sum(speeds) / len(speeds) if speeds else None, "{:.0f}"),
-        ),
-        ("step time s", fmt(summary.get("step_time_s", rows[-1].get("step_time_s")), "{:.3g}")),
+        (_speed_label(summary), fmt(results.tokens_per_s, "{:.0f}")),
+        ("step time s", fmt(results.step_time_s, "{:.3g}")),
         ("TFLOP/s per GPU", fmt(summary.get("tflops_per_gpu"), "{:.3g}")),
         ("MFU", fmt(summary.get("mfu"), "{:.1%}")),
     ]
+
+
+def _speed_label(summary: dict) -> str:
+    """What the tokens/s figure covers: the run's steps after the first (its warm-up, as the
+    job's summary counts them), or, while it runs, its last logged step."""
+    return "tokens/s (steps after the first)" if summary else "tokens/s (last step)"
 
 
 # ---------------------------------------------------------------------- sweep report
@@ -304,12 +329,38 @@ def as_number(text: str | None) -> float | None:
         return None
 
 
-def sweep_report(sweep_dir: Path, out: Path, metric: str) -> list[str]:
+def default_metric(points: Sequence[Point], keys: Sequence[str]) -> tuple[str, str]:
+    """(metric, why) for a sweep report without ``--metric``.
+
+    A sweep over how jobs run (grid, nodes, overlap, ...: ``HOW_IT_RUNS``) trains the same
+    model on the same data, so its loss is the same for every value and its plot a flat
+    line: it measures speed, tokens/s. Any other sweep measures the model: the validation
+    loss where the jobs measured it (the sweeps' default objective), else the final loss.
+    """
+    if keys and all(_under(k, HOW_IT_RUNS) for k in keys):
+        return "tokens_per_s", "every swept key changes how the jobs run, not what they compute"
+    if any(p.value("val_loss") is not None for p in points):
+        return "val_loss", "a swept key changes what the jobs compute; validation loss measured"
+    return "final_loss", "a swept key changes what the jobs compute; no validation loss"
+
+
+def _under(key: str, prefixes: Sequence[str]) -> bool:
+    return any(key == p or key.startswith(p + ".") or key.startswith(p + "/") for p in prefixes)
+
+
+def sweep_report(sweep_dir: Path, out: Path, metric: str | None) -> list[str]:
     points = read_sweep(sweep_dir)
     if not points:
         raise ReportError(f"{sweep_dir}: points/ holds no point records")
+    if all(p.status == DRY_RUN_STATUS for p in points):
+        raise ReportError(
+            f"{sweep_dir}: is a dry run: nothing was trained; launch it without dry_run=true"
+        )
     keys = swept_keys(points)
-    lines = [f"# Sweep {sweep_dir.name}", "", f"`{sweep_dir}`; metric: {metric}", ""]
+    why = "--metric"
+    if metric is None:
+        metric, why = default_metric(points, keys)
+    lines = [f"# Sweep {sweep_dir.name}", "", f"`{sweep_dir}`; metric: {metric} ({why})", ""]
     lines += table(
         ["#", *keys, "status", metric],
         [
@@ -347,11 +398,23 @@ def _sweep_plot(
     plot(
         path,
         series,
-        xlabel=key if numeric else f"{key} ({', '.join(categories)})",
+        xlabel=key,
         ylabel=metric,
         title=f"{metric} against {key}",
+        xticks=sweep_ticks(categories, numeric),
     )
     return path
+
+
+def sweep_ticks(values: Sequence[str], numeric: bool) -> list[tuple[float, str]] | None:
+    """A tick at each swept value when they are names or a few whole numbers (a grid
+    axis); None (matplotlib's own) for fractions such as learning rates."""
+    if not numeric:
+        return [(float(i), name) for i, name in enumerate(values)]
+    numbers = sorted({as_number(v) for v in values})
+    if len(numbers) > 12 or not all(n.is_integer() for n in numbers):
+        return None
+    return [(n, str(int(n))) for n in numbers]
 
 
 # ---------------------------------------------------------------- memorization study
@@ -523,7 +586,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--out", type=Path, help="where report.md and the PNGs go (default PATH/report)"
     )
     parser.add_argument(
-        "--metric", default="final_loss", help=f"sweeps: one of {', '.join(METRICS)}"
+        "--metric",
+        help=f"sweeps: one of {', '.join(METRICS)} (default: tokens_per_s for a sweep over"
+        " grid, nodes or other keys of how jobs run; else val_loss, or final_loss without it)",
     )
     parser.add_argument(
         "--plan", type=Path, help="planner JSON to compare with measured step times"
@@ -534,7 +599,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def _main(argv: list[str]) -> int:
     args = parse_args(argv)
-    if args.metric not in METRICS:
+    if args.metric is not None and args.metric not in METRICS:
         raise ReportError(f"--metric={args.metric}: valid: {', '.join(METRICS)}")
     path, out = args.path, args.out or args.path / "report"
     if (path / "job.json").is_file():

@@ -140,7 +140,7 @@ def test_sweep_report_metric_against_swept_keys(real_job, tmp_path):
         point(sweep, num, f"grid.x={x} train.lr={lr} train.steps=6", job)
     point(sweep, 4, "grid.x=4 train.lr=0.001 train.steps=6", None, status="invalid")
     out = tmp_path / "out"
-    assert report.main([str(sweep), "--out", str(out)]) == 0
+    assert report.main([str(sweep), "--out", str(out), "--metric", "final_loss"]) == 0
     markdown = (out / "report.md").read_text()
     assert images_of(markdown) == ["sweep_final_loss_grid.x.png", "sweep_final_loss_train.lr.png"]
     assert_pngs(out, images_of(markdown))
