@@ -98,13 +98,13 @@ def read(path: Path, environ: dict[str, str] | None = None) -> EDF:
         raise EDFError(f"EDF {path}: not valid TOML ({exc})") from None
     image = data.get("image")
     if not isinstance(image, str) or not image.strip():
-        raise EDFError(f"EDF {path}: no image; set image = \"<registry/image:tag>\"")
+        raise EDFError(f'EDF {path}: no image; set image = "<registry/image:tag>"')
     mounts = data.get("mounts", [])
     if not isinstance(mounts, list) or not all(isinstance(m, str) for m in mounts):
         raise EDFError(f"EDF {path}: mounts={mounts!r}: expected a list of strings")
     variables = data.get("env", {})
     if not isinstance(variables, dict):
-        raise EDFError(f"EDF {path}: [env] must be a table of NAME = \"value\"")
+        raise EDFError(f'EDF {path}: [env] must be a table of NAME = "value"')
     return EDF(
         path=path,
         image=image,

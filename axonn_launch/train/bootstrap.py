@@ -4,14 +4,21 @@ Sources, first match wins:
 
 1. torchrun-style variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
    ``MASTER_PORT``), also what the local launcher sets for each rank process;
-2. MPI (``mpirun``/``mpiexec``, detected from Open MPI, PMI or PMIx variables): rank and
-   size from ``mpi4py``'s ``COMM_WORLD``, local rank from a shared-memory split, and the
-   master address broadcast from rank 0's hostname. MPI comes before Slurm because
-   mpirun inside an allocation inherits the batch step's ``SLURM_PROCID``;
-3. Slurm task variables (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``), with the
-   master address taken as the first host of the job's node list, expanded here in pure
-   Python (no ``scontrol``);
-4. otherwise a single process.
+2. Open MPI's ``mpirun`` (``OMPI_COMM_WORLD_*``, which only its launcher sets; ranks from
+   mpi4py as in 4 when installed, else from those variables): inside an
+   allocation, mpirun starts its daemons as one Slurm step with a task per node, so its
+   ranks inherit that step's ``SLURM_STEP_ID`` and ``SLURM_PROCID`` (measured on the local
+   cluster: every rank of ``mpirun -np 2`` on one node saw ``SLURM_PROCID=0``);
+3. a Slurm step (``SLURM_STEP_ID`` set: a task started by ``srun``): Slurm's task variables
+   (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``), whatever the MPI plugin adds
+   (``--mpi=pmix`` sets ``PMIX_RANK``, ``pmi2`` sets ``PMI_RANK``/``PMI_SIZE``,
+   ``cray_shasta`` sets ``PALS_*``); the master address is the first host of the step's
+   node list, expanded here in pure Python (no ``scontrol``). No mpi4py is needed;
+4. another MPI launcher outside Slurm (``mpiexec`` of MPICH: PMI or PMIx variables): rank
+   and size from ``mpi4py``'s ``COMM_WORLD``, local rank from a shared-memory split, and
+   the master address broadcast from rank 0's hostname;
+5. Slurm's variables outside a step (a batch script running Python itself);
+6. otherwise a single process.
 
 ``MASTER_ADDR``/``MASTER_PORT`` in the environment override the derived address and port
 for the Slurm and MPI sources too.
@@ -33,7 +40,7 @@ from axonn_launch.slurmtext import expand_hostlist
 from axonn_launch.spec import RuntimeConfig
 
 SLURM_PORT_RANGE = 2000  # Slurm jobs use master_port + job_id % this, so concurrent jobs differ
-MPI_DETECT_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+MPI_DETECT_VARS = ("PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 
 
 @dataclass(frozen=True)
@@ -81,10 +88,14 @@ def bootstrap(runtime: RuntimeConfig, environ: Mapping[str, str] | None = None) 
 def _ranks_from_environment(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
     if "RANK" in env and "WORLD_SIZE" in env:
         return _from_torchrun(env, runtime)
-    # MPI before Slurm: mpirun inside an allocation inherits the batch step's SLURM_PROCID.
+    if "OMPI_COMM_WORLD_SIZE" in env:  # mpirun, even inside a Slurm step of its daemons
+        return _from_mpi(env, runtime)
+    slurm_task = "SLURM_PROCID" in env and "SLURM_NTASKS" in env
+    if slurm_task and "SLURM_STEP_ID" in env:
+        return _from_slurm(env, runtime)
     if any(name in env for name in MPI_DETECT_VARS):
         return _from_mpi(env, runtime)
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+    if slurm_task:
         return _from_slurm(env, runtime)
     return _Ranks(0, 0, 1, 1, "127.0.0.1", runtime.master_port, "single")
 
@@ -135,7 +146,12 @@ def _from_mpi(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
     try:
         from mpi4py import MPI
     except ImportError:
-        return _from_openmpi_variables(env, runtime)
+        if "OMPI_COMM_WORLD_RANK" in env:
+            return _from_openmpi_variables(env, runtime)
+        raise RuntimeError(
+            "launched by an MPI launcher outside Slurm (PMI/PMIx variables, no SLURM_STEP_ID)"
+            " but mpi4py is not installed: pip install mpi4py, or start the ranks with srun"
+        ) from None
     comm = MPI.COMM_WORLD
     node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED)
     master_addr = comm.bcast(socket.gethostname() if comm.Get_rank() == 0 else None, root=0)
@@ -153,9 +169,8 @@ def _from_mpi(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
 
 
 def _from_openmpi_variables(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
-    """Without mpi4py, Open MPI's own variables give ranks but not the master's host."""
-    if "OMPI_COMM_WORLD_RANK" not in env:
-        raise RuntimeError("launched under MPI but mpi4py is not installed: pip install mpi4py")
+    """Open MPI's own variables give the ranks; the master's host is ``MASTER_ADDR``, else
+    this host (a one-node mpirun)."""
     world = int(env["OMPI_COMM_WORLD_SIZE"])
     return _Ranks(
         rank=int(env["OMPI_COMM_WORLD_RANK"]),
