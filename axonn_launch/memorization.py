@@ -1,6 +1,6 @@
 """Memorization of training documents: greedy continuations scored against the truth.
 
-The measurement of the Goldfish study (axonn.md 7.3; goldfish-loss
+The measurement of the Goldfish study (Hans et al. 2024, arXiv 2406.10209; goldfish-loss
 ``eval/data_extraction.py``): each document is cut to its first ``max_length`` tokens
 (default 2048); documents of at most ``continuation`` tokens are skipped and counted; the
 last ``continuation`` tokens (N, default 50) are the truth, everything before them the
@@ -394,7 +394,9 @@ HELP = help_page(
     usage="python -m axonn_launch.memorization SOURCE data=FILE out=FILE [KEY=VALUE ...]",
     summary=(
         "Greedy continuations of training documents scored against the truth (exact match,"
-        "\ntoken match, ROUGE-L; axonn.md 7.3). SOURCE: a checkpoint, job or Hugging Face dir."
+        '\ntoken match, ROUGE-L), the memorization measure of Hans et al. 2024, "Be like a'
+        '\nGoldfish" (arXiv 2406.10209), as in arXiv 2502.08145. SOURCE: a checkpoint, job or'
+        "\nHugging Face dir."
     ),
     keys=[
         ("data=FILE", '.jsonl of {"ids": [...]} or {"text": ...}, or a token .bin (+ .idx)'),

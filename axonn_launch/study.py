@@ -1,4 +1,8 @@
-"""Data for the memorization study (axonn.md section 7; ``conf/study/memorization.yaml``).
+"""Data for the memorization study: a corpus with canaries repeated R times.
+
+The study is the paper's memorization experiment (arXiv 2502.08145, with the Goldfish loss
+of Hans et al. 2024, "Be like a Goldfish", arXiv 2406.10209); its sweep is
+``conf/study/memorization.yaml``.
 
 ``python -m axonn_launch.study prepare --out DIR [--canaries N] [--canary-len L]
 [--repetitions 1,8,32] [--seed S] [--corpus-bytes B]`` writes, byte-level (vocab 256):
@@ -39,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from axonn_launch.data import IndexedWriter
-from axonn_launch.usage import raising_parser
+from axonn_launch.usage import help_page, raising_parser, wants_help
 
 CORPUS = Path(__file__).parent / "train" / "data" / "tinyshakespeare.txt"
 TRAIN_FRACTION = 0.9  # the loader's (train/data.py TRAIN_FRACTION)
@@ -250,18 +254,37 @@ class PrepareStudy(_Callback):  # type: ignore[misc,valid-type]
 # ----------------------------------------------------------------------------- CLI
 
 
-_Parser = raising_parser(StudyError)
+_Parser = raising_parser(StudyError, " (python -m axonn_launch.study --help)")
+
+HELP = help_page(
+    usage="python -m axonn_launch.study prepare --out DIR [--canaries N] [--canary-len L]"
+    " [--repetitions 1,8,32] [--seed S] [--corpus-bytes B]",
+    summary=(
+        "Data for the memorization study (arXiv 2502.08145; the Goldfish loss of Hans et al.\n"
+        '2024, "Be like a Goldfish", arXiv 2406.10209): the built-in corpus with canaries\n'
+        "repeated R times, one r<R>.bin per R, plus val.bin, canaries.jsonl and study.json.\n"
+        "python -m axonn_launch -m +study=memorization prepares it by itself."
+    ),
+    keys=[
+        ("prepare", "the command"),
+        ("--out DIR", "output directory"),
+        ("--canaries N", f"canaries (default {DEFAULTS['canaries']})"),
+        ("--canary-len L", f"bytes per canary (default {DEFAULTS['canary_len']})"),
+        ("--repetitions R,...", "copies of each canary, one file each (default 1,8,32)"),
+        ("--seed S", "canaries and their places (default 0)"),
+        ("--corpus-bytes B", "use only the first B bytes of the train split (0: all)"),
+    ],
+    examples=[
+        "python -m axonn_launch.study prepare --out data/study --canaries 32 --canary-len 160"
+        " --repetitions 1,8,32",
+    ],
+)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = _Parser(
-        prog="python -m axonn_launch.study",
-        description="Data for the memorization study: corpus + canaries repeated R times.",
-        epilog="example: python -m axonn_launch.study prepare --out data/study"
-        " --canaries 32 --canary-len 160 --repetitions 1,8,32",
-    )
+    parser = _Parser(prog="python -m axonn_launch.study", add_help=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("prepare", help="write r<R>.bin, val.bin, canaries.jsonl, study.json")
+    p = sub.add_parser("prepare", add_help=False)
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--canaries", type=int, help=f"canaries (default {DEFAULTS['canaries']})")
     p.add_argument(
@@ -281,6 +304,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if wants_help(argv):
+        print(HELP)
+        return 0
     try:
         args = parse_args(argv)
         study = prepare(

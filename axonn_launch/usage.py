@@ -24,12 +24,12 @@ TOOLS: dict[str, str] = {
     "plan": "the fastest 4D grids for a machine, model and node count (predicted)",
     "calibrate": "measure collective bandwidths and GEMM speed for the planner",
     "jobs": "status of launched jobs; resubmit the failed ones worth resubmitting",
-    "export": "",
+    "export": "write a checkpoint's full tensors (.pt, safetensors) or a Hugging Face model",
     "generate": "continue prompts with a job's checkpoint or a Hugging Face model, on any grid",
-    "data": "",
-    "memorization": "",
-    "report": "",
-    "study": "",
+    "data": "tokenize text into indexed datasets; pack fine-tuning data with a loss mask",
+    "memorization": "score greedy continuations of training documents against the truth",
+    "report": "plots and a report.md for a job, a sweep or a memorization study",
+    "study": "data for the memorization study: a corpus with canaries repeated R times",
 }
 
 

@@ -52,6 +52,7 @@ def resolve(cfg: LaunchConfig) -> Resolved:
     if train.cache_layers is None:
         train, memory = choose_cache_layers(cfg.model, grid, train, cfg.machine)
     warnings = data_warnings(cfg) + missing_user_keys(cfg.machine, dry_run=cfg.dry_run)
+    warnings += placement_warnings(cfg.machine, grid) + account_warnings(cfg.machine)
     return Resolved(
         grid=grid,
         nodes=nodes,
@@ -269,6 +270,39 @@ def missing_user_keys(machine: MachineProfile, *, dry_run: bool) -> list[str]:
     if messages and not dry_run:
         raise ConfigError(messages[0])
     return messages
+
+
+def placement_warnings(machine: MachineProfile, grid: Grid) -> list[str]:
+    """An x that does not divide a node's GPUs runs, but its groups span nodes: the two
+    all-reduces per layer over x then cross the slower network (``rules.placement_problem``)."""
+    why = rules.placement_problem(machine.hardware, grid) if machine.scheduler == "slurm" else None
+    if not why:
+        return []
+    hw = machine.hardware
+    return [
+        f"{why}: x groups span nodes, so x's all-reduces (two per layer) cross the network"
+        f" ({hw.inter_node_gbps:g} GB/s per GPU, {hw.intra_node_gbps:g} inside a node) and each"
+        f" step is slower; an x dividing {hw.gpus_per_node} (the rest on y or z) or grid=auto"
+        " keeps x inside a node"
+    ]
+
+
+# The suffix a machine's GPU accounts end in. NERSC charges a Perlmutter GPU job to the
+# project's GPU allocation, whose Slurm account is the project name plus "_g" (docs.nersc.gov,
+# "Running jobs" on Perlmutter; e.g. `-A m3239_g` in ImpactX's Perlmutter guide,
+# github.com/ECP-WarpX/impactx docs/source/install/hpc/perlmutter.rst).
+GPU_ACCOUNT_SUFFIX = {"perlmutter": "_g"}
+
+
+def account_warnings(machine: MachineProfile) -> list[str]:
+    suffix, account = GPU_ACCOUNT_SUFFIX.get(machine.name), machine.slurm.account
+    if not suffix or not account or account.endswith(suffix) or account.startswith("<"):
+        return []
+    return [
+        f"machine.slurm.account={account!r} (site.accounts.{machine.name}): GPU jobs on"
+        f" {machine.name} are charged to an account ending in {suffix!r}, the project's GPU"
+        f" allocation; did you mean {account + suffix!r}?"
+    ]
 
 
 def placeholder(key: str) -> str:
