@@ -183,6 +183,20 @@ def _from_openmpi_variables(env: Mapping[str, str], runtime: RuntimeConfig) -> _
     )
 
 
+# the variable each srun --mpi plugin sets in every task (as measured on the local cluster)
+MPI_PLUGIN_VARS = (("PMIX_RANK", "pmix"), ("PMI_RANK", "pmi2"), ("PALS_RANKID", "cray_shasta"))
+
+
+def launcher_words(env: DistEnv, environ: Mapping[str, str] | None = None) -> str:
+    """Where this rank's numbers came from, e.g. ``slurm step (srun --mpi=pmix)``."""
+    environ = os.environ if environ is None else environ
+    plugin = next((name for var, name in MPI_PLUGIN_VARS if var in environ), "")
+    if env.source == "slurm":
+        step = "slurm step" if "SLURM_STEP_ID" in environ else "slurm"
+        return f"{step} (srun --mpi={plugin or 'none'})"
+    return env.source
+
+
 def choose_device(runtime: RuntimeConfig, local_rank: int) -> str:
     wanted = runtime.device
     if wanted == "auto":

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from axonn_launch.jobs import NCCL_LOG_NAME
-from axonn_launch.train.bootstrap import DistEnv
+from axonn_launch.train.bootstrap import DistEnv, launcher_words
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +131,7 @@ def rank_record(env: DistEnv) -> dict:
     chosen = chosen_network(env.backend)
     return {
         "rank": env.rank,
+        "launcher": launcher_words(env),
         "host": socket.gethostname(),
         "node": node_name(),
         "torch": torch.__version__,
@@ -146,7 +147,8 @@ def log_startup(env: DistEnv) -> list[dict]:
     dist.barrier()  # the first collective: NCCL/RCCL load their network plugin here
     mine = rank_record(env)
     log.info(
-        "startup: torch %s; devices: %s; network: %s",
+        "startup: ranks from %s; torch %s; devices: %s; network: %s",
+        mine["launcher"],
         mine["torch"],
         mine["devices"],
         mine["network"],
@@ -166,7 +168,11 @@ def job_summary(records: list[dict]) -> list[str]:
         hosts.setdefault(str(record.get("node") or record["host"]), []).append(record)
     lines = [f"{len(records)} ranks on {len(hosts)} hosts: {', '.join(hosts)}"]
     for host, ranks in hosts.items():
-        seen = {f"{r['devices']}; network: {r['network']}; torch {r['torch']}" for r in ranks}
+        seen = {
+            f"{r['devices']}; network: {r['network']}; torch {r['torch']};"
+            f" ranks from {r.get('launcher', '?')}"
+            for r in ranks
+        }
         numbers = ",".join(str(r["rank"]) for r in ranks)
         lines.append(f"{host}: ranks {numbers}: {' | '.join(sorted(seen))}")
     return lines

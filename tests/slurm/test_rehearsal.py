@@ -1,0 +1,143 @@
+"""Rehearsals: each site machine's real batch script runs on the local Slurm cluster.
+
+For perlmutter, frontier and alps, with gpt_tiny and llama_tiny, on two nodes with the
+machine's own tasks per node: the rehearsed job completes, its loss equals the same model,
+grid and seed on ``machine=local``, its ``job.json`` lists what was substituted, and
+``sacct`` shows its step. Alps runs under a real ``srun --mpi=pmix`` with no mpi4py in its
+tasks' environment (the EDF's ``[env]`` puts a package that refuses to import first).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_launcher
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+ALPS_EDF = REPO / "machines" / "alps" / "axonn.toml"
+TASKS_PER_NODE = {"perlmutter": 4, "frontier": 8, "alps": 4}
+GRID = {  # two nodes' worth of ranks
+    8: ["grid.x=2", "grid.y=2", "grid.z=2"],
+    16: ["grid.data=2", "grid.x=2", "grid.y=2", "grid.z=2"],
+}
+TRAIN = [
+    "train.steps=2",
+    "train.sample_tokens=0",
+    "train.gemm_tuning=false",
+    "train.eval_batches=0",
+]
+NO_MPI4PY = "raise ImportError('mpi4py is not in this container')\n"
+
+
+def final_loss(job_dir: Path) -> float:
+    lines = (job_dir / "metrics.jsonl").read_text().splitlines()
+    return json.loads(lines[-1])["loss"]
+
+
+def sacct_steps(job_id: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,State"],
+        capture_output=True, text=True, check=True, timeout=30,
+    ).stdout  # fmt: skip
+    return dict(line.split("|", 1) for line in out.splitlines() if line.strip())
+
+
+@pytest.fixture(scope="module")
+def local_losses(tmp_path_factory):
+    """machine=local on the same grid, once per (model, world size)."""
+    cache: dict[tuple[str, int], float] = {}
+
+    def loss(model: str, world: int) -> float:
+        if (model, world) not in cache:
+            job_dir = tmp_path_factory.mktemp("local") / "job"
+            args = ["machine=local", f"model={model}", *GRID[world], *TRAIN]
+            result = run_launcher([*args, f"hydra.run.dir={job_dir}"], cwd=job_dir.parent,
+                                  timeout=600)  # fmt: skip
+            assert result.returncode == 0, result.stderr[-3000:]
+            cache[model, world] = final_loss(job_dir)
+        return cache[model, world]
+
+    return loss
+
+
+def alps_edf(tmp_path: Path) -> dict[str, str]:
+    """The project's EDF, found through EDF_PATH as srun would, with a venv that has no
+    mpi4py: a package of that name that refuses to import comes first on the path."""
+    stub = tmp_path / "container-site-packages" / "mpi4py"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text(NO_MPI4PY)
+    edf_dir = tmp_path / "edf"
+    edf_dir.mkdir()
+    text = ALPS_EDF.read_text().replace("[env]\n", f'[env]\nPYTHONPATH = "{stub.parent}"\n', 1)
+    (edf_dir / "axonn.toml").write_text(text)
+    return {"EDF_PATH": str(edf_dir)}
+
+
+@pytest.mark.parametrize("model", ["gpt_tiny", "llama_tiny"])
+@pytest.mark.parametrize("machine", ["perlmutter", "frontier", "alps"])
+def test_rehearsal_runs_the_sites_script_and_matches_local(
+    slurm_cluster, local_losses, tmp_path, machine, model
+):
+    world = 2 * TASKS_PER_NODE[machine]
+    env = alps_edf(tmp_path) if machine == "alps" else {}
+    job_dir = tmp_path / "job"
+    args = [f"machine={machine}", f"model={model}", "rehearse=true", *GRID[world], *TRAIN]
+    result = run_launcher([*args, f"hydra.run.dir={job_dir}"], cwd=tmp_path, timeout=900,
+                          env=env)  # fmt: skip
+    output = result.stdout[-4000:] + result.stderr[-4000:]
+    assert result.returncode == 0, output
+    record = json.loads((job_dir / "job.json").read_text())
+    assert record["status"] == "completed" and record["rehearsal_of"] == machine
+    assert record["machine"] == machine and record["nodes"] == 2
+    subs = "\n".join(record["substitutions"])
+    for listed in ("module", "partition debug", "CPUs per task", "gloo on the CPU"):
+        assert listed in subs, subs
+    assert "rehearsal" in result.stdout and "substituted" in result.stdout
+    (job_id,) = record["job_ids"]
+    assert sacct_steps(job_id).get(f"{job_id}.0") == "COMPLETED", sacct_steps(job_id)
+    log = next((job_dir / "slurm" / job_id).glob("*_0_log.out")).read_text()
+    assert f"{world} ranks on 2 hosts: n1, n2" in log
+    site = (job_dir / "site_submission.sh").read_text()
+    script = (job_dir / "submission.sh").read_text()
+    exports = [line for line in site.splitlines() if line.startswith("export ")]
+    assert exports and all(line in script for line in exports)  # every variable kept
+    if machine == "alps":
+        assert "--mpi=pmix" in script and "--environment=" in site
+        assert "--environment=" not in script and "export PYTHONPATH=" in script
+        assert "ranks from slurm step (srun --mpi=pmix)" in log
+        assert "dropped; its EDF" in subs and "outside the container's mounts" in result.stderr
+    else:
+        assert "--mpi=cray_shasta" in script
+        assert "ranks from slurm step (srun --mpi=cray_shasta)" in log
+        modules = (job_dir / "slurm" / job_id).glob("*_0_log.err")
+        assert "axonn_launch rehearsal: module load" in next(modules).read_text()
+    assert final_loss(job_dir) == local_losses(model, world)
+
+
+def test_a_real_pmix_step_is_read_from_slurm(slurm_cluster):
+    """The variables ``srun --mpi=pmix`` really sets (PMIX_RANK among them) lead to Slurm's
+    ranks, in a process where mpi4py cannot be imported."""
+    code = (
+        "import json, os, sys; sys.modules['mpi4py'] = None;"
+        "from axonn_launch.spec import RuntimeConfig;"
+        "from axonn_launch.train.bootstrap import bootstrap;"
+        "e = bootstrap(RuntimeConfig(device='cpu'));"
+        "print(json.dumps({'rank': e.rank, 'world': e.world_size, 'source': e.source,"
+        " 'pmix': os.environ.get('PMIX_RANK')}))"
+    )
+    out = subprocess.run(
+        ["srun", "--mpi=pmix", "-N2", "-n4", "-p", slurm_cluster.partition, "--time=2",
+         sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=180, check=True,
+    ).stdout  # fmt: skip
+    rows = sorted((json.loads(line) for line in out.splitlines()), key=lambda r: r["rank"])
+    assert [r["rank"] for r in rows] == [0, 1, 2, 3]
+    assert all(r["world"] == 4 and r["source"] == "slurm" for r in rows)
+    assert [r["pmix"] for r in rows] == ["0", "1", "2", "3"]  # the pmix plugin really ran
