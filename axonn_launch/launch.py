@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from axonn_launch import local, rankfail, render, slurm
+from axonn_launch import local, rankfail, rehearse, render, slurm
 from axonn_launch.config import LaunchConfig
 from axonn_launch.job import TrainJob
 from axonn_launch.jobs import (
@@ -25,9 +25,9 @@ from axonn_launch.jobs import (
     record_lock,
     write_record_file,
 )
-from axonn_launch.memory import GIB
 from axonn_launch.spec import JobSpec, RuntimeConfig
-from axonn_launch.validate import Resolved, resolve
+from axonn_launch.summary import next_line, preflight_on, summary, wallclock_warnings
+from axonn_launch.validate import Resolved, container_warnings, resolve
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -54,8 +54,16 @@ def launch(
     cfg: LaunchConfig, *, job_dir: Path, config: dict, command_line: list[str], out=sys.stdout
 ) -> Outcome:
     """Validate, write the job directory, then dry-run, run locally or submit."""
+    rehearsal = rehearse.prepare(cfg, str(job_dir.resolve())) if cfg.rehearse else None
+    site_cfg = cfg
+    if rehearsal:  # the site's script, run on the local cluster
+        cfg = rehearse.site_config(cfg)
     resolved = resolve(cfg)  # raises ConfigError before anything is written
-    for warning in resolved.warnings:
+    warnings = container_warnings(cfg, str(job_dir.resolve()))
+    if rehearsal:
+        warnings += rehearsal.warnings
+        cfg = rehearse.as_run(cfg, rehearsal)
+    for warning in resolved.warnings + wallclock_warnings(cfg, resolved) + warnings:
         print(f"warning: {warning}", file=sys.stderr)
         log.warning(warning)
     job_dir = job_dir.resolve()
@@ -65,11 +73,17 @@ def launch(
     write_preflight_expectations(cfg, job_dir)
     config_yaml = resolved_yaml(config, resolved)
     (job_dir / "config.yaml").write_text(config_yaml)
-    script = batch_script(cfg, resolved, job_dir)
+    script = batch_script(cfg, resolved, job_dir, rehearsal)
     if script:
         (job_dir / "submission.sh").write_text(script)
+    if rehearsal:
+        (job_dir / SITE_SCRIPT).write_text(batch_script(site_cfg, resolved, job_dir, None))
     record = job_record(cfg, resolved, job_dir, command_line)
+    if rehearsal:
+        record.update(rehearsal.record())
     report = summary(cfg, resolved, job_dir)
+    if rehearsal:
+        report += "\n" + rehearsal.describe()
     print(report, file=out)
     log.info("%s\n%s", "dry run: nothing is started" if cfg.dry_run else "launching", report)
     if cfg.dry_run:
@@ -81,7 +95,7 @@ def launch(
         return Outcome("dry_run", str(job_dir), nodes=resolved.nodes)
     if cfg.machine.scheduler == "local":
         return run_local(cfg, resolved, job_dir, record)
-    return submit_slurm(cfg, resolved, job_dir, record, out=out)
+    return submit_slurm(cfg, resolved, job_dir, record, out=out, rehearsal=rehearsal)
 
 
 def resolved_yaml(config: dict, resolved: Resolved) -> str:
@@ -97,11 +111,6 @@ def resolved_yaml(config: dict, resolved: Resolved) -> str:
         "cache_layers": resolved.train.cache_layers,
     }
     return OmegaConf.to_yaml(OmegaConf.create(config))
-
-
-def preflight_on(cfg: LaunchConfig) -> bool:
-    """``preflight`` as given; unset (null): on for Slurm machines, off on this computer."""
-    return cfg.preflight if cfg.preflight is not None else cfg.machine.scheduler == "slurm"
 
 
 def write_preflight_expectations(cfg: LaunchConfig, job_dir: Path) -> None:
@@ -134,17 +143,38 @@ def job_spec(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> JobSpec:
     )
 
 
-def batch_script(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
+SITE_SCRIPT = "site_submission.sh"  # a rehearsal's: the script the site itself would run
+
+
+def batch_script(
+    cfg: LaunchConfig,
+    resolved: Resolved,
+    job_dir: Path,
+    rehearsal: rehearse.Rehearsal | None = None,
+) -> str:
+    """The batch script; a rehearsal's has the site-only parts substituted."""
     if cfg.machine.scheduler != "slurm":
         return ""
-    return render.render_script(
+    return render.script_of(
+        slurm_params(cfg, resolved, rehearsal),
+        folder=slurm_folder(job_dir),
+        python=cfg.machine.task_python(sys.executable),  # a container machine names its own
+    )
+
+
+def slurm_params(
+    cfg: LaunchConfig, resolved: Resolved, rehearsal: rehearse.Rehearsal | None
+) -> dict:
+    """submitit's parameters: the machine's, or a rehearsal's substitution of them."""
+    params = render.slurm_parameters(
         machine=cfg.machine,
         nodes=resolved.nodes,
         tasks_per_node=resolved.tasks_per_node,
         job_name=cfg.name,
-        folder=slurm_folder(job_dir),
-        python=sys.executable,  # the login node's; a container machine names its own
     )
+    if rehearsal is None:
+        return params
+    return rehearse.substitute(params, rehearsal, cfg.machine, resolved.tasks_per_node)
 
 
 def slurm_folder(job_dir: Path) -> Path:
@@ -157,54 +187,6 @@ def local_command_text(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> 
         f"# {resolved.grid.world_size} local processes, each with RANK, WORLD_SIZE, LOCAL_RANK,"
         f" MASTER_ADDR, MASTER_PORT set:\n{command}"
     )
-
-
-def summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
-    params = cfg.model.n_params()
-    memory = resolved.memory
-    per = "rank" if cfg.machine.hardware.gpu_model == "cpu" else "GPU"
-    mem = f"{memory.total / GIB:.2f} GiB per {per} (largest: {memory.biggest()[0]})"
-    scale = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.2f} M"
-    grid, train = resolved.grid, resolved.train
-    note = planner_note(cfg.grid.pick) if resolved.planned else ""
-    how = " (automatic)" if cfg.train.micro_batch is None else ""
-    return "\n".join(
-        [
-            f"job        {cfg.name}",
-            f"machine    {cfg.machine.name} ({cfg.machine.hardware.gpu_model})",
-            f"model      {cfg.model.name}: {params:,} parameters ({scale})",
-            f"grid       {grid.describe()} = {grid.world_size} ranks{note}",
-            f"batch      global_batch={train.global_batch} = micro_batch={train.micro_batch}{how}"
-            f" x grid.data={grid.data} x {train.accumulation_steps(grid)} micro-step(s)",
-            f"nodes      {resolved.nodes} x {resolved.tasks_per_node} tasks",
-            f"memory     {mem}",
-            f"preflight  {preflight_words(cfg)}",
-            f"job dir    {job_dir}",
-        ]
-    )
-
-
-def preflight_words(cfg: LaunchConfig) -> str:
-    if not preflight_on(cfg):
-        return "off" + ("" if cfg.preflight is False else " (preflight=true runs it)")
-    ex = cfg.machine.preflight_expectations()
-    floor = f" or {ex.gemm_min_tflops:.3g} TFLOP/s" if ex.gemm_min_tflops else ""
-    bandwidth = (
-        f"warn below {ex.intra_node_min_gbps:.3g}/{ex.inter_node_min_gbps:.3g} GB/s inside/across"
-        " nodes"
-        if ex.intra_node_min_gbps or ex.inter_node_min_gbps
-        else "logged"
-    )
-    network = f"; network /{ex.network}/ across nodes" if ex.network else ""
-    return (
-        f"on: a rank below {ex.slow_fraction:g} x the median GEMM rate{floor} is slow"
-        f" ({ex.on_slow}); all-reduce bandwidth {bandwidth}{network}"
-    )
-
-
-def planner_note(pick: int) -> str:
-    """grid.pick=k takes the planner's (k+1)-th best grid."""
-    return " (planner's best)" if pick == 0 else f" (planner's choice {pick + 1})"
 
 
 def job_record(
@@ -256,6 +238,7 @@ def write_record(job_dir: Path, record: dict, **updates) -> dict:
 
 
 def run_local(cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict) -> Outcome:
+    print(local.starting_line(resolved.grid.world_size), flush=True)
     procs = local.start_ranks(
         job_dir=job_dir, world_size=resolved.grid.world_size, env=dict(cfg.machine.env)
     )
@@ -263,7 +246,7 @@ def run_local(cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict
     write_record(job_dir, record, job_ids=[job_id], status="running")
     log.info("started %s: %d local rank processes", job_id, len(procs))
     if cfg.wait is False:
-        print(f"started {job_id}; job dir {job_dir}")
+        print(f"started {job_id}; job dir {job_dir}\n{next_line(job_dir, ran=False)}")
         return Outcome("submitted", str(job_dir), job_id, resolved.nodes)
     code = local.wait_ranks(procs)
     status = "completed" if code == 0 else "failed"
@@ -271,6 +254,7 @@ def run_local(cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict
     if code:
         report_first_failure(job_dir)
     write_record(job_dir, record, status=status, exit_code=code)
+    print(next_line(job_dir, ran=True))
     return Outcome(status, str(job_dir), job_id, resolved.nodes, f"exit code {code}")
 
 
@@ -302,14 +286,15 @@ def refused(
 
 
 def submit_slurm(
-    cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict, *, out
+    cfg: LaunchConfig,
+    resolved: Resolved,
+    job_dir: Path,
+    record: dict,
+    *,
+    out,
+    rehearsal: rehearse.Rehearsal | None = None,
 ) -> Outcome:
-    params = render.slurm_parameters(
-        machine=cfg.machine,
-        nodes=resolved.nodes,
-        tasks_per_node=resolved.tasks_per_node,
-        job_name=cfg.name,
-    )
+    params = slurm_params(cfg, resolved, rehearsal)
     from submitit.core.utils import FailedJobError
 
     try:
@@ -327,6 +312,7 @@ def submit_slurm(
     print(f"submitted job {job.job_id} ({resolved.nodes} nodes); job dir {job_dir}", file=out)
     log.info("submitted Slurm job %s (%d nodes)", job.job_id, resolved.nodes)
     if not cfg.wait:
+        print(next_line(job_dir, ran=False), file=out)
         return Outcome("submitted", str(job_dir), job.job_id, resolved.nodes)
     state = slurm.follow(job, out=out)
     log.info("Slurm job %s ended %s", job.job_id, state)
@@ -334,4 +320,5 @@ def submit_slurm(
     if status == "failed":
         report_first_failure(job_dir)
     write_record(job_dir, record, status=status, slurm_state=state)
+    print(next_line(job_dir, ran=True), file=out)
     return Outcome(status, str(job_dir), job.job_id, resolved.nodes, state)

@@ -115,17 +115,17 @@ def prepare(cfg: LaunchConfig, job_dir: str) -> Rehearsal:
     """Check the local cluster and what the substitutions hide; list the substitutions.
     ``cfg`` is the configuration as the user gave it (the site's own)."""
     check_machine(cfg)
+    machine = cfg.machine
+    found = load_edf(machine) if machine.container.engine == "edf" else None
     node_cpus = local_cluster_cpus()
     local = machine_profile(LOCAL_MACHINE)
-    machine = cfg.machine
     checks, warnings, edf_env = [], [], {}
     subs = [
         "module: a shell function that records each call in the job log"
         if machine.modules
         else "module: none loaded by this profile",
     ]
-    if machine.container.engine == "edf":
-        found = load_edf(machine)
+    if found is not None:
         edf_env = dict(found.env)
         subs.append(
             f"--environment={machine.container.environment}: dropped; its EDF {found.path}"
@@ -169,7 +169,12 @@ def prepare(cfg: LaunchConfig, job_dir: str) -> Rehearsal:
         f"CPUs per task: {slurm.cpus_per_task} -> {local_cpus_per_task(node_cpus, tasks)}"
         f" ({node_cpus} CPUs per local node / {tasks} tasks)"
     )
-    subs.append(f"interpreter: {machine.task_python(sys.executable)} -> {sys.executable}")
+    site_python = machine.task_python(sys.executable)
+    subs.append(
+        f"interpreter: {site_python} -> {sys.executable}"
+        if site_python != sys.executable
+        else f"interpreter: the login node's own ({sys.executable}), as on {machine.name}"
+    )
     subs.append(
         f"ranks: backend {machine.backend} on GPUs -> gloo on the CPU; preflight floors ->"
         " the local cluster's"

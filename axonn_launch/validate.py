@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 
-from axonn_launch import rules
+from axonn_launch import edf, rules
 from axonn_launch.config import ConfigError, GridRequest, LaunchConfig
 from axonn_launch.grid import Grid
 from axonn_launch.machine import MachineProfile
@@ -256,6 +256,30 @@ def choose_cache_layers(
     cache = plan.resolve_cache_layers(machine.hardware, model, train, grid)
     train = replace(train, cache_layers=cache)
     return train, estimate_memory(model=model, grid=grid, train=train)
+
+
+def container_warnings(cfg: LaunchConfig, job_dir: str) -> list[str]:
+    """A container machine's EDF must exist and mount the job dir, or no task can see it:
+    an error for a real submission, a warning for a dry run (the EDF may live on the
+    cluster only). A rehearsal checks the EDF itself (``rehearse.prepare``)."""
+    machine = cfg.machine
+    if machine.container.engine != "edf" or cfg.rehearse:
+        return []
+    try:
+        found = edf.load(machine.container.environment)
+    except edf.EDFError as exc:
+        problem = str(exc)
+    else:
+        if found.covers(job_dir):
+            return []
+        problem = (
+            f"job dir {job_dir}: outside the mounts of the {machine.name} container"
+            f" ({found.mount_list()}), so no task could see it; launch from under one of"
+            " them or set hydra.run.dir=<a path under one of them>"
+        )
+    if not cfg.dry_run:
+        raise ConfigError(problem)
+    return [f"{problem} (a real submission stops here)"]
 
 
 def missing_user_keys(machine: MachineProfile, *, dry_run: bool) -> list[str]:
