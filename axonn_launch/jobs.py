@@ -358,7 +358,8 @@ def evidence(
         if state == "RUNNING":
             return Evidence(state=state)
         results: tuple[tuple[str, str], ...] = ()
-        done = record.get("status") == "completed" or finished_by_itself(job_dir, record)
+        status = record.get("status")  # a failed one is explained from its logs (diagnose)
+        done = status == "completed" or (status != "failed" and finished_by_itself(job_dir, record))
         if done:
             results = tuple(("success", "") for _ in range(expected))
         exit_code = str(record.get("exit_code", ""))
@@ -390,7 +391,10 @@ def finished_by_itself(job_dir: Path, record: dict) -> bool:
 
 def settled_status(record: dict, info: SchedulerInfo | None, row: JobStatus) -> str | None:
     """What job.json should now say of a job it still calls running or submitted, once the
-    end is certain: the job's own results, a dead local process, or sacct's final state."""
+    end is certain: the job's own results, a dead local process, or sacct's final state.
+    A "failed" job whose training had finished is "completed" (what failed came after it)."""
+    if record.get("status") == "failed" and row.failure == failures.COMPLETED:
+        return "completed"
     if record.get("status") not in ("running", "submitted") or row.failure == failures.RUNNING:
         return None
     if row.failure == failures.COMPLETED:
