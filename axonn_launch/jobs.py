@@ -146,6 +146,7 @@ def read_summary(job_dir: Path | str) -> dict | None:
 
 
 DRY_RUN_STATE = "DRY_RUN"
+DRY_RUN_WORDS = "is a dry run: nothing was trained; launch it without dry_run=true"
 
 
 def is_dry_run(record: dict) -> bool:
@@ -161,7 +162,7 @@ def dry_run_problem(job_dir: Path | str) -> str | None:
         return None
     if not is_dry_run(record):
         return None
-    return f"{job_dir}: is a dry run: nothing was trained; launch it without dry_run=true"
+    return f"{job_dir}: {DRY_RUN_WORDS}"
 
 
 def last_metrics(job_dir: Path) -> dict | None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from axonn_launch.jobs import dry_run_problem, read_summary, run_results
+from axonn_launch.jobs import DRY_RUN_WORDS, dry_run_problem, read_summary, run_results
 from axonn_launch.usage import raising_parser, run_tool
 
 METRICS = ("final_loss", "val_loss", "tokens_per_s")
@@ -198,9 +198,6 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
 def job_report(job_dir: Path, out: Path) -> list[str]:
     """report.md lines of one job; its PNGs written to ``out``."""
     rows = read_metrics(job_dir)
-    dry_run = dry_run_problem(job_dir)
-    if dry_run:
-        raise ReportError(dry_run)
     if not rows:
         raise ReportError(f"{job_dir}: metrics.jsonl has no steps yet")
     record, summary, config = (
@@ -352,10 +349,6 @@ def sweep_report(sweep_dir: Path, out: Path, metric: str | None) -> list[str]:
     points = read_sweep(sweep_dir)
     if not points:
         raise ReportError(f"{sweep_dir}: points/ holds no point records")
-    if all(p.status == DRY_RUN_STATUS for p in points):
-        raise ReportError(
-            f"{sweep_dir}: is a dry run: nothing was trained; launch it without dry_run=true"
-        )
     keys = swept_keys(points)
     why = "--metric"
     if metric is None:
@@ -610,6 +603,7 @@ def _main(argv: list[str]) -> int:
         raise ReportError(
             f"{path}: neither a job directory (job.json) nor a sweep directory (points/)"
         )
+    refuse_dry_run(path, kind)
     pyplot()  # a missing matplotlib is reported before anything is written
     out.mkdir(parents=True, exist_ok=True)
     lines = job_report(path, out) if kind == "job" else sweep_report(path, out, args.metric)
@@ -618,6 +612,18 @@ def _main(argv: list[str]) -> int:
     (out / "report.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / 'report.md'} and {len(list(out.glob('*.png')))} images")
     return 0
+
+
+def refuse_dry_run(path: Path, kind: str) -> None:
+    """A dry run (a job, or a sweep whose every point is one) has nothing to report."""
+    if kind == "job":
+        problem = dry_run_problem(path)
+    else:
+        points = read_sweep(path)
+        dry = points and all(p.status == DRY_RUN_STATUS for p in points)
+        problem = f"{path}: {DRY_RUN_WORDS}" if dry else None
+    if problem:
+        raise ReportError(problem)
 
 
 def main(argv: list[str] | None = None) -> int:
