@@ -538,16 +538,15 @@ def fold_preflight(job_dir: Path, record: dict, preflight: dict | None) -> None:
 
 # --- status output -------------------------------------------------------------------------
 
-# Narrow enough for a 120-column terminal with the default job dirs; the name, machine,
-# model, step time, attempt and action are in --json (the name and machine are in the dir;
-# the action is on the line under the table that says why the job ended).
+# Narrow enough for a 120-column terminal with the launcher's job dirs; the name, machine,
+# model, nodes, step time, attempt and action are in --json (the name and machine are in
+# the dir; the action is on the line under the table that says why the job ended).
 COLUMNS = (
     ("JOB ID", lambda s: s.job_id or "-"),
     ("GRID", lambda s: short_grid(s.grid)),
-    ("NODES", lambda s: str(s.nodes)),
     ("STATE", lambda s: s.state),
     ("STEP", lambda s: f"{s.step if s.step is not None else '-'}/{s.steps}"),
-    ("LOSS", lambda s: f"{s.loss:.4f}" if s.loss is not None else "-"),
+    ("LOSS", lambda s: f"{s.loss:.4g}" if s.loss is not None else "-"),
     ("TOK/S", lambda s: f"{s.tokens_per_s:.0f}" if s.tokens_per_s is not None else "-"),
     ("CLASS", lambda s: s.failure or "-"),
     ("DIR", lambda s: shown_dir(s.job_dir)),

@@ -332,7 +332,7 @@ def test_status_command_prints_rows_and_json(job_root, tmp_path, monkeypatch, ca
     lines = capsys.readouterr().out.splitlines()
     table = [line for line in lines if not line.startswith("  ")]
     reasons = [line.strip() for line in lines if line.startswith("  ")]
-    assert table[0].split()[:4] == ["JOB", "ID", "GRID", "NODES"]
+    assert table[0].split()[:4] == ["JOB", "ID", "GRID", "STATE"]
     assert len(table) == 6 and any("gpu_oom" in line and "3/20" in line for line in table)
     # under the table, each ended job that was not completed says why, and what to do
     assert len(reasons) == 3 and any("CUDA out of memory" in r for r in reasons), reasons
