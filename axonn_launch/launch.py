@@ -156,14 +156,31 @@ def batch_script(
     if cfg.machine.scheduler != "slurm":
         return ""
     return render.script_of(
-        slurm_params(cfg, resolved, rehearsal),
+        slurm_params(cfg, resolved, job_dir, rehearsal),
         folder=slurm_folder(job_dir),
-        python=cfg.machine.task_python(sys.executable),  # a container machine names its own
+        python=tasks_python(cfg, resolved, job_dir),
     )
 
 
+def python_copy(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> render.PythonCopy | None:
+    return render.python_copy(
+        cfg.machine,
+        nodes=resolved.nodes,
+        python=cfg.machine.task_python(sys.executable),  # a container machine names its own
+        folder=slurm_folder(job_dir),
+    )
+
+
+def tasks_python(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
+    copy = python_copy(cfg, resolved, job_dir)
+    return render.tasks_python(cfg.machine, sys.executable, copy)
+
+
 def slurm_params(
-    cfg: LaunchConfig, resolved: Resolved, rehearsal: rehearse.Rehearsal | None
+    cfg: LaunchConfig,
+    resolved: Resolved,
+    job_dir: Path,
+    rehearsal: rehearse.Rehearsal | None,
 ) -> dict:
     """submitit's parameters: the machine's, or a rehearsal's substitution of them."""
     params = render.slurm_parameters(
@@ -171,6 +188,7 @@ def slurm_params(
         nodes=resolved.nodes,
         tasks_per_node=resolved.tasks_per_node,
         job_name=cfg.name,
+        copy=python_copy(cfg, resolved, job_dir),
     )
     if rehearsal is None:
         return params
@@ -294,7 +312,7 @@ def submit_slurm(
     out,
     rehearsal: rehearse.Rehearsal | None = None,
 ) -> Outcome:
-    params = slurm_params(cfg, resolved, rehearsal)
+    params = slurm_params(cfg, resolved, job_dir, rehearsal)
     from submitit.core.utils import FailedJobError
 
     try:
@@ -304,7 +322,7 @@ def submit_slurm(
                 params=params,
                 job=TrainJob(str(job_dir), cfg.machine.task_env),
                 max_requeue=cfg.max_requeue,
-                python=cfg.machine.task_python(sys.executable),
+                python=tasks_python(cfg, resolved, job_dir),
             )
     except (FailedJobError, OSError) as exc:
         return refused(cfg, resolved, job_dir, record, exc)

@@ -48,6 +48,19 @@ class Container:
     python: str = ""  # the interpreter inside the container (its venv), never the login node's
 
 
+@dataclass(frozen=True)
+class Broadcast:
+    """Where ``machine.python_broadcast`` puts the tasks' Python environment: before srun,
+    the batch script packs it once, sends it to every node's local storage with ``sbcast``
+    and the tasks run the copy, so that thousands of ranks do not import torch from a
+    parallel filesystem at once (OLCF "highly recommends" it at scale:
+    olcf/olcf-user-docs:software/python/sbcast_conda.rst)."""
+
+    min_nodes: int = 0  # with python_broadcast unset (null): on from this many nodes; 0 = off
+    dir: str = ""  # node-local storage on every node ({user}: the login user's name); needed when on
+    constraint: str = ""  # an sbatch constraint that storage needs (Frontier: nvme)
+
+
 ON_SLOW = ("stop", "warn")
 GEMM_DTYPES = ("bf16", "fp32")
 
@@ -142,6 +155,10 @@ class MachineProfile:
     master_port: int = 29500
     max_local_processes: int = 64  # scheduler=local only
     preflight: PreflightSettings = field(default_factory=PreflightSettings)
+    # copy the tasks' venv to node-local storage before srun: true, false, or null (auto:
+    # from broadcast.min_nodes nodes on)
+    python_broadcast: bool | None = None
+    broadcast: Broadcast = field(default_factory=Broadcast)
     # where each site fact comes from: "env.NAME", "multinode_env.NAME", "task_env.NAME",
     # "slurm.KEY" (a field changed from SlurmSettings' default; "slurm.extra_sbatch.KEY"),
     # "srun_args[ARG]" (ARG as composed, interpolations resolved), "modules", "setup[N]"
@@ -172,6 +189,12 @@ class MachineProfile:
             network=rule.network,
             on_slow=rule.on_slow,
         )
+
+    def broadcasts(self, nodes: int) -> bool:
+        """Whether a job on ``nodes`` nodes runs its tasks from a node-local copy."""
+        if self.python_broadcast is not None:
+            return self.python_broadcast
+        return 0 < self.broadcast.min_nodes <= nodes
 
     def task_python(self, login_python: str) -> str:
         """The interpreter of each task: ``machine.python``, else the container's, else the

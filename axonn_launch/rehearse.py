@@ -13,6 +13,7 @@ it runs on ``machines/slurm_local`` (two nodes on this computer):
 - partition, account, QOS and constraint become the local cluster's;
 - the CPUs per task are scaled down to the local nodes';
 - the tasks' interpreter becomes this one, through the ``machine.python`` rule;
+- node-local storage (``machine.python_broadcast``) becomes each local node's own;
 - the ranks use gloo on the CPU, and the preflight compares with the local cluster's floors.
 
 Everything else runs as rendered: every exported variable, the set-up lines and their
@@ -96,7 +97,9 @@ def site_config(cfg: LaunchConfig, login_python: str = sys.executable) -> Launch
             f" leave nodes unset or set nodes={NODES}"
         )
     required = [key for key in cfg.machine.required if key != "slurm.account"]
-    machine = replace(cfg.machine, python=login_python, required=required)
+    local = machine_profile(LOCAL_MACHINE).broadcast  # node-local storage: the local nodes'
+    broadcast = replace(cfg.machine.broadcast, dir=local.dir, constraint="")
+    machine = replace(cfg.machine, python=login_python, required=required, broadcast=broadcast)
     wait = True if cfg.wait is None else cfg.wait  # a rehearsal is followed to its end
     return replace(cfg, nodes=NODES, machine=machine, wait=wait)
 
@@ -179,6 +182,12 @@ def prepare(cfg: LaunchConfig, job_dir: str) -> Rehearsal:
         f"ranks: backend {machine.backend} on GPUs -> gloo on the CPU; preflight floors ->"
         " the local cluster's"
     )
+    if machine.broadcasts(NODES):
+        need = f" (-C {machine.broadcast.constraint})" if machine.broadcast.constraint else ""
+        subs.append(
+            f"node-local storage for the Python copy: {machine.broadcast.dir}{need} ->"
+            f" {local.broadcast.dir}, each local node's own"
+        )
     if slurm.mpi_default and not _names_mpi(slurm.srun_args):
         subs.append(f"MPI plugin: the site's default made explicit: --mpi={slurm.mpi_default}")
     return Rehearsal(

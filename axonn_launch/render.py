@@ -15,8 +15,11 @@ reaches the ranks). A line's status is that of its last command, as for any shel
 
 from __future__ import annotations
 
+import getpass
+import hashlib
 import shlex
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from submitit.slurm.slurm import _make_sbatch_string
@@ -29,8 +32,61 @@ from axonn_launch.validate import placeholder
 COMMON_SRUN_ARGS = ("--kill-on-bad-exit=1",)
 
 
+@dataclass(frozen=True)
+class PythonCopy:
+    """The tasks' Python environment on node-local storage (``machine.python_broadcast``):
+    packed once on the batch node, sent to every node with ``sbcast``, unpacked there by
+    one task per node, as OLCF's sbcast page does with a conda-pack archive
+    (olcf/olcf-user-docs:software/python/sbcast_conda.rst). A venv's ``bin/python`` finds
+    its ``pyvenv.cfg`` and site-packages next to itself, so the copy runs where it lands."""
+
+    source: str  # the environment's root (a venv or conda env) on the shared filesystem
+    dir: str  # this job's directory on every node's local storage
+    python: str  # the interpreter the tasks run: inside the copy
+
+    def commands(self) -> list[str]:
+        """Shell commands for the batch script, run before the job's srun."""
+        folder = PurePosixPath(self.dir)
+        packed, sent = f"{self.dir}.src.tar", f"{self.dir}.tar"
+        unpack = (
+            f"rm -rf {shlex.quote(self.dir)} && mkdir -p {shlex.quote(str(folder / 'env'))}"
+            f" && tar -xf {shlex.quote(sent)} -C {shlex.quote(str(folder / 'env'))}"
+            f" && rm -f {shlex.quote(sent)}"
+        )
+        return [
+            f"mkdir -p {shlex.quote(str(folder.parent))}"
+            f" && tar -C {shlex.quote(self.source)} -cf {shlex.quote(packed)} .",
+            shlex.join(["sbcast", "-f", packed, sent]) + f" && rm -f {shlex.quote(packed)}",
+            'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 sh -c '
+            + shlex.quote(unpack),
+        ]
+
+
+def python_copy(
+    machine: MachineProfile, *, nodes: int, python: str, folder: Path
+) -> PythonCopy | None:
+    """Where ``machine.python_broadcast`` puts the environment of ``python`` (the tasks'
+    interpreter) for the job whose submitit folder is ``folder``; None when it is off."""
+    if not machine.broadcasts(nodes):
+        return None
+    interpreter = PurePosixPath(python)  # not resolved: a venv's python is a symlink
+    tag = hashlib.sha1(str(folder).encode()).hexdigest()[:12]
+    base = machine.broadcast.dir.format(user=getpass.getuser())
+    job_dir = f"{base.rstrip('/')}/axonn-{tag}"
+    return PythonCopy(
+        source=str(interpreter.parent.parent),
+        dir=job_dir,
+        python=f"{job_dir}/env/bin/{interpreter.name}",
+    )
+
+
 def slurm_parameters(
-    *, machine: MachineProfile, nodes: int, tasks_per_node: int, job_name: str
+    *,
+    machine: MachineProfile,
+    nodes: int,
+    tasks_per_node: int,
+    job_name: str,
+    copy: PythonCopy | None = None,
 ) -> dict[str, Any]:
     """submitit ``update_parameters`` keywords for one job."""
     slurm = machine.slurm
@@ -41,7 +97,7 @@ def slurm_parameters(
         "cpus_per_task": slurm.cpus_per_task,
         "time": slurm.time_min,
         "signal_delay_s": slurm.signal_delay_s,
-        "setup": setup_lines(machine=machine, nodes=nodes),
+        "setup": setup_lines(machine=machine, nodes=nodes, copy=copy),
         "srun_args": [*COMMON_SRUN_ARGS, *slurm.srun_args],
     }
     optional = {
@@ -54,6 +110,9 @@ def slurm_parameters(
         "exclusive": slurm.exclusive,
     }
     params.update({k: v for k, v in optional.items() if v})
+    if copy and machine.broadcast.constraint:
+        both = [c for c in (slurm.constraint, machine.broadcast.constraint) if c]
+        params["constraint"] = "&".join(both)
     if "slurm.account" in machine.required and not slurm.account:
         params["account"] = placeholder("slurm.account")
     extra = {"gpu-bind": slurm.gpu_bind, "network": slurm.network, **slurm.extra_sbatch}
@@ -69,19 +128,30 @@ SETUP_FUNCTION = (
 )
 
 
-def setup_lines(*, machine: MachineProfile, nodes: int) -> list[str]:
-    """Shell lines run in the batch script before srun: modules, site set-up, environment."""
+# exported last, just before srun: each rank measures its start-up from here (train/startup.py)
+SRUN_START = 'export AXONN_SRUN_START="$(date +%s.%N)"'
+
+
+def setup_lines(
+    *, machine: MachineProfile, nodes: int, copy: PythonCopy | None = None
+) -> list[str]:
+    """Shell lines run in the batch script before srun: modules, site set-up, environment,
+    the node-local copy of the tasks' Python, and the start time of srun."""
     commands = []
     if machine.modules:
         commands.append(shlex.join(["module", "load", *machine.modules]))
     commands.extend(machine.setup)
+    if copy:
+        commands.extend(copy.commands())
     lines = [SETUP_FUNCTION] if commands else []
     lines.extend(f"axonn_setup {n} {shlex.quote(c)}" for n, c in enumerate(commands, start=1))
     env = dict(machine.env)
     if nodes > 1:
         env.update(machine.multinode_env)
+    if copy:
+        env["AXONN_PYTHON_FROM"] = copy.source
     lines.extend(f"export {key}={shlex.quote(str(value))}" for key, value in sorted(env.items()))
-    return lines
+    return [*lines, SRUN_START]
 
 
 def submitit_command(*, python: str, folder: Path) -> str:
@@ -100,10 +170,16 @@ def render_script(
 ) -> str:
     """The batch script; ``python`` is the login node's interpreter, used only when the
     machine names none of its own (``MachineProfile.task_python``)."""
+    copy = python_copy(machine, nodes=nodes, python=machine.task_python(python), folder=folder)
     params = slurm_parameters(
-        machine=machine, nodes=nodes, tasks_per_node=tasks_per_node, job_name=job_name
+        machine=machine, nodes=nodes, tasks_per_node=tasks_per_node, job_name=job_name, copy=copy
     )
-    return script_of(params, folder=folder, python=machine.task_python(python))
+    return script_of(params, folder=folder, python=tasks_python(machine, python, copy))
+
+
+def tasks_python(machine: MachineProfile, login_python: str, copy: PythonCopy | None) -> str:
+    """The interpreter srun starts: the node-local copy's, else ``machine.task_python``."""
+    return copy.python if copy else machine.task_python(login_python)
 
 
 def script_of(params: dict[str, Any], *, folder: Path, python: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass, field, replace
 
 from axonn_launch import edf, rules
@@ -53,6 +54,7 @@ def resolve(cfg: LaunchConfig) -> Resolved:
         train, memory = choose_cache_layers(cfg.model, grid, train, cfg.machine)
     warnings = data_warnings(cfg) + missing_user_keys(cfg.machine, dry_run=cfg.dry_run)
     warnings += placement_warnings(cfg.machine, grid) + account_warnings(cfg.machine)
+    warnings += broadcast_warnings(cfg, nodes)
     return Resolved(
         grid=grid,
         nodes=nodes,
@@ -294,6 +296,39 @@ def missing_user_keys(machine: MachineProfile, *, dry_run: bool) -> list[str]:
     if messages and not dry_run:
         raise ConfigError(messages[0])
     return messages
+
+
+def broadcast_warnings(cfg: LaunchConfig, nodes: int) -> list[str]:
+    """``machine.python_broadcast`` copies the environment of the tasks' interpreter: that
+    must be a venv or conda env, on a machine without a container. Not knowable here for a
+    dry run (the interpreter may live on the cluster): a warning then."""
+    machine = cfg.machine
+    if machine.scheduler != "slurm" or not machine.broadcasts(nodes):
+        return []
+    key = "machine.python_broadcast"
+    if machine.container.engine:
+        raise ConfigError(
+            f"{key}=true: {machine.name}'s tasks run in a container, which brings the"
+            " environment to every node; set machine.python_broadcast=false"
+        )
+    if not machine.broadcast.dir:
+        raise ConfigError(
+            f"machine.broadcast.dir is empty: {key} needs the node-local storage to copy to,"
+            " e.g. machine.broadcast.dir=/tmp"
+        )
+    python = machine.task_python(sys.executable)
+    root = os.path.dirname(os.path.dirname(python))
+    if any(os.path.exists(os.path.join(root, m)) for m in ("pyvenv.cfg", "conda-meta")):
+        return []
+    why = "on" if machine.python_broadcast else f"on from {machine.broadcast.min_nodes} nodes"
+    problem = (
+        f"{key} ({why}): the tasks' interpreter {python} is not in a venv or conda env"
+        f" (no pyvenv.cfg or conda-meta in {root}), so there is nothing to copy; make a venv"
+        f" (machines/{machine.name}/README.md) or set {key}=false"
+    )
+    if not cfg.dry_run:
+        raise ConfigError(problem)
+    return [f"{problem} (a real submission stops here)"]
 
 
 def placement_warnings(machine: MachineProfile, grid: Grid) -> list[str]:

@@ -17,7 +17,7 @@ import re
 import pytest
 
 from axonn_launch.config import load
-from axonn_launch.machine import Container, MachineProfile, SlurmSettings
+from axonn_launch.machine import Broadcast, Container, MachineProfile, SlurmSettings
 from axonn_launch.render import setup_lines
 
 SITES = ("perlmutter", "frontier", "alps")
@@ -53,6 +53,7 @@ def facts(machine: MachineProfile) -> set[str]:
     keys |= {"modules"} if machine.modules else set()
     keys |= {f"setup[{n}]" for n in range(1, len(machine.setup) + 1)}
     keys |= changed_fields(machine.container, Container(), "container")
+    keys |= changed_fields(machine.broadcast, Broadcast(), "broadcast")
     return keys - set(machine.required)
 
 

@@ -45,7 +45,7 @@ from axonn_launch.train.loop import (
 from axonn_launch.train.metrics import MetricsLogger
 from axonn_launch.train.model import GPT, build_model
 from axonn_launch.train.sample import decode, default_prompt, generate
-from axonn_launch.train.startup import log_startup
+from axonn_launch.train.startup import log_startup, log_startup_time
 
 __all__ = ["run"]
 
@@ -175,7 +175,8 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
         save=lambda step: save(spec, env, step, model, optimizer, loader, checkpointer),
         evaluate=validation(spec, model, groups, device),
     )
-    summary = train_loop(model, ctx)
+    startup = log_startup_time(env)  # srun to here, per rank; where Python came from
+    summary = train_loop(model, ctx) | {"startup": startup}
     checkpointer.wait()  # the last save completes before the job reports success
     logger.close_bar()
     summary |= after_training(spec, env, model, summary)

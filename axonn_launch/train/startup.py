@@ -21,6 +21,9 @@ import logging
 import os
 import re
 import socket
+import statistics
+import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -185,3 +188,50 @@ def _nccl_name() -> str:
     except Exception:  # a build without NCCL
         return name
     return f"{name} {version}"
+
+
+def interpreter_words(environ: Mapping[str, str] = os.environ) -> str:
+    """Which Python this rank runs, and where it came from."""
+    source = environ.get("AXONN_PYTHON_FROM")
+    where = f"copied to node-local storage from {source}" if source else "as installed"
+    return f"{sys.executable} ({where})"
+
+
+def seconds_since_srun(environ: Mapping[str, str] = os.environ) -> float | None:
+    """Seconds since the batch script started srun (``AXONN_SRUN_START``), or None."""
+    try:
+        return time.time() - float(environ["AXONN_SRUN_START"])
+    except (KeyError, ValueError):
+        return None
+
+
+def log_startup_time(env: DistEnv) -> dict:
+    """Every rank, as training starts: how long it took from srun to here and which Python
+    it runs; rank 0 logs the median and names the slowest rank. Returns the job's record
+    (the same on every rank)."""
+    mine = {"rank": env.rank, "node": node_name(), "seconds": seconds_since_srun()}
+    everyone: list = [None] * env.world_size
+    dist.all_gather_object(everyone, mine)
+    record = {"interpreter": interpreter_words()}
+    timed = [r for r in everyone if r["seconds"] is not None]
+    if timed:
+        slowest = max(timed, key=lambda r: r["seconds"])
+        record |= {
+            "srun_to_training_s": {
+                "median": statistics.median(r["seconds"] for r in timed),
+                "slowest": slowest,
+            },
+            "ranks_timed": len(timed),
+        }
+    if env.rank == 0:
+        log.info("startup: interpreter %s", record["interpreter"])
+        if timed:
+            took = record["srun_to_training_s"]
+            log.info(
+                "startup: srun to training: median %.1f s; slowest rank %d on %s: %.1f s",
+                took["median"],
+                slowest["rank"],
+                slowest["node"],
+                slowest["seconds"],
+            )
+    return record

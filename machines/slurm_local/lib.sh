@@ -17,6 +17,10 @@ DBD_PORT=6819
 DB_NAME=slurm_acct_db
 DB_USER=slurm
 MANAGED_MARK="# managed by axonn_launch machines/slurm_local/start.sh"
+# Node-local storage, as a site node has its own /tmp or NVMe: every slurmd runs in a mount
+# namespace of its own where NODE_LOCAL_DIR is that node's directory $STATE_DIR/local-<node>,
+# and its job steps inherit it. sbcast (machine.python_broadcast) writes there.
+NODE_LOCAL_DIR=/mnt/node-local
 
 log() { printf '[slurm_local %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
@@ -89,4 +93,19 @@ take_lock() {
     mkdir -p "$RUN_DIR"
     exec 9>"$RUN_DIR/lock"
     flock -w 300 9 || fail "another slurm_local script held $RUN_DIR/lock for 300 s"
+}
+
+# Spawns the slurmd of node $1 with its own node-local storage at NODE_LOCAL_DIR.
+spawn_slurmd() {
+    local node=$1 dir="$STATE_DIR/local-$1"
+    mkdir -p "$dir" "$NODE_LOCAL_DIR"
+    chmod 1777 "$dir"
+    if unshare --mount --propagation private true 2>/dev/null; then
+        # shellcheck disable=SC2016
+        unshare --mount --propagation private sh -c \
+            'mount --bind "$1" "$2" && exec slurmd -N "$3"' _ "$dir" "$NODE_LOCAL_DIR" "$node" 9>&-
+    else
+        log "no mount namespaces here: $NODE_LOCAL_DIR is one directory for all nodes"
+        slurmd -N "$node" 9>&-
+    fi
 }

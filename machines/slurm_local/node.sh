@@ -64,7 +64,7 @@ node_up() {
 start_node() {
     if ! pidfile_alive "$(slurmd_pidfile "$1")" slurmd; then
         log "starting slurmd $1"
-        slurmd -N "$1" 9>&- || fail "slurmd $1 did not start" "$(slurmd_log "$1")"
+        spawn_slurmd "$1" || fail "slurmd $1 did not start" "$(slurmd_log "$1")"
     fi
     wait_until 30 node_up "$1" || fail "node $1 not back in service after 30 s" "$(slurmd_log "$1")"
     log "node $1 is $(sinfo -h -n "$1" -o %t)"
@@ -75,7 +75,7 @@ start_node() {
 restart_node() {
     kill_slurmd "$1"
     log "starting slurmd $1"
-    slurmd -N "$1" 9>&- || fail "slurmd $1 did not start" "$(slurmd_log "$1")"
+    spawn_slurmd "$1" || fail "slurmd $1 did not start" "$(slurmd_log "$1")"
     if ! wait_until 15 node_up "$1"; then
         log "resuming $1 (was $(sinfo -h -n "$1" -o %t))"
         scontrol update nodename="$1" state=resume || true

@@ -8,7 +8,10 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
 
-PACKAGES=(slurm-wlm slurmdbd munge mariadb-server mariadb-client)
+# libpmix-dev: Slurm's pmix_v4 plugin (srun --mpi=pmix, as on Alps) dlopens libpmix.so from
+# /usr/lib/x86_64-linux-gnu/pmix2/lib, and only the -dev package has that name (libpmix2 has
+# libpmix.so.2); without it slurmd logs "can not load PMIx library" and pmix steps hang.
+PACKAGES=(slurm-wlm slurmdbd munge mariadb-server mariadb-client libpmix-dev)
 SLURM_CONF_CHANGED=0
 DBD_CONF_CHANGED=0
 
@@ -302,7 +305,7 @@ start_slurmd() {
     local node=$1
     pidfile_alive "$(slurmd_pidfile "$node")" slurmd && return 0
     log "starting slurmd $node"
-    slurmd -N "$node" 9>&- || fail "slurmd $node did not start" "$(slurmd_log "$node")"
+    spawn_slurmd "$node" || fail "slurmd $node did not start" "$(slurmd_log "$node")"
 }
 
 # Nodes drained or down from an earlier run (a config error, a stopped slurmd) are put back.

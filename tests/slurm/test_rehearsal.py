@@ -141,3 +141,39 @@ def test_a_real_pmix_step_is_read_from_slurm(slurm_cluster):
     assert [r["rank"] for r in rows] == [0, 1, 2, 3]
     assert all(r["world"] == 4 and r["source"] == "slurm" for r in rows)
     assert [r["pmix"] for r in rows] == ["0", "1", "2", "3"]  # the pmix plugin really ran
+
+
+def test_python_broadcast_runs_the_tasks_from_node_local_copies(
+    slurm_cluster, local_losses, tmp_path
+):
+    """machine.python_broadcast=true, rehearsed: the batch script packs this venv, sbcasts it
+    to each node's own storage (start.sh gives every local slurmd a private /mnt/node-local)
+    and the ranks run the copy; the start-up record says so and how long start-up took."""
+    job_dir = tmp_path / "job"
+    args = ["machine=perlmutter", "model=gpt_tiny", "rehearse=true", *GRID[8], *TRAIN]
+    args += ["machine.python_broadcast=true", f"hydra.run.dir={job_dir}"]
+    result = run_launcher(args, cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    record = json.loads((job_dir / "job.json").read_text())
+    (job_id,) = record["job_ids"]
+    script = (job_dir / "submission.sh").read_text()
+    copy = script.split(" -u -m submitit")[0].rsplit(" ", 1)[-1]
+    assert copy.startswith("/mnt/node-local/axonn-") and copy.endswith("/env/bin/python")
+    assert "sbcast -f" in script and "node-local storage" in "\n".join(record["substitutions"])
+    log = next((job_dir / "slurm" / job_id).glob("*_0_log.out")).read_text()
+    venv = str(Path(sys.executable).parent.parent)
+    assert f"startup: interpreter {copy} (copied to node-local storage from {venv})" in log
+    assert "startup: srun to training: median" in log and "slowest rank" in log
+    startup = json.loads((job_dir / "summary.json").read_text())["startup"]
+    took = startup["srun_to_training_s"]
+    assert startup["ranks_timed"] == 8 and 0 < took["median"] <= took["slowest"]["seconds"]
+    tag = copy.split("/")[3]
+    state = Path("/var/lib/axonn-slurm")  # machines/slurm_local/lib.sh: STATE_DIR/local-<node>
+    try:
+        for node in ("n1", "n2"):  # each node unpacked its own copy
+            assert (state / f"local-{node}" / tag / "env" / "pyvenv.cfg").is_file(), node
+        assert not Path(f"/mnt/node-local/{tag}").exists()  # not visible outside the nodes
+    finally:
+        for node in ("n1", "n2"):
+            subprocess.run(["rm", "-rf", str(state / f"local-{node}" / tag)], check=False)
+    assert final_loss(job_dir) == local_losses("gpt_tiny", 8)

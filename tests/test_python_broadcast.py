@@ -1,0 +1,76 @@
+"""machine.python_broadcast in the rendered script: when it is on, what it runs, and the
+settings it refuses (tests/slurm/test_rehearsal.py runs it on the local cluster)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_launcher
+
+FRONTIER = ["machine=frontier", "model=gpt_tiny", "site.accounts.frontier=acct", "dry_run=true"]
+NODES_16 = ["grid.data=16", "grid.x=8", "train.global_batch=16"]  # 128 GCDs = 16 nodes
+NODES_8 = ["grid.data=8", "grid.x=8", "train.global_batch=16"]
+
+
+def dry_run(tmp_path: Path, args: list[str]):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    job_dir = tmp_path / "job"
+    result = run_launcher([*args, f"hydra.run.dir={job_dir}"], cwd=tmp_path)
+    return result, job_dir
+
+
+def test_frontier_broadcasts_from_16_nodes_to_the_nvme(tmp_path):
+    result, job_dir = dry_run(tmp_path, [*FRONTIER, *NODES_16])
+    assert result.returncode == 0, result.stderr
+    script = (job_dir / "submission.sh").read_text()
+    venv = str(Path(sys.executable).parent.parent)
+    assert "#SBATCH --constraint=nvme" in script
+    lines = script.splitlines()
+    setup = [ln for ln in lines if ln.startswith("axonn_setup ")]
+    assert f"tar -C {venv} -cf /mnt/bb/" in setup[-3] and "sbcast -f /mnt/bb/" in setup[-2]
+    assert setup[-1].startswith("axonn_setup") and "--ntasks-per-node=1" in setup[-1]
+    srun = lines[-1]
+    assert srun.startswith("srun ") and "/env/bin/python -u -m submitit" in srun
+    tasks_python = srun.split(" -u -m ")[0].rsplit(" ", 1)[-1]
+    assert tasks_python.startswith("/mnt/bb/") and f"export AXONN_PYTHON_FROM={venv}" in script
+    # the copy lands before srun starts, and the start time is taken last
+    assert lines.index(setup[-1]) < lines.index('export AXONN_SRUN_START="$(date +%s.%N)"')
+
+
+def test_below_16_nodes_or_when_turned_off_the_tasks_run_the_venv_in_place(tmp_path):
+    for n, args in enumerate(([*FRONTIER, *NODES_8], [*FRONTIER, *NODES_16,
+                              "machine.python_broadcast=false"])):  # fmt: skip
+        result, job_dir = dry_run(tmp_path / str(n), args)
+        assert result.returncode == 0, result.stderr
+        script = (job_dir / "submission.sh").read_text()
+        assert "sbcast" not in script and "nvme" not in script
+        assert f"{sys.executable} -u -m submitit" in script
+
+
+def test_alps_container_refuses_a_broadcast(tmp_path):
+    result, job_dir = dry_run(
+        tmp_path, ["machine=alps", "machine.python_broadcast=true", "dry_run=true"]
+    )
+    assert result.returncode == 2 and not job_dir.exists()
+    (line,) = result.stderr.strip().splitlines()
+    assert "machine.python_broadcast=true" in line and "container" in line
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_an_interpreter_outside_a_venv_cannot_be_copied(tmp_path, dry):
+    python = tmp_path / "usr" / "bin" / "python3"  # no pyvenv.cfg or conda-meta beside bin/
+    python.parent.mkdir(parents=True)
+    python.write_text("")
+    args = [*FRONTIER[:-1], *NODES_16, f"machine.python={python}", f"dry_run={str(dry).lower()}"]
+    result, job_dir = dry_run(tmp_path, args)
+    message = "is not in a venv or conda env"
+    if dry:
+        assert result.returncode == 0 and message in result.stderr
+        assert "a real submission stops here" in result.stderr
+    else:
+        assert result.returncode == 2 and not job_dir.exists()
+        (line,) = result.stderr.strip().splitlines()
+        assert message in line and "machine.python_broadcast=false" in line
