@@ -48,6 +48,9 @@ NOT_RUN = {
         " `python -m axonn_launch`, which runs below)"
     ),
     "AXONN_START_SLURM=1 .venv/bin/python -m pytest": "runs this very test suite",
+    "bash machines/slurm_local/start.sh": (
+        "starts the local Slurm cluster (as root); .ci/run starts it before these tests"
+    ),
 }
 # paths the README's jobs lines name, made by a dry run of (overrides) before they run
 NAMED_JOB_DIRS = {
@@ -116,6 +119,7 @@ def workspace(tmp_path_factory) -> Path:
 
 def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env["EDF_PATH"] = str(REPO / "machines" / "alps")  # the EDF users copy to ~/.edf (Alps)
     return subprocess.run(
         [sys.executable, "-m", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )
