@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -39,6 +40,27 @@ def rank_env(
         MASTER_PORT=str(port),
     )
     return env
+
+
+def starting_line(world_size: int) -> str:
+    """Printed as the ranks start: until rank 0 logs, seconds pass (a minute and more on
+    a run whose Python has no compiled bytecode yet: the first after a plain install)."""
+    wait = "" if bytecode_cached() else "; the first run compiles Python: up to a minute"
+    return f"starting {world_size} ranks (rank 0 logs here, the others to logs/rank_<N>.log){wait}"
+
+
+def bytecode_cached(modules: tuple[str, ...] = ("torch", "axonn_launch.train")) -> bool:
+    """Whether the packages the ranks import have their ``__pycache__`` (compiled by
+    machines/local/setup.sh, or by an earlier run); looked up without importing them."""
+    for name in modules:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            return False
+        origin = spec.origin if spec else None
+        if not origin or not os.path.exists(importlib.util.cache_from_source(origin)):
+            return False
+    return True
 
 
 def start_ranks(*, job_dir: Path, world_size: int, env: dict[str, str]) -> list[subprocess.Popen]:

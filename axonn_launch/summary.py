@@ -164,6 +164,8 @@ def wallclock_warnings(cfg: LaunchConfig, resolved: Resolved) -> list[str]:
 
 def duration(seconds: float) -> str:
     """A wall-clock span in the unit a person would use."""
+    if seconds < 10:
+        return f"{seconds:.2g} s"
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 2 * 3600:

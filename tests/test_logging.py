@@ -48,7 +48,7 @@ from axonn_launch.train.logs import setup_logging
 setup_logging(int(sys.argv[1]), sys.argv[2])
 setup_logging(int(sys.argv[1]), sys.argv[2])  # again: still one line per record
 logging.getLogger("axonn_launch.train.startup").info("hosts %s", "n1,n2")
-logging.getLogger("axonn_launch.train.startup").debug("not at INFO")
+logging.getLogger("axonn_launch.train.startup").debug("a detail")  # the rank file only
 logging.getLogger("torch").info("not ours")
 """
 
@@ -64,7 +64,8 @@ def test_every_job_module_logger_gets_rank_host_and_the_rank_file(tmp_path, rank
     )
     assert result.returncode == 0, result.stderr
     line = rf"{STAMP} rank {rank} host {HOST} INFO axonn_launch\.train\.startup: hosts n1,n2"
+    detail = rf"{STAMP} rank {rank} host {HOST} DEBUG axonn_launch\.train\.startup: a detail"
     logged = (tmp_path / "logs" / f"rank_{rank}.log").read_text()
-    assert re.fullmatch(line + "\n", logged), logged
+    assert re.fullmatch(line + "\n" + detail + "\n", logged), logged
     assert re.fullmatch(line + "\n", result.stdout) if rank == 0 else result.stdout == ""
     assert result.stderr == ""

@@ -16,6 +16,7 @@ def test_site_file_from_config_dir_supplies_the_account(tmp_path):
         "model=gpt_5b",
         "train.data=synthetic",
         "grid.x=8",
+        "train.steps=100",  # fits its allocations: no wall-clock warning
         "dry_run=true",
         f"hydra.run.dir={job}",
     ]

@@ -18,7 +18,8 @@ formulation of them costs about one dispatch, microseconds on CPU and GPU alike,
 timing would only measure noise and could save no more than that.
 
 Ranks tune independently, so picks may differ between ranks; all formulations agree
-within rounding. Each pick is logged on its rank; the loop gathers them for metrics.
+within rounding. Each pick is logged at DEBUG, which goes to its rank's log file and not
+to the console (``logs.py``); the loop gathers them for metrics and one INFO line.
 Under autocast every formulation casts its operands as autocast casts ``a @ b``'s
 (floating tensors but float64, to the autocast dtype) before any layout copy, so it
 computes in, and returns, the dtype that ``a @ b`` would.
@@ -244,12 +245,13 @@ class GemmTuner:
     def _choose(self, key: Signature, a: torch.Tensor, b: torch.Tensor) -> Formulation:
         flops = 2 * a.shape[0] * a.shape[1] * b.shape[1]
         if flops < self.min_flops:
-            self._say_once("small", "GEMMs under %.3g MFLOP run as given, untuned (first: %s)",
-                           self.min_flops / 1e6, describe(key))  # fmt: skip
+            self._say_once(logging.DEBUG, "small", "GEMMs under %.3g MFLOP run as given,"
+                           " untuned (first: %s)", self.min_flops / 1e6, describe(key))  # fmt: skip
             return DIRECT
         if len(self._tuned) >= self.max_signatures:
-            self._say_once("budget", "GEMM tuning budget of %d signatures spent; %s and later "
-                           "new ones run as given", self.max_signatures, describe(key))  # fmt: skip
+            self._say_once(logging.INFO, "budget", "GEMM tuning budget of %d signatures spent;"
+                           " %s and later new ones run as given", self.max_signatures,
+                           describe(key))  # fmt: skip
             return DIRECT
         names = distinct_formulations(a, b)
         seconds = time_formulations(a, b, self.reps, warmup=self.warmup, names=names)
@@ -257,14 +259,14 @@ class GemmTuner:
         self.timed_calls += (self.warmup + self.reps) * len(names)
         best = min(seconds, key=seconds.__getitem__)
         self._tuned[key] = self._new[describe(key)] = best
-        log.info("gemm %s (%.3g MFLOP): picked %s; ms per call: %s", describe(key), flops / 1e6,
+        log.debug("gemm %s (%.3g MFLOP): picked %s; ms per call: %s", describe(key), flops / 1e6,
                  best, ", ".join(f"{n} {s * 1e3:.3g}" for n, s in seconds.items()))  # fmt: skip
         return FORMULATIONS[best]
 
-    def _say_once(self, what: str, message: str, *args: object) -> None:
+    def _say_once(self, level: int, what: str, message: str, *args: object) -> None:
         if what not in self._said:
             self._said.add(what)
-            log.info(message, *args)
+            log.log(level, message, *args)
 
     def choices(self) -> dict[str, str]:
         """Signature (``describe``) -> chosen formulation, for every tuned signature."""

@@ -6,6 +6,10 @@ process once (calling it again replaces what it set up): every rank appends to
 for ``machine=local`` and submitit's task-0 log on Slurm. Modules log with
 ``logging.getLogger(__name__)``, so every ``axonn_launch.train.*`` logger inherits it.
 
+Levels: the rank files take DEBUG and up, the console INFO and up. INFO is for what a
+person follows (startup, progress, the sample, the end); per-item details (each GEMM
+shape the tuner timed) are DEBUG, in the files only.
+
 On ``machine=local`` the launcher sends the stdout and stderr of ranks other than 0 to
 the same ``rank_<N>.log`` (opened for appending too), so their tracebacks land beside
 their log lines.
@@ -37,12 +41,14 @@ def setup_logging(rank: int, job_dir: str | Path) -> logging.Logger:
     path.parent.mkdir(parents=True, exist_ok=True)
     handlers: list[logging.Handler] = [logging.FileHandler(path, mode="a")]
     if rank == 0:
-        handlers.append(logging.StreamHandler(sys.stdout))
+        console = logging.StreamHandler(sys.stdout)
+        console.setLevel(logging.INFO)
+        handlers.append(console)
     formatter = logging.Formatter(FORMAT.format(rank=rank, host=socket.gethostname()))
     for handler in handlers:
         handler.setFormatter(formatter)
         handler.axonn_rank_handler = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)  # the files; the console handler keeps INFO and up
     logger.propagate = False  # one line per record, whatever the root logger has
     return logger

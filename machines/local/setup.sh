@@ -18,4 +18,10 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
 .venv/bin/python -m pip install -q -e ".[test]"
+# Bytecode now, not in the first run's 4 ranks at once: pip compiles what it installs, but
+# not this package (installed in place) nor a torch that was already there. Up-to-date
+# files are skipped; torch's files for newer Pythons do not compile, hence -qq and || true.
+.venv/bin/python -m compileall -q axonn_launch
+TORCH_DIR="$(.venv/bin/python -c 'import importlib.util as u; print(u.find_spec("torch").submodule_search_locations[0])')"
+.venv/bin/python -m compileall -qq "$TORCH_DIR" || true
 echo "set up: $(.venv/bin/python -c 'import torch, axonn_launch; print("torch", torch.__version__, "| axonn_launch", axonn_launch.__version__)')"

@@ -368,8 +368,8 @@ class capture_log:
     """Collects the messages of a logger (the job's logging setup stops the
     ``axonn_launch`` records from propagating, so pytest's caplog may not see them)."""
 
-    def __init__(self, name: str = "axonn_launch.train.gemm") -> None:
-        self.name = name
+    def __init__(self, name: str = "axonn_launch.train.gemm", level: int = logging.DEBUG) -> None:
+        self.name, self.level_wanted = name, level
 
     def __enter__(self) -> list[str]:
         self.lines: list[str] = []
@@ -377,7 +377,7 @@ class capture_log:
         self.handler = logging.Handler()
         self.handler.emit = lambda record: self.lines.append(record.getMessage())
         self.level = self.logger.level
-        self.logger.setLevel(logging.INFO)
+        self.logger.setLevel(self.level_wanted)
         self.logger.addHandler(self.handler)
         return self.lines
 
