@@ -8,11 +8,11 @@
 directory (loaded with ``transformers.AutoTokenizer``; its ``chat_template`` renders
 conversations). Both commands write ``PREFIX.bin`` (token ids), ``PREFIX.idx`` (Megatron's
 ``MMapIndexedDataset`` index: header, version, dtype code, sequence and document counts,
-then sizes, byte pointers and document indices) and
-``PREFIX.bin.json`` (dtype, vocab size, counts; the job checks the vocab against the
-model's). ``finetune`` also writes ``PREFIX.mask``: one uint8 per token, 1 where the token
-counts as a label (a response token or the end-of-turn token after it), 0 for prompts and
-padding. Its documents are the packed sequences of ``S + 1`` tokens each: whole examples
+then sizes, byte pointers and document indices) and ``PREFIX.bin.json`` (dtype, vocab
+size, the largest token id, counts; the launcher and the job check them against the
+model's vocabulary). ``finetune`` also writes ``PREFIX.mask``: one uint8 per token, 1 where
+the token counts as a label (a response token or the end-of-turn token after it), 0 for
+prompts and padding. Its documents are the packed sequences of ``S + 1`` tokens each: whole examples
 in order, padded with the end-of-document token; an example longer than ``S + 1`` is
 truncated (and counted in a warning). Each example is a sequence of the index (and the
 padding one more), so a document lists the examples it packs, Megatron's distinction
@@ -38,11 +38,11 @@ from pathlib import Path
 
 import numpy as np
 
+from axonn_launch.tokenfile import MEGATRON_DTYPE_NAMES, MEGATRON_IDX_HEADER
 from axonn_launch.usage import help_page, raising_parser, run_tool, wants_help
 
-MEGATRON_IDX_HEADER = b"MMIDIDX\x00\x00"
 MEGATRON_IDX_VERSION = 1
-MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
+MEGATRON_DTYPES = {code: getattr(np, name) for code, name in MEGATRON_DTYPE_NAMES.items()}
 MASK_SUFFIX = ".mask"  # uint8 per token beside PREFIX.bin: 1 = the token counts as a label
 TEXT_SUFFIXES = (".txt", ".jsonl")
 ASSISTANT = "assistant"
@@ -170,6 +170,7 @@ class IndexedWriter:
         self.sizes: list[np.ndarray] = []
         self.firsts: list[int] = []  # the sequence each document starts with
         self.sequences = 0
+        self.max_id = -1  # the largest token id written (the sidecar's max_token_id)
         self.names = [".bin", ".idx", ".bin.json"] + ([MASK_SUFFIX] if masked else [])
         self.tmp = {s: prefix.with_name(f".{prefix.name}{s}.tmp{os.getpid()}") for s in self.names}
         self.bin = self.tmp[".bin"].open("wb")
@@ -185,7 +186,10 @@ class IndexedWriter:
     ) -> None:
         """Sequences of ``sizes`` tokens, concatenated in ``tokens``: each a document, or
         with ``one_document`` together one."""
-        self.bin.write(np.asarray(tokens, dtype=self.dtype).tobytes())
+        ids = np.asarray(tokens, dtype=self.dtype)
+        self.bin.write(ids.tobytes())
+        if ids.size:
+            self.max_id = max(self.max_id, int(ids.max()))
         if self.mask is not None:
             self.mask.write(np.asarray(mask, dtype=np.uint8).tobytes())
         self.sizes.append(np.asarray(sizes, dtype=np.int64))
@@ -200,6 +204,8 @@ class IndexedWriter:
         self.tmp[".idx"].write_bytes(index_bytes(sizes, self.dtype, np.array(self.firsts)))
         meta = {"dtype": self.dtype.name, **meta, "documents": len(self.firsts),
                 "tokens": int(sizes.sum())}  # fmt: skip
+        if self.max_id >= 0:  # the launcher checks it against the model's vocabulary
+            meta["max_token_id"] = self.max_id
         self.tmp[".bin.json"].write_text(json.dumps(meta, indent=1) + "\n")
         for suffix in sorted(self.names, key=lambda s: s == ".bin"):  # the .bin last
             self.tmp[suffix].replace(self.prefix.with_name(self.prefix.name + suffix))

@@ -11,7 +11,7 @@ import re
 import sys
 from dataclasses import dataclass, field, replace
 
-from axonn_launch import edf, rules
+from axonn_launch import edf, rules, tokenfile
 from axonn_launch.config import ConfigError, GridRequest, LaunchConfig
 from axonn_launch.grid import Grid
 from axonn_launch.machine import MachineProfile
@@ -136,6 +136,8 @@ def check_data(data: str, model: ModelSpec) -> None:
             f"train.data=shakespeare: byte tokens need model.vocab_size >= {BYTE_VOCAB}"
             f" (got {model.vocab_size})"
         )
+    if data not in BUILTIN_DATA and os.path.exists(data):  # a missing one: data_warnings
+        _fail(tokenfile.problem("train.data", data, model.vocab_size))
 
 
 BIG_MODEL_PARAMS = 1e9  # from here on, the built-in corpus is only a smoke test
@@ -145,7 +147,7 @@ def data_warnings(cfg: LaunchConfig) -> list[str]:
     """A token file missing here fails a real submission and warns in a dry run (it may
     exist on the cluster); a model of 1B parameters or more on the built-in corpus warns."""
     data, params = cfg.train.data, cfg.model.n_params()
-    if data not in BUILTIN_DATA and not os.path.isfile(data):
+    if data not in BUILTIN_DATA and not os.path.exists(data):
         message = (
             f"train.data={data!r}: no such file here; valid: shakespeare, synthetic,"
             " or a path to a .bin token file"
