@@ -10,6 +10,8 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 from axonn_launch import local
 from tests.conftest import run_launcher
 
@@ -23,6 +25,7 @@ def run_copied(command: str, cwd) -> subprocess.CompletedProcess:
                           timeout=300)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_default_run_is_quiet_starts_visibly_and_says_what_is_next(tmp_path):
     proc = run_launcher(["train.steps=2", "hydra.run.dir=jobs/default"], cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
