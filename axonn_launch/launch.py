@@ -327,7 +327,8 @@ def submit_slurm(
     except (FailedJobError, OSError) as exc:
         return refused(cfg, resolved, job_dir, record, exc)
     write_record(job_dir, record, job_ids=[job.job_id], status="submitted")
-    print(f"submitted job {job.job_id} ({resolved.nodes} nodes); job dir {job_dir}", file=out)
+    nodes = f"{resolved.nodes} node" + ("s" if resolved.nodes != 1 else "")
+    print(f"submitted job {job.job_id} ({nodes}); job dir {job_dir}", file=out)
     log.info("submitted Slurm job %s (%d nodes)", job.job_id, resolved.nodes)
     if not cfg.wait:
         print(next_line(job_dir, ran=False), file=out)

@@ -57,8 +57,10 @@ class PythonCopy:
             f"mkdir -p {shlex.quote(str(folder.parent))}"
             f" && tar -C {shlex.quote(self.source)} -cf {shlex.quote(packed)} .",
             shlex.join(["sbcast", "-f", packed, sent]) + f" && rm -f {shlex.quote(packed)}",
-            'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 sh -c '
-            + shlex.quote(unpack),
+            # one task per node: the batch environment's SLURM_NTASKS would otherwise ask for
+            # the job's task count, and that many tasks would unpack into each node at once
+            'srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1'
+            " --kill-on-bad-exit=1 sh -c " + shlex.quote(unpack),
         ]
 
 

@@ -102,6 +102,11 @@ def test_rehearsal_runs_the_sites_script_and_matches_local(
     assert "rehearsal" in result.stdout and "substituted" in result.stdout
     (job_id,) = record["job_ids"]
     assert sacct_steps(job_id).get(f"{job_id}.0") == "COMPLETED", sacct_steps(job_id)
+    status = subprocess.run(
+        [sys.executable, "-m", "axonn_launch.jobs", "status", str(job_dir)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    ).stdout  # fmt: skip
+    assert f"{job_id} " in status and "COMPLETED" in status, status  # like any other job
     log = next((job_dir / "slurm" / job_id).glob("*_0_log.out")).read_text()
     assert f"{world} ranks on 2 hosts: n1, n2" in log
     site = (job_dir / "site_submission.sh").read_text()
