@@ -57,7 +57,7 @@ class Broadcast:
     olcf/olcf-user-docs:software/python/sbcast_conda.rst)."""
 
     min_nodes: int = 0  # with python_broadcast unset (null): on from this many nodes; 0 = off
-    dir: str = ""  # node-local storage on every node ({user}: the login user's name); needed when on
+    dir: str = ""  # node-local storage on every node ({user}: the login user's name)
     constraint: str = ""  # an sbatch constraint that storage needs (Frontier: nvme)
 
 

@@ -121,7 +121,7 @@ def prepare(cfg: LaunchConfig, job_dir: str) -> Rehearsal:
     check_machine(cfg)
     machine = cfg.machine
     found = load_edf(machine) if machine.container.engine == "edf" else None
-    checks, warnings, edf_env = [], [], {}
+    warnings = []
     try:
         node_cpus = local_cluster_cpus()
     except ConfigError as exc:
@@ -135,30 +135,57 @@ def prepare(cfg: LaunchConfig, job_dir: str) -> Rehearsal:
         if machine.modules
         else "module: none loaded by this profile",
     ]
+    checks = []
     if found is not None:
-        edf_env = dict(found.env)
         subs.append(
             f"--environment={machine.container.environment}: dropped; its EDF {found.path}"
             f" was read (image {found.image}) and its [env] exported"
-            f" ({', '.join(sorted(edf_env)) or 'none'})"
+            f" ({', '.join(sorted(found.env)) or 'none'})"
         )
-        checks.append(f"EDF {found.path}: valid TOML, an image, mounts {found.mount_list()}")
-        interpreter = machine.task_python(sys.executable)
-        if machine.python:
-            checks.append(f"interpreter {interpreter}: named by machine.python")
-        elif found.covers(interpreter):
-            checks.append(f"interpreter {interpreter}: inside the container's mounts")
-        else:
-            raise ConfigError(
-                f"machine.container.python={interpreter!r}: outside the container's mounts"
-                f" ({found.mount_list()}); the tasks could not start it on {machine.name}"
-            )
-        if not found.covers(job_dir):
-            warnings.append(
-                f"job dir {job_dir}: outside the container's mounts ({found.mount_list()});"
-                f" fine for this rehearsal, but a real submission to {machine.name} refuses it"
-            )
+        checks = container_checks(machine, found)
+        warnings += job_dir_warnings(machine, found, job_dir)
+    return Rehearsal(
+        site=machine.name,
+        local=local,
+        node_cpus=node_cpus,
+        substitutions=subs + slurm_substitutions(machine, local, node_cpus),
+        checks=checks,
+        warnings=warnings,
+        edf_env=dict(found.env) if found else {},
+    )
+
+
+def container_checks(machine: MachineProfile, found: edf.EDF) -> list[str]:
+    """What dropping ``--environment`` could hide: the interpreter the site's tasks would
+    run must be inside the container's mounts, or named by ``machine.python``."""
+    checks = [f"EDF {found.path}: valid TOML, an image, mounts {found.mount_list()}"]
+    interpreter = machine.task_python(sys.executable)
+    if machine.python:
+        return checks + [f"interpreter {interpreter}: named by machine.python"]
+    if found.covers(interpreter):
+        return checks + [f"interpreter {interpreter}: inside the container's mounts"]
+    raise ConfigError(
+        f"machine.container.python={interpreter!r}: outside the container's mounts"
+        f" ({found.mount_list()}); the tasks could not start it on {machine.name}"
+    )
+
+
+def job_dir_warnings(machine: MachineProfile, found: edf.EDF, job_dir: str) -> list[str]:
+    """Local paths differ from the site's: a job dir the mounts miss only warns here."""
+    if found.covers(job_dir):
+        return []
+    return [
+        f"job dir {job_dir}: outside the container's mounts ({found.mount_list()});"
+        f" fine for this rehearsal, but a real submission to {machine.name} refuses it"
+    ]
+
+
+def slurm_substitutions(
+    machine: MachineProfile, local: MachineProfile, node_cpus: int
+) -> list[str]:
+    """The Slurm, interpreter, backend and storage substitutions, in words."""
     slurm = machine.slurm
+    subs = []
     gpu = [f"--gpus-per-node={slurm.gpus_per_node}"] if slurm.gpus_per_node else []
     gpu += [f"--gpus-per-task={slurm.gpus_per_task}"] if slurm.gpus_per_task else []
     gpu += [f"--gpu-bind={slurm.gpu_bind}"] if slurm.gpu_bind else []
@@ -197,15 +224,7 @@ def prepare(cfg: LaunchConfig, job_dir: str) -> Rehearsal:
         )
     if slurm.mpi_default and not _names_mpi(slurm.srun_args):
         subs.append(f"MPI plugin: the site's default made explicit: --mpi={slurm.mpi_default}")
-    return Rehearsal(
-        site=machine.name,
-        local=local,
-        node_cpus=node_cpus,
-        substitutions=subs,
-        checks=checks,
-        warnings=warnings,
-        edf_env=edf_env,
-    )
+    return subs
 
 
 def load_edf(machine: MachineProfile) -> edf.EDF:
