@@ -49,6 +49,7 @@ def test_costs_follow_the_shard_not_the_model():
 
 def test_plan_states_the_job_start_cost(capsys):
     assert plan_main(["machine=frontier", "model=gpt_320b", "nodes=4096", "top=1"]) == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("job start, save and resume on ")
-    assert "host memory at start" in last and "initialization <=" in last
+    lines = capsys.readouterr().out.strip().splitlines()
+    (cost,) = [ln for ln in lines if ln.startswith("job start, save and resume on ")]
+    assert "host memory at start" in cost and "initialization <=" in cost
+    assert lines[-1].startswith("python -m axonn_launch ")  # plan ends with the launch command
