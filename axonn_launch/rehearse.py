@@ -43,6 +43,9 @@ LOCAL_CLUSTER = "axonn"  # ClusterName in machines/slurm_local (lib.sh)
 START_SCRIPT = "machines/slurm_local/start.sh"
 NODES = 2  # the local cluster's nodes
 LOCAL_NODE_CPUS = 8  # what machines/slurm_local/lib.sh declares per node (CPUS_PER_NODE)
+# every rank of a rehearsal runs on this computer's CPUs: gpt_small (~30 M) is the largest
+# preset that trains there in reasonable time and memory on 16 ranks
+MAX_PARAMS = 50_000_000
 MODULE_FUNCTION = (
     'module() { echo "axonn_launch rehearsal: module $*" >&2; }  # the site\'s modules, recorded'
 )
@@ -92,6 +95,14 @@ def site_config(cfg: LaunchConfig, login_python: str = sys.executable) -> Launch
     """The configuration the rehearsal validates and runs: the site's, on two nodes, with
     this computer's interpreter (``machine.python``) and no site account to ask for."""
     check_machine(cfg)
+    params = cfg.model.n_params()
+    if params > MAX_PARAMS:
+        raise ConfigError(
+            f"model={cfg.model.name} ({params / 1e6:,.0f} M parameters): a rehearsal runs every"
+            f" rank on this computer's CPUs, up to {MAX_PARAMS / 1e6:.0f} M parameters; rehearse"
+            " a small model of the same architecture (model=gpt_tiny or llama_tiny) with the"
+            " grid shape you plan"
+        )
     if cfg.nodes not in (None, NODES):
         raise ConfigError(
             f"nodes={cfg.nodes}: a rehearsal runs on the local cluster's {NODES} nodes;"

@@ -122,3 +122,13 @@ def test_a_rehearsal_checks_the_edf_too(tmp_path):
     )
     refused(result, "not valid TOML")
     assert not job_dir.exists()
+
+
+def test_a_model_too_big_for_this_computer_is_refused(tmp_path):
+    job_dir = tmp_path / "job"
+    result = run_launcher(
+        ["machine=frontier", "model=gpt_320b", "rehearse=true", f"hydra.run.dir={job_dir}"],
+        cwd=tmp_path,
+    )
+    refused(result, "model=gpt_320b", "model=gpt_tiny or llama_tiny")
+    assert not job_dir.exists()
