@@ -172,8 +172,8 @@ def job_summary(records: list[dict]) -> list[str]:
     lines = [f"{len(records)} ranks on {len(hosts)} hosts: {', '.join(hosts)}"]
     for host, ranks in hosts.items():
         seen = {
-            f"{r['devices']}; network: {r['network']}; torch {r['torch']};"
-            f" ranks from {r.get('launcher', '?')}"
+            f"{r['devices']}; network: {r['network']}; torch {r['torch']}"
+            + (f"; ranks from {r['launcher']}" if r.get("launcher") else "")
             for r in ranks
         }
         numbers = ",".join(str(r["rank"]) for r in ranks)

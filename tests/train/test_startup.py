@@ -74,7 +74,7 @@ def test_every_rank_logs_its_record_and_rank_0_the_whole_job():
         assert [r["rank"] for r in records] == [0, 1, 2]
         assert {r["host"] for r in records} == {host}
         assert lines[0] == (
-            f"startup: torch {torch.__version__}; devices: no GPU (cpu); "
+            f"startup: ranks from torchrun; torch {torch.__version__}; devices: no GPU (cpu); "
             "network: gloo, no network plugin"
         )
         assert len(lines) == (3 if rank == 0 else 1)
@@ -93,6 +93,10 @@ def test_job_summary_groups_ranks_by_host():
         "nid0: ranks 0,1: d; network: n; torch 2.9",
         "nid1: ranks 2,3: d; network: n; torch 2.9",
     ]
+    pmix = [{**r, "launcher": "slurm step (srun --mpi=pmix)"} for r in records]
+    assert job_summary(pmix)[1] == (
+        "nid0: ranks 0,1: d; network: n; torch 2.9; ranks from slurm step (srun --mpi=pmix)"
+    )
 
 
 def test_threads_per_rank_given_or_the_cores_shared_among_the_local_ranks():
