@@ -18,6 +18,7 @@ Never imports torch.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -118,9 +119,8 @@ def load(environment: str, environ: dict[str, str] | None = None) -> EDF:
 
 
 def _expand(text: str, env) -> str:
-    for name, value in env.items():
-        text = text.replace("${" + name + "}", value)
-    return text
+    """``${NAME}`` from ``env``; an unknown name stays as written."""
+    return re.sub(r"\$\{(\w+)\}", lambda m: env.get(m[1], m[0]), text)
 
 
 def _norm(path: str) -> str:
