@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from axonn_launch.perf import (
+from axonn_launch.cost.perf import (
     ALL_GATHER,
     ALL_REDUCE,
     COLLECTIVES,
@@ -366,7 +366,7 @@ def gemm_shapes_to_measure(
     rank computes the same list."""
     if not settings.model:
         return [], ""
-    from axonn_launch.config import load
+    from axonn_launch.config.compose import load
     from axonn_launch.plan import plan
 
     overrides = [f"machine={settings.machine}", f"model={settings.model}"]
@@ -589,8 +589,8 @@ def run_in_allocation(settings: Settings) -> None:
     """Join the job's world (srun / torchrun / mpirun variables) and measure."""
     import torch.distributed as dist
 
-    from axonn_launch.config import load
-    from axonn_launch.spec import RuntimeConfig
+    from axonn_launch.common.spec import RuntimeConfig
+    from axonn_launch.config.compose import load
     from axonn_launch.train.bootstrap import bootstrap, init_distributed
 
     machine = load([f"machine={settings.machine}"]).machine
@@ -699,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
     if wants_help(argv):
         print(HELP)
         return 0
-    from axonn_launch.config import ConfigError
+    from axonn_launch.config.compose import ConfigError
 
     return run_tool(_main, argv, (CalibrateError, ConfigError))
 

@@ -20,16 +20,17 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from axonn_launch import rehearse
-from axonn_launch.config import (
+from axonn_launch.config.compose import (
     ConfigError,
     LaunchConfig,
     compose,
     register_resolvers,
     to_launch_config,
 )
-from axonn_launch.launch import EXIT_BAD_INPUT, launch
-from axonn_launch.sweep import (
+from axonn_launch.config.validate import container_warnings, resolve
+from axonn_launch.submit import rehearse
+from axonn_launch.submit.pipeline import EXIT_BAD_INPUT, launch
+from axonn_launch.submit.sweep import (
     PointOutcome,
     check_objective,
     direction_warning,
@@ -39,7 +40,6 @@ from axonn_launch.sweep import (
     with_objective,
 )
 from axonn_launch.usage import register_help_resolver
-from axonn_launch.validate import container_warnings, resolve
 
 HYDRA_FLAGS_WITHOUT_PREFLIGHT = {
     "--help",

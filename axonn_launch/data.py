@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from axonn_launch.tokenfile import MEGATRON_DTYPE_NAMES, MEGATRON_IDX_HEADER
+from axonn_launch.common.tokenfile import MEGATRON_DTYPE_NAMES, MEGATRON_IDX_HEADER
 from axonn_launch.usage import help_page, raising_parser, run_tool, wants_help
 
 MEGATRON_IDX_VERSION = 1

@@ -4,7 +4,7 @@ the ones worth bringing back.
 ``status [PATH...] [--json]``: one row per job directory (a folder holding ``job.json``,
 found anywhere under each PATH; default ``jobs/``): job id, name, machine, model, grid,
 nodes, state, step reached / total (``metrics.jsonl``), last loss, failure class
-(``axonn_launch.failures``) and attempts; under the table, why each failed job failed and
+(``axonn_launch.records.failures``) and attempts; under the table, why each failed job failed and
 the slow nodes the preflight named (``axonn_launch.train.preflight``; a job it stopped
 counts as a node failure of those nodes). States come from one batched ``sacct`` call for
 all jobs; without accounting, from ``squeue`` for queued jobs and from submitit's result
@@ -42,8 +42,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from axonn_launch import failures, rankfail, slurmtext
-from axonn_launch.failures import Diagnosis, Evidence
+from axonn_launch.common import slurmtext
+from axonn_launch.records import failures, firstfail
+from axonn_launch.records.failures import Diagnosis, Evidence
 from axonn_launch.usage import run_tool
 
 DEFAULT_ROOT = "jobs"
@@ -435,9 +436,9 @@ def diagnose(
         ev = evidence(job_dir, record, info, every_task=True)
         diagnosis = failures.classify(ev)
     if diagnosis.failure not in (failures.COMPLETED, failures.RUNNING):
-        first = rankfail.first_failure(job_dir)
+        first = firstfail.first_failure(job_dir)
         if first is not None:  # the rank that failed first says why, in its own words
-            diagnosis = replace(diagnosis, reason=rankfail.headline(first))
+            diagnosis = replace(diagnosis, reason=firstfail.headline(first))
         if finished_by_itself(job_dir, record):  # what failed came after the training
             why = f"training finished, then the job ended ({diagnosis.failure}): {diagnosis.reason}"
             return "COMPLETED", Diagnosis(failures.COMPLETED, why)
@@ -910,9 +911,9 @@ def submit_attempt(
 ) -> str:
     from omegaconf import OmegaConf
 
-    from axonn_launch.config import compose, to_launch_config
-    from axonn_launch.launch import launch
-    from axonn_launch.validate import resolve
+    from axonn_launch.config.compose import compose, to_launch_config
+    from axonn_launch.config.validate import resolve
+    from axonn_launch.submit.pipeline import launch
 
     composed = compose(overrides)
     cfg = to_launch_config(composed)

@@ -32,12 +32,20 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from axonn_launch.grid import Grid
-from axonn_launch.jobcost import job_cost
-from axonn_launch.machine import Hardware, MachineProfile
-from axonn_launch.memory import GIB, MemoryEstimate, estimate_memory, largest_cache_that_fits
-from axonn_launch.models import ModelSpec
-from axonn_launch.perf import (
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.machine import Hardware, MachineProfile
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.rules import (
+    batch_problem,
+    divisors,
+    fit_micro_batch,
+    placement_problem,
+    shape_problem,
+)
+from axonn_launch.common.spec import TrainConfig
+from axonn_launch.cost.jobcost import job_cost
+from axonn_launch.cost.memory import GIB, MemoryEstimate, estimate_memory, largest_cache_that_fits
+from axonn_launch.cost.perf import (
     COMM_AXES,
     DEFAULT_GEMM_EFFICIENCY,
     Calibration,
@@ -45,14 +53,6 @@ from axonn_launch.perf import (
     load_calibration,
     step_time,
 )
-from axonn_launch.rules import (
-    batch_problem,
-    divisors,
-    fit_micro_batch,
-    placement_problem,
-    shape_problem,
-)
-from axonn_launch.spec import TrainConfig
 from axonn_launch.usage import help_page, run_tool, wants_help
 
 
@@ -370,7 +370,7 @@ class PlanArgs:
 def parse_args(argv: list[str]) -> PlanArgs:
     """``top=``, ``output=`` and ``calibration=`` are the planner's own; everything else is
     a Hydra override composed exactly as the launcher composes it."""
-    from axonn_launch.config import ConfigError, load
+    from axonn_launch.config.compose import ConfigError, load
 
     own: dict[str, str] = {}
     overrides: list[str] = []
@@ -563,7 +563,7 @@ def _attribute(obj: object, dotted: str) -> object:
 
 
 def job_start_line(args: PlanArgs, grid: Grid) -> str:
-    """Host memory and init time per rank of the best grid (axonn_launch/jobcost.py)."""
+    """Host memory and init time per rank of the best grid (axonn_launch/cost/jobcost.py)."""
     cost = job_cost(args.model, grid, on_gpu=args.machine.hardware.gpu_model != "cpu")
     return f"job start, save and resume on {grid.describe()}: {cost.describe()}"
 

@@ -5,7 +5,7 @@
 - a job directory (``job.json`` + ``metrics.jsonl``): loss and validation loss against step
   and against tokens (step × ``train.global_batch`` × ``train.seq_len`` of ``spec.json``),
   learning rate, tokens/s and MFU, and a summary table;
-- a sweep directory (``points/<num>.json``, as ``axonn_launch.sweep`` records them): one
+- a sweep directory (``points/<num>.json``, as ``axonn_launch.submit.sweep`` records them): one
   metric (``final_loss``, ``val_loss``, ``tokens_per_s``; ``default_metric`` picks one)
   against each swept key, one line per value of the other swept keys. When the points'
   job directories hold a ``memorization.json``

@@ -12,7 +12,7 @@ table h=2048 V=131072) and the same model at half width, side by side:
 
 Per rank: peak host RSS (``ru_maxrss``) after start, after the checkpoint and after the
 resume; the bytes of saved items each rank reads while resuming (counted by the DCP
-reader); the predictions of ``axonn_launch.jobcost`` beside the measurements.
+reader); the predictions of ``axonn_launch.cost.jobcost`` beside the measurements.
 
     .venv/bin/python bench/bench_checkpoint.py [--models wide vocab] [--seq 32]
 
@@ -35,11 +35,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from axonn_launch.grid import Grid  # noqa: E402
-from axonn_launch.jobcost import PROCESS_BYTES, job_cost  # noqa: E402
-from axonn_launch.local import free_port, rank_env  # noqa: E402
-from axonn_launch.models import ModelSpec  # noqa: E402
-from axonn_launch.spec import JobSpec, RuntimeConfig, TrainConfig  # noqa: E402
+from axonn_launch.common.grid import Grid  # noqa: E402
+from axonn_launch.common.models import ModelSpec  # noqa: E402
+from axonn_launch.common.spec import JobSpec, RuntimeConfig, TrainConfig  # noqa: E402
+from axonn_launch.cost.jobcost import PROCESS_BYTES, job_cost  # noqa: E402
+from axonn_launch.submit.local import free_port, rank_env  # noqa: E402
 
 MODELS = {
     "wide": [
@@ -157,9 +157,9 @@ def isolated_init(model: ModelSpec) -> dict:
     code = f"""
 import json, time, math, torch
 torch.set_num_threads(1)
-from axonn_launch.grid import Grid
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import OverlapConfig
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import OverlapConfig
 from axonn_launch.train.dcp import grid_position
 from axonn_launch.train.model import GPT
 spec = ModelSpec(**{model.__dict__!r})
@@ -255,7 +255,7 @@ def report(results: list[dict], args, load: tuple[float, float]) -> str:
         f"Load average (1 min) at start {load[0]:.1f}, at end {load[1]:.1f}.",
         "",
         "Peak host RSS per rank (MB; the largest rank; in parentheses the prediction of "
-        "`axonn_launch.jobcost`, which `plan` prints). Target: every point <= 2 x (parameter "
+        "`axonn_launch.cost.jobcost`, which `plan` prints). Target: every point <= 2 x (parameter "
         "+ gradient + optimizer shard bytes) + 600 MB.",
         "",
         "| model | grid | shard M params | state MB (16 B/param) | process before model | "

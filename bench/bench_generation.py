@@ -31,8 +31,8 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from axonn_launch.hf import spec_from_hf_config  # noqa: E402
-from axonn_launch.spec import OverlapConfig  # noqa: E402
+from axonn_launch.common.hf import spec_from_hf_config  # noqa: E402
+from axonn_launch.common.spec import OverlapConfig  # noqa: E402
 from axonn_launch.train.generation import generate_batch  # noqa: E402
 from axonn_launch.train.groups import single_process_groups  # noqa: E402
 from axonn_launch.train.hf_import import load_hf_weights  # noqa: E402

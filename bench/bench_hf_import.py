@@ -41,10 +41,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from axonn_launch.grid import Grid  # noqa: E402
-from axonn_launch.hf import INDEX, hf_config_from_spec, hf_segments  # noqa: E402
-from axonn_launch.local import free_port, rank_env  # noqa: E402
-from axonn_launch.models import ModelSpec  # noqa: E402
+from axonn_launch.common.grid import Grid  # noqa: E402
+from axonn_launch.common.hf import INDEX, hf_config_from_spec, hf_segments  # noqa: E402
+from axonn_launch.common.models import ModelSpec  # noqa: E402
+from axonn_launch.submit.local import free_port, rank_env  # noqa: E402
 
 MB = 1 << 20
 GRIDS = {"x2z2": Grid(x=2, z=2), "z4": Grid(z=4)}
@@ -118,8 +118,8 @@ def worker(method: str, grid_name: str, hf_dir: Path, out: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from axonn_launch.hf import spec_from_hf_config
-    from axonn_launch.spec import OverlapConfig
+    from axonn_launch.common.hf import spec_from_hf_config
+    from axonn_launch.common.spec import OverlapConfig
     from axonn_launch.train.groups import build_groups
     from axonn_launch.train.hf_import import load_hf_weights
     from axonn_launch.train.model import build_model, load_full_state_dict

@@ -51,9 +51,9 @@ import torch.multiprocessing as mp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from axonn_launch.grid import Grid  # noqa: E402
-from axonn_launch.models import ModelSpec  # noqa: E402
-from axonn_launch.spec import OverlapConfig, TrainConfig, WireConfig  # noqa: E402
+from axonn_launch.common.grid import Grid  # noqa: E402
+from axonn_launch.common.models import ModelSpec  # noqa: E402
+from axonn_launch.common.spec import OverlapConfig, TrainConfig, WireConfig  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 ALL_OFF = OverlapConfig(all_reduce=False, reduce_scatter=False, all_gather=False)

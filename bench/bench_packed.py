@@ -25,8 +25,8 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from axonn_launch.models import ModelSpec  # noqa: E402
-from axonn_launch.spec import OverlapConfig  # noqa: E402
+from axonn_launch.common.models import ModelSpec  # noqa: E402
+from axonn_launch.common.spec import OverlapConfig  # noqa: E402
 from axonn_launch.train.groups import single_process_groups  # noqa: E402
 from axonn_launch.train.model import build_model  # noqa: E402
 

@@ -46,9 +46,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from axonn_launch.grid import Grid  # noqa: E402
-from axonn_launch.models import ModelSpec  # noqa: E402
-from axonn_launch.spec import OverlapConfig  # noqa: E402
+from axonn_launch.common.grid import Grid  # noqa: E402
+from axonn_launch.common.models import ModelSpec  # noqa: E402
+from axonn_launch.common.spec import OverlapConfig  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_tp.md"
 PROFILE_RESULTS = Path(__file__).resolve().parent / "results" / "tp_profile.md"

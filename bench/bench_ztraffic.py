@@ -24,18 +24,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from axonn_launch.config import load
-from axonn_launch.grid import Grid
-from axonn_launch.memory import (
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import TrainConfig, WireConfig
+from axonn_launch.common.traffic import ALL_GATHER, REDUCE_SCATTER, block_collectives, wire_bytes
+from axonn_launch.config.compose import load
+from axonn_launch.cost.memory import (
     GIB,
     estimate_memory,
     largest_cache_that_fits,
     reduce_scatter_buffers,
 )
-from axonn_launch.models import ModelSpec
 from axonn_launch.plan import best_grid
-from axonn_launch.spec import TrainConfig, WireConfig
-from axonn_launch.traffic import ALL_GATHER, REDUCE_SCATTER, block_collectives, wire_bytes
 
 RESULTS = Path(__file__).parent / "results" / "bench_ztraffic.md"
 TARGET = 1.05

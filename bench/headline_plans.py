@@ -24,10 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from axonn_launch.calibrate import AXONN_BUS_GBPS, published_calibration
-from axonn_launch.config import load
-from axonn_launch.perf import DEFAULT_GEMM_EFFICIENCY, DEFAULT_KERNEL_OVERHEAD_US, Calibration
+from axonn_launch.common.spec import WireConfig
+from axonn_launch.config.compose import load
+from axonn_launch.cost.perf import DEFAULT_GEMM_EFFICIENCY, DEFAULT_KERNEL_OVERHEAD_US, Calibration
 from axonn_launch.plan import PlanRow, best_grid
-from axonn_launch.spec import WireConfig
 
 RESULTS = Path(__file__).parent / "results"
 RUNS = [  # machine, nodes, reported PF/s

@@ -34,12 +34,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from axonn_launch.calibrate import Settings, run_local
-from axonn_launch.grid import Grid
-from axonn_launch.machine import Hardware
-from axonn_launch.models import ModelSpec
-from axonn_launch.perf import Calibration, load_calibration, step_time
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.machine import Hardware
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import OverlapConfig, TrainConfig
+from axonn_launch.cost.perf import Calibration, load_calibration, step_time
 from axonn_launch.plan import rank_grids
-from axonn_launch.spec import OverlapConfig, TrainConfig
 
 RESULTS = Path(__file__).parent / "results"
 MODEL = ModelSpec("gpt_validate", n_layer=2, d_model=256, n_head=8, vocab_size=512, max_seq_len=128)

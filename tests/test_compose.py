@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from axonn_launch.config import ConfigError, load
-from axonn_launch.launch import batch_script
-from axonn_launch.memory import GIB
-from axonn_launch.validate import resolve
+from axonn_launch.config.compose import ConfigError, load
+from axonn_launch.config.validate import resolve
+from axonn_launch.cost.memory import GIB
+from axonn_launch.submit.pipeline import batch_script
 
 CONF = Path(__file__).resolve().parent.parent / "axonn_launch" / "conf"
 MACHINES = sorted(p.stem for p in (CONF / "machine").glob("*.yaml"))
@@ -64,7 +64,7 @@ def test_automatic_cache_layers_is_resolved_before_the_job_sees_it():
     """train.cache_layers=null asks the planner, on an explicit grid and with grid=auto;
     the job always gets a number, and a grid without z has nothing to cache."""
     from axonn_launch import plan
-    from axonn_launch.memory import estimate_memory
+    from axonn_launch.cost.memory import estimate_memory
 
     common = ["machine=frontier", "model=gpt_20b", "train.global_batch=64", "dry_run=true"]
     cfg = load([*common, "grid.x=8", "grid.z=8", "train.cache_layers=null"])

@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import OverlapConfig, TrainConfig
 from axonn_launch.export import main
-from axonn_launch.grid import Grid
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import OverlapConfig, TrainConfig
 from axonn_launch.train.checkpoint import Checkpointer, latest_checkpoint, read_meta
 from axonn_launch.train.dcp import grid_position
 from axonn_launch.train.loop import build_optimizer

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from axonn_launch import failures, jobs
-from axonn_launch.failures import Diagnosis, Evidence, classify
+from axonn_launch import jobs
+from axonn_launch.records import failures
+from axonn_launch.records.failures import Diagnosis, Evidence, classify
 from axonn_launch.train import faults
 
 # --- literal texts, as Slurm, submitit, torch and the kernel write them ---------------------

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from axonn_launch import local
+from axonn_launch.submit import local
 from tests.conftest import run_launcher
 
 # startup (3), training, the GEMM tuning summary, step 1, step 2, the sample, done: 9

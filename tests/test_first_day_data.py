@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from axonn_launch import tokenfile
+from axonn_launch.common import tokenfile
 from axonn_launch.data import IndexedWriter, main, token_dtype
 from axonn_launch.train.data import SHAKESPEARE, bin_dtype
 from tests.conftest import run_launcher

@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from axonn_launch.grid import Grid
+from axonn_launch.common.grid import Grid
 from tests.conftest import run_launcher
 
 GRIDS = [

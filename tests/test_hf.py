@@ -1,4 +1,4 @@
-"""axonn_launch.hf: config.json <-> ModelSpec, the init_from checks and ``model=hf``."""
+"""axonn_launch.common.hf: config.json <-> ModelSpec, the init_from checks and ``model=hf``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from axonn_launch.config import ConfigError, load
-from axonn_launch.hf import (
+from axonn_launch.common.hf import (
     HFConfigError,
     hf_config_from_spec,
     hf_segments,
@@ -18,7 +17,8 @@ from axonn_launch.hf import (
     resolve_hf_model,
     spec_from_hf_config,
 )
-from axonn_launch.models import ModelSpec
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.config.compose import ConfigError, load
 
 SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=512, max_position_embeddings=128)  # fmt: skip
@@ -183,7 +183,7 @@ def test_the_launcher_config_resolves_model_hf(hf_dir):
 
 def test_the_module_is_login_node_safe():
     code = (
-        "import sys, axonn_launch.hf; "
+        "import sys, axonn_launch.common.hf; "
         "print(sorted(m for m in ('torch', 'transformers', 'safetensors') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -9,9 +9,9 @@ import re
 import pytest
 import yaml
 
-from axonn_launch.config import load
-from axonn_launch.launch import Outcome
-from axonn_launch.sweep import expand_sweep, with_objective
+from axonn_launch.config.compose import load
+from axonn_launch.submit.pipeline import Outcome
+from axonn_launch.submit.sweep import expand_sweep, with_objective
 from tests.conftest import run_launcher
 
 pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="pip install -e '.[sweep]'")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from axonn_launch.grid import Grid
-from axonn_launch.jobcost import checkpoint_chunks, job_cost
-from axonn_launch.memory import local_param_elements
-from axonn_launch.models import ModelSpec
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.cost.jobcost import checkpoint_chunks, job_cost
+from axonn_launch.cost.memory import local_param_elements
 from axonn_launch.plan import main as plan_main
 
 SPEC = ModelSpec("t", n_layer=2, d_model=32, n_head=4, vocab_size=64, max_seq_len=16)
@@ -15,7 +15,7 @@ SPEC = ModelSpec("t", n_layer=2, d_model=32, n_head=4, vocab_size=64, max_seq_le
 
 def saved_chunks(grid: Grid) -> int:
     """Chunks the DCP save planner writes for SPEC on ``grid`` (parameters and moments)."""
-    from axonn_launch.spec import OverlapConfig
+    from axonn_launch.common.spec import OverlapConfig
     from axonn_launch.train.dcp import grid_position, shard_spec
     from axonn_launch.train.model import GPT
 

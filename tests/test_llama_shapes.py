@@ -10,23 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from axonn_launch import rules
-from axonn_launch.config import ConfigError, load
-from axonn_launch.grid import Grid
-from axonn_launch.jobcost import checkpoint_chunks
-from axonn_launch.launch import batch_script
-from axonn_launch.memory import (
-    GIB,
-    estimate_memory,
-    layer_activation_bytes,
-    local_param_elements,
-    replicated_over_z_elements,
-)
-from axonn_launch.models import ModelSpec
-from axonn_launch.perf import Calibration, _Costs, _gradient_sync, step_time
-from axonn_launch.plan import main as plan_main
-from axonn_launch.spec import OverlapConfig, TrainConfig
-from axonn_launch.traffic import (
+from axonn_launch.common import rules
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import OverlapConfig, TrainConfig
+from axonn_launch.common.traffic import (
     ALL_GATHER,
     ALL_REDUCE,
     REDUCE_SCATTER,
@@ -35,7 +23,19 @@ from axonn_launch.traffic import (
     replicated_kv_elements,
     wire_bytes,
 )
-from axonn_launch.validate import resolve
+from axonn_launch.config.compose import ConfigError, load
+from axonn_launch.config.validate import resolve
+from axonn_launch.cost.jobcost import checkpoint_chunks
+from axonn_launch.cost.memory import (
+    GIB,
+    estimate_memory,
+    layer_activation_bytes,
+    local_param_elements,
+    replicated_over_z_elements,
+)
+from axonn_launch.cost.perf import Calibration, _Costs, _gradient_sync, step_time
+from axonn_launch.plan import main as plan_main
+from axonn_launch.submit.pipeline import batch_script
 
 CONF = Path(__file__).resolve().parents[1] / "axonn_launch" / "conf" / "model"
 LLAMA_PRESETS = ("llama_tiny", "tinyllama_1b", "llama3_8b", "llama3_70b", "llama3_405b")

@@ -29,7 +29,7 @@ def test_a_local_run_logs_the_launch_and_every_rank_with_rank_and_host(tmp_path)
     assert re.search(r"^grid +data=1 x=2 y=1 z=1 = 2 ranks$", launch_log, re.M), launch_log
     assert re.search(r"- local-\d+ completed \(exit code 0\)$", launch_log, re.M), launch_log
     # the console gets the summary once, printed, not a second time through Hydra's logging
-    assert "[axonn_launch.launch]" not in result.stdout
+    assert "[axonn_launch.submit.pipeline]" not in result.stdout
     assert result.stdout.count("grid       data=1 x=2 y=1 z=1 = 2 ranks") == 1
 
     for rank in (0, 1):

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from axonn_launch.grid import Grid
-from axonn_launch.memory import (
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import OverlapConfig, TrainConfig, WireConfig
+from axonn_launch.cost.memory import (
     GIB,
     RUNTIME_RESERVE_GIB,
     MemoryEstimate,
@@ -18,8 +20,6 @@ from axonn_launch.memory import (
     local_param_elements,
     replicated_over_z_elements,
 )
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import OverlapConfig, TrainConfig, WireConfig
 
 FP32_WIRE = WireConfig(all_gather="fp32", reduce_scatter="fp32", all_reduce="fp32")
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from axonn_launch.config import load
+from axonn_launch.config.compose import load
 
 # Parameter counts from the AxoNN reference table (axonn.md 5.3, Megatron's get_params,
 # V=50304, s=2048), in billions.

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from axonn_launch.grid import Grid
-from axonn_launch.machine import Hardware
-from axonn_launch.memory import local_param_elements
-from axonn_launch.models import ModelSpec
-from axonn_launch.perf import (
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.machine import Hardware
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import OverlapConfig, TrainConfig, WireConfig
+from axonn_launch.common.traffic import NORM, block_collectives
+from axonn_launch.cost.memory import local_param_elements
+from axonn_launch.cost.perf import (
     ALL_GATHER,
     ALL_REDUCE,
     REDUCE_SCATTER,
@@ -33,8 +35,6 @@ from axonn_launch.perf import (
     step_time,
     stream_exposed,
 )
-from axonn_launch.spec import OverlapConfig, TrainConfig, WireConfig
-from axonn_launch.traffic import NORM, block_collectives
 
 HW = Hardware(
     gpus_per_node=4,
@@ -528,8 +528,8 @@ def test_volumes_match_what_the_training_core_sends(tmp_path):
 
 def test_calibrate_times_the_gemm_shapes_of_the_planned_grids():
     from axonn_launch.calibrate import Settings, gemm_shapes_to_measure
-    from axonn_launch.config import load
-    from axonn_launch.perf import planned_gemms
+    from axonn_launch.config.compose import load
+    from axonn_launch.cost.perf import planned_gemms
     from axonn_launch.plan import plan
 
     settings = Settings(machine="perlmutter", model="gpt_5b", nodes=16, gemm_grids=2)

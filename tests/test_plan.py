@@ -11,11 +11,13 @@ import sys
 
 import pytest
 
-from axonn_launch.grid import Grid
-from axonn_launch.machine import Hardware, MachineProfile, SlurmSettings
-from axonn_launch.memory import estimate_memory, largest_cache_that_fits
-from axonn_launch.models import ModelSpec
-from axonn_launch.perf import step_time
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.machine import Hardware, MachineProfile, SlurmSettings
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.rules import batch_problem, divisors, micro_batch_candidates, shape_problem
+from axonn_launch.common.spec import TrainConfig
+from axonn_launch.cost.memory import estimate_memory, largest_cache_that_fits
+from axonn_launch.cost.perf import step_time
 from axonn_launch.plan import (
     PlanError,
     best_grid,
@@ -27,8 +29,6 @@ from axonn_launch.plan import (
     run,
     smallest_nodes,
 )
-from axonn_launch.rules import batch_problem, divisors, micro_batch_candidates, shape_problem
-from axonn_launch.spec import TrainConfig
 
 A100 = Hardware(gpus_per_node=4, gpu_model="A100", mem_per_gpu_gb=40, peak_tflops_per_gpu=312,
                 intra_node_gbps=100, inter_node_gbps=25, latency_us=8)  # fmt: skip
@@ -289,7 +289,7 @@ def test_main_with_the_shipped_presets(capsys):
 
 def test_planner_does_not_import_torch():
     code = (
-        "import sys, axonn_launch.plan, axonn_launch.perf, axonn_launch.memory;"
+        "import sys, axonn_launch.plan, axonn_launch.cost.perf, axonn_launch.cost.memory;"
         "import axonn_launch.calibrate;"
         "assert 'torch' not in sys.modules, 'torch imported'"
     )

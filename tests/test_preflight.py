@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from axonn_launch import jobs
-from axonn_launch.config import ConfigError, compose, load, to_launch_config
-from axonn_launch.grid import Grid
-from axonn_launch.launch import write_record
-from axonn_launch.spec import JobSpec, RuntimeConfig, TrainConfig
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.spec import JobSpec, RuntimeConfig, TrainConfig
+from axonn_launch.config.compose import ConfigError, compose, load, to_launch_config
+from axonn_launch.submit.pipeline import write_record
 from axonn_launch.train import faults
 from axonn_launch.train.bootstrap import DistEnv
 from axonn_launch.train.preflight import (

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from axonn_launch.config import ConfigError, load
-from axonn_launch.render import render_script
-from axonn_launch.validate import resolve
+from axonn_launch.config.compose import ConfigError, load
+from axonn_launch.config.validate import resolve
+from axonn_launch.submit.render import render_script
 
 GOLDEN = Path(__file__).parent / "golden"
 JOB_DIR = Path("/scratch/jobs/run")

@@ -19,19 +19,19 @@ import pytest
 import torch
 import yaml
 
-from axonn_launch import rules
-from axonn_launch.config import ConfigError, GridRequest, LaunchConfig
-from axonn_launch.grid import Grid
-from axonn_launch.machine import Hardware, MachineProfile, SlurmSettings
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import OverlapConfig, TrainConfig
+from axonn_launch.common import rules
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.machine import Hardware, MachineProfile, SlurmSettings
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import OverlapConfig, TrainConfig
+from axonn_launch.config.compose import ConfigError, GridRequest, LaunchConfig
+from axonn_launch.config.validate import resolve
 from axonn_launch.train.comm import Comm
 from axonn_launch.train.data import Loader, SyntheticSource
 from axonn_launch.train.dcp import grid_position
 from axonn_launch.train.groups import single_process_groups
 from axonn_launch.train.layers import OverlapRuntime, TPLayerNorm, VocabParallelEmbedding
 from axonn_launch.train.model import GPT, Block
-from axonn_launch.validate import resolve
 
 CONF = Path(__file__).resolve().parents[1] / "axonn_launch" / "conf" / "model"
 MAX_RANKS = 64
@@ -281,7 +281,7 @@ def test_sequence_length_rule_is_the_position_tables():
 
 
 def test_the_job_refuses_what_the_login_node_refuses():
-    from axonn_launch.spec import JobSpec, RuntimeConfig
+    from axonn_launch.common.spec import JobSpec, RuntimeConfig
     from axonn_launch.train import validate_shapes
 
     model = dataclasses.replace(TINY, vocab_size=65)

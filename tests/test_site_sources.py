@@ -16,9 +16,9 @@ import re
 
 import pytest
 
-from axonn_launch.config import load
-from axonn_launch.machine import Broadcast, Container, MachineProfile, SlurmSettings
-from axonn_launch.render import setup_lines
+from axonn_launch.common.machine import Broadcast, Container, MachineProfile, SlurmSettings
+from axonn_launch.config.compose import load
+from axonn_launch.submit.render import setup_lines
 
 SITES = ("perlmutter", "frontier", "alps")
 CITATION = re.compile(r"^(https?://\S+|[\w.-]+/[\w.-]+:\S+)")

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from axonn_launch import failures, slurm, slurmtext
-from axonn_launch.slurmtext import (
+from axonn_launch.common import slurmtext
+from axonn_launch.common.slurmtext import (
     JobRow,
     base_state,
     expand_hostlist,
@@ -14,6 +14,8 @@ from axonn_launch.slurmtext import (
     parse_sacct,
     parse_squeue,
 )
+from axonn_launch.records import failures
+from axonn_launch.submit import slurm
 
 BOOTSTRAP = Path(slurmtext.__file__).parent / "train" / "bootstrap.py"
 
@@ -59,7 +61,7 @@ def test_launcher_failures_and_job_side_share_one_expansion():
     assert failures.expand_nodelist is slurmtext.expand_nodelist
     # (the job side is read, not imported: importing it pulls in torch)
     source = BOOTSTRAP.read_text()
-    assert "from axonn_launch.slurmtext import expand_hostlist" in source
+    assert "from axonn_launch.common.slurmtext import expand_hostlist" in source
     assert "def expand_hostlist" not in source and "def _expand" not in source
     assert failures.ACTIVE_STATES is slurmtext.ACTIVE_STATES
     assert failures.base_state is slurmtext.base_state

@@ -160,7 +160,7 @@ def test_a_two_point_study_trains_measures_and_reports(tmp_path):
 def test_scale_full_switches_the_study_to_tinyllama_on_a_cluster():
     """`+study=memorization scale=full`: TinyLlama-1B shapes, 2048-token sequences,
     50-token continuations, Slurm's cores per task; the CPU scale is the default."""
-    from axonn_launch.config import load
+    from axonn_launch.config.compose import load
 
     cpu = load(["+study=memorization"])
     assert (cpu.train.steps, cpu.train.seq_len, cpu.train.threads) == (2000, 64, 1)

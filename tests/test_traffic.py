@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from axonn_launch.grid import Grid
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import TrainConfig, WireConfig
-from axonn_launch.traffic import (
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import TrainConfig, WireConfig
+from axonn_launch.common.traffic import (
     ALL_GATHER,
     ALL_REDUCE,
     BACKWARD,

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from axonn_launch.rankfail import record_failure
-from axonn_launch.rules import job_problem
-from axonn_launch.spec import JobSpec
+from axonn_launch.common.rules import job_problem
+from axonn_launch.common.spec import JobSpec
+from axonn_launch.records.firstfail import record_failure
 from axonn_launch.train import preflight
 from axonn_launch.train.bootstrap import DistEnv, bootstrap, init_distributed
 from axonn_launch.train.checkpoint import (
@@ -60,7 +60,7 @@ def run(
 ) -> dict:
     """Train ``spec`` on this rank; returns the summary (losses and steps agree on all ranks).
 
-    A rank that raises leaves a failure record first (``axonn_launch.rankfail``), so that
+    A rank that raises leaves a failure record first (``axonn_launch.records.firstfail``), so that
     the launcher and ``jobs status`` can name the rank that failed first."""
     env = env or bootstrap(spec.runtime)
     setup_logging(env.rank, spec.job_dir)  # rank and host on every line (train/logs.py)
@@ -272,7 +272,7 @@ def validation(spec: JobSpec, model: GPT, groups: Groups, device: torch.device):
 
 
 def validate_shapes(spec: JobSpec) -> None:
-    """The login node's rules (``axonn_launch.rules``), checked again before building."""
+    """The login node's rules (``axonn_launch.common.rules``), checked again before building."""
     problem = job_problem(spec.model, spec.grid, spec.train)
     if problem:
         raise ValueError(problem)

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from axonn_launch.spec import JobSpec
+from axonn_launch.common.spec import JobSpec
 
 # Where this process's rank is, in bootstrap's order (MPI before Slurm: mpirun inside an
 # allocation inherits the batch step's SLURM_PROCID).
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m axonn_launch.train")
     parser.add_argument("job_dir", type=Path, help="directory holding spec.json")
     args = parser.parse_args(argv)
-    from axonn_launch.job import checkpointed_step
+    from axonn_launch.submit.task import checkpointed_step
     from axonn_launch.train import run
     from axonn_launch.train.faults import step_hook
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from axonn_launch.models import ModelSpec
+from axonn_launch.common.models import ModelSpec
 
 
 @dataclass

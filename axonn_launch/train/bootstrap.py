@@ -36,8 +36,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from axonn_launch.slurmtext import expand_hostlist
-from axonn_launch.spec import RuntimeConfig
+from axonn_launch.common.slurmtext import expand_hostlist
+from axonn_launch.common.spec import RuntimeConfig
 
 SLURM_PORT_RANGE = 2000  # Slurm jobs use master_port + job_id % this, so concurrent jobs differ
 MPI_DETECT_VARS = ("PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")

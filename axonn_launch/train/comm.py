@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from axonn_launch.spec import WireConfig
+from axonn_launch.common.spec import WireConfig
 from axonn_launch.train.groups import Groups
 
 _GLOO_NATIVE_REDUCE_SCATTER = (2, 6)  # torch release from which gloo is assumed to have it

@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from axonn_launch.grid import Grid
+from axonn_launch.common.grid import Grid
 from axonn_launch.train.groups import Groups
 from axonn_launch.train.layers import ShardLayout
 

@@ -12,7 +12,7 @@ holds one full tensor (plus the saved chunk being copied), whatever the model si
 ``export_hf`` writes a Llama checkpoint as a Hugging Face directory (config.json,
 safetensors shards with their index, the tokenizer files of ``init_from``): each of our
 tensors is read in full once and cut by rows into its HF tensors
-(``axonn_launch.hf.hf_segments``), streamed into shard files whose headers are computed
+(``axonn_launch.common.hf.hf_segments``), streamed into shard files whose headers are computed
 from the metadata first; memory holds one of our full tensors.
 
 ``convert_legacy`` turns a ``per-rank-shards/1`` checkpoint into a DCP one in place (the
@@ -167,9 +167,9 @@ def _write_safetensors(path: Path, entries: dict, out: Path) -> None:
 
 def convert_legacy(path: Path) -> Path:
     """Rewrite the legacy checkpoint ``path`` as a DCP checkpoint under the same name."""
-    from axonn_launch.grid import Grid
-    from axonn_launch.models import ModelSpec
-    from axonn_launch.spec import OverlapConfig, TrainConfig
+    from axonn_launch.common.grid import Grid
+    from axonn_launch.common.models import ModelSpec
+    from axonn_launch.common.spec import OverlapConfig, TrainConfig
     from axonn_launch.train.checkpoint import FORMAT, read_meta
     from axonn_launch.train.dcp import grid_position
     from axonn_launch.train.legacy import MOMENTS, gather_full, optimizer_names
@@ -213,7 +213,7 @@ def convert_legacy(path: Path) -> Path:
 def _spec_of(meta: dict):
     from dataclasses import fields
 
-    from axonn_launch.models import ModelSpec
+    from axonn_launch.common.models import ModelSpec
 
     known = {f.name for f in fields(ModelSpec)}
     return ModelSpec(**{k: v for k, v in meta["model"].items() if k in known})
@@ -232,7 +232,7 @@ class _HFTensor:
 
 def hf_plan(path: Path, spec, dtype: torch.dtype) -> list[_HFTensor]:
     """Every HF tensor, in writing order, from the checkpoint's metadata (no data read)."""
-    from axonn_launch.hf import hf_segments
+    from axonn_launch.common.hf import hf_segments
 
     entries = tensor_entries(path)
     element = torch.empty((), dtype=dtype).element_size()
@@ -325,7 +325,7 @@ def _write_rows(files: _ShardFiles, full: torch.Tensor, items: list[_HFTensor]) 
 
 def _hf_extras(spec, config: dict) -> dict:
     """Token ids of the original model's config.json (init_from), when there is one."""
-    from axonn_launch.hf import CONFIG
+    from axonn_launch.common.hf import CONFIG
 
     source = Path(spec.init_from) / CONFIG if spec.init_from else None
     if source is None or not source.is_file():
@@ -350,7 +350,7 @@ def export_hf(
     exists. Everything is written to a hidden sibling directory renamed to ``out`` at
     the end. Returns (HF tensors, files, tokenizer files copied).
     """
-    from axonn_launch.hf import INDEX, SINGLE, TOKENIZER_FILES, hf_config_from_spec
+    from axonn_launch.common.hf import INDEX, SINGLE, TOKENIZER_FILES, hf_config_from_spec
     from axonn_launch.train.checkpoint import read_meta
 
     spec = _spec_of(read_meta(path))

@@ -27,7 +27,7 @@ after Slurm requeued it: ``SLURM_RESTART_COUNT`` > 0).
 
 Examples: ``AXONN_FAULT=collective@step5:rank1``, ``AXONN_FAULT=pause@step9:120``,
 ``AXONN_FAULT=slow@preflight:node=n2``, ``AXONN_FAULT=slow@preflight:rank3:20``.
-The job calls ``step_hook`` once per optimizer step (``axonn_launch.job.TrainJob`` wraps
+The job calls ``step_hook`` once per optimizer step (``axonn_launch.submit.task.TrainJob`` wraps
 the loop's ``should_stop`` with it) and the preflight asks ``preflight_slowdown``.
 """
 

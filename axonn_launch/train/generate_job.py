@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from axonn_launch.spec import JobSpec
+from axonn_launch.common.spec import JobSpec
 from axonn_launch.train.bootstrap import DistEnv
 from axonn_launch.train.generation import generate
 from axonn_launch.train.loop import compute_dtype

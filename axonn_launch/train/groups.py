@@ -1,4 +1,4 @@
-"""The torch process groups of AxoNN's 4D grid, built from ``axonn_launch.grid.Grid``.
+"""The torch process groups of AxoNN's 4D grid, built from ``axonn_launch.common.grid.Grid``.
 
 Every rank creates every group in the same order (``torch.distributed.new_group`` is a
 collective over the whole world). Groups of size one are not created: their field is
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from axonn_launch.grid import Coords, Grid
+from axonn_launch.common.grid import Coords, Grid
 
 GROUP_AXES = ("x", "y", "z", "data", "plane")
 

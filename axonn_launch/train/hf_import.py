@@ -1,7 +1,7 @@
 """Start a Llama from Hugging Face safetensors, each rank reading only its shard.
 
 ``load_hf_weights(model, groups, hf_dir)`` fills every parameter of this rank from the
-HF tensors ``axonn_launch.hf.hf_segments`` maps it to: for each box of the rank's shard
+HF tensors ``axonn_launch.common.hf.hf_segments`` maps it to: for each box of the rank's shard
 (``dcp.shard_pieces``, the same boxes a DCP checkpoint uses) and each HF tensor whose
 rows the box overlaps, it reads exactly the overlapping rows and columns with
 safetensors' ``get_slice`` (bytes copied out of a memory map, nothing else) and copies
@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from axonn_launch.hf import INDEX, SINGLE, HFConfigError, hf_segments
+from axonn_launch.common.hf import INDEX, SINGLE, HFConfigError, hf_segments
 from axonn_launch.train.dcp import Piece, piece_view, shard_pieces
 from axonn_launch.train.groups import Groups
 

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from axonn_launch.spec import OverlapConfig
+from axonn_launch.common.spec import OverlapConfig
 from axonn_launch.train.comm import FP32_WIRE, Comm, Handle, Wire
 from axonn_launch.train.data import IGNORE_INDEX
 from axonn_launch.train.gemm import GemmTuner

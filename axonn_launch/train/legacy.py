@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from axonn_launch.grid import Grid
+from axonn_launch.common.grid import Grid
 from axonn_launch.train.dcp import grid_position
 from axonn_launch.train.groups import Groups
 from axonn_launch.train.layers import ShardLayout

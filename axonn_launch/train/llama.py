@@ -9,7 +9,7 @@ Linears of a block, in forward order: ``attn.q`` and ``attn.kv`` (non-transposed
 over x, output over y), ``attn.proj`` (transposed), ``mlp.gate_up`` (non-transposed,
 gate and up rows fused) and ``mlp.down`` (transposed). The full ``attn.kv`` weight is
 the k rows then the v rows, ``mlp.gate_up`` the gate rows then the up rows, so the full
-tensors map onto Hugging Face's by row ranges (``axonn_launch.hf``).
+tensors map onto Hugging Face's by row ranges (``axonn_launch.common.hf``).
 
 KV heads over y: with ``kv_heads % y == 0`` each y rank holds ``kv_heads / y`` of them;
 with ``y % kv_heads == 0`` each holds the one its query heads use, the same rows on
@@ -25,8 +25,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from axonn_launch.grid import Grid
-from axonn_launch.models import ModelSpec
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
 from axonn_launch.train.attention import (
     Positions,
     apply_rope,

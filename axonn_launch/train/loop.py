@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from axonn_launch.spec import TrainConfig
+from axonn_launch.common.spec import TrainConfig
 from axonn_launch.train.data import IGNORE_INDEX, Loader, MicroBatch
 from axonn_launch.train.gemm import GemmTuner
 from axonn_launch.train.groups import Groups

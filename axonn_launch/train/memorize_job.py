@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from axonn_launch import memorization as memo
-from axonn_launch.spec import JobSpec
+from axonn_launch.common.spec import JobSpec
 from axonn_launch.train.generation import generate
 from axonn_launch.train.loop import compute_dtype
 

@@ -3,7 +3,7 @@
 Throughput follows AxoNN/Megatron: model FLOPs per token from Narayanan et al.'s formula
 (``ModelSpec.flops_per_token``, counting the recompute forward when activation
 checkpointing is on), times tokens per second, divided by the number of GPUs.
-``mem_gb`` is in GiB (2**30 bytes), like ``axonn_launch.memory``.
+``mem_gb`` is in GiB (2**30 bytes), like ``axonn_launch.cost.memory``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TextIO
 
 import torch
 
-from axonn_launch.models import ModelSpec
+from axonn_launch.common.models import ModelSpec
 
 GIB = 1024**3
 

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import OverlapConfig
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import OverlapConfig
 from axonn_launch.train.attention import KVCache, Positions, attend
 from axonn_launch.train.comm import FP32_WIRE, Comm, Wire
 from axonn_launch.train.groups import Groups
@@ -113,7 +113,7 @@ class GPT(nn.Module):
     """One model replica's shard on this rank; see the module docstring.
 
     ``cache_layers`` (0..n_layer) and ``ors_window`` (>= 0) count transformer blocks;
-    their ranges are checked by ``axonn_launch.rules.throughput_problem``.
+    their ranges are checked by ``axonn_launch.common.rules.throughput_problem``.
     """
 
     def __init__(

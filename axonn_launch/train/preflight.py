@@ -58,9 +58,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from axonn_launch.common.machine import PreflightExpectations
+from axonn_launch.common.spec import JobSpec
 from axonn_launch.jobs import PREFLIGHT_EXPECTED_FILE, PREFLIGHT_FILE, update_record
-from axonn_launch.machine import PreflightExpectations
-from axonn_launch.spec import JobSpec
 from axonn_launch.train.bootstrap import DistEnv
 from axonn_launch.train.faults import preflight_slowdown
 from axonn_launch.train.startup import enable_nccl_log

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from axonn_launch.grid import Grid
+from axonn_launch.common.grid import Grid
 from axonn_launch.train.checkpoint import Checkpointer, load_state, read_meta
 from axonn_launch.train.dcp import ShardSpec, shard_spec
 from axonn_launch.train.groups import Groups

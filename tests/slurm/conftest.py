@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from axonn_launch import slurmtext
+from axonn_launch.common import slurmtext
 
 REPO = Path(__file__).resolve().parents[2]
 START_SCRIPT = REPO / "machines" / "slurm_local" / "start.sh"

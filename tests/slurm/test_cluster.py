@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import submitit
 
-from axonn_launch import slurm
+from axonn_launch.submit import slurm
 from tests.conftest import run_launcher
 
 from .conftest import (

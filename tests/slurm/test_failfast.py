@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from axonn_launch import slurmtext
+from axonn_launch.common import slurmtext
 from tests.conftest import run_launcher
 
 from .conftest import SlurmCluster, wait_for

@@ -131,7 +131,7 @@ def test_a_real_pmix_step_is_read_from_slurm(slurm_cluster):
     ranks, in a process where mpi4py cannot be imported."""
     code = (
         "import json, os, sys; sys.modules['mpi4py'] = None;"
-        "from axonn_launch.spec import RuntimeConfig;"
+        "from axonn_launch.common.spec import RuntimeConfig;"
         "from axonn_launch.train.bootstrap import bootstrap;"
         "e = bootstrap(RuntimeConfig(device='cpu'));"
         "print(json.dumps({'rank': e.rank, 'world': e.world_size, 'source': e.source,"

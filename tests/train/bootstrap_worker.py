@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from axonn_launch.spec import RuntimeConfig
+from axonn_launch.common.spec import RuntimeConfig
 from axonn_launch.train.bootstrap import bootstrap, init_distributed
 
 

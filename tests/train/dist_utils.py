@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from axonn_launch.local import free_port
+from axonn_launch.submit.local import free_port
 
 
 class WorldFailure(AssertionError):

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from axonn_launch.spec import JobSpec
+from axonn_launch.common.spec import JobSpec
 from axonn_launch.train import run
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from axonn_launch.models import ModelSpec
+from axonn_launch.common.models import ModelSpec
 
 
 class ReferenceGPT(nn.Module):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from axonn_launch.spec import RuntimeConfig
+from axonn_launch.common.spec import RuntimeConfig
 from axonn_launch.train.bootstrap import (
     SLURM_PORT_RANGE,
     bootstrap,

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from axonn_launch.grid import Grid
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import OverlapConfig
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import OverlapConfig
 from axonn_launch.train.comm import FP32_WIRE, Wire
 from axonn_launch.train.groups import build_groups
 from axonn_launch.train.model import GPT, finish_gradients, full_grad_dict

@@ -25,10 +25,10 @@ from collections import Counter
 
 import torch
 
-from axonn_launch.grid import Grid
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import OverlapConfig
-from axonn_launch.traffic import replicated_kv_elements
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import OverlapConfig
+from axonn_launch.common.traffic import replicated_kv_elements
 from axonn_launch.train.comm import FP32_WIRE, Wire
 from axonn_launch.train.groups import build_groups
 from axonn_launch.train.model import GPT, build_model, finish_gradients, full_grad_dict

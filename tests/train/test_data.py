@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from axonn_launch.grid import Coords, Grid
+from axonn_launch.common.grid import Coords, Grid
 from axonn_launch.train.data import (
     SHAKESPEARE,
     Loader,

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.spec import GoldfishConfig
 from axonn_launch.data import IndexedWriter, token_dtype
-from axonn_launch.grid import Grid
-from axonn_launch.spec import GoldfishConfig
 from axonn_launch.train.data import (
     IGNORE_INDEX,
     EvalLoader,

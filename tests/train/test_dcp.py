@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from axonn_launch.grid import Grid
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import OverlapConfig
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import OverlapConfig
 from axonn_launch.train.checkpoint import Checkpointer, latest_checkpoint, read_meta
 from axonn_launch.train.dcp import band_split, grid_position, piece_view, shard_pieces
 from axonn_launch.train.groups import build_groups
@@ -175,7 +175,7 @@ def test_resume_on_another_grid_continues_the_run(saved):
 
 
 def _in_one_process(cases, root: str) -> dict:
-    from axonn_launch.local import free_port
+    from axonn_launch.submit.local import free_port
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1

@@ -9,8 +9,8 @@ import logging
 import pytest
 import torch
 
-from axonn_launch.grid import Grid
-from axonn_launch.models import ModelSpec
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
 from axonn_launch.train import run
 from axonn_launch.train.gemm import (
     FORMULATIONS,

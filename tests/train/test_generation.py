@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from axonn_launch.grid import Grid
-from axonn_launch.hf import spec_from_hf_config
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import OverlapConfig
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.hf import spec_from_hf_config
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import OverlapConfig
 from axonn_launch.train.generation import generate, generate_batch, pick_tokens
 from axonn_launch.train.groups import build_groups, single_process_groups
 from axonn_launch.train.model import GPT, build_model, load_full_state_dict

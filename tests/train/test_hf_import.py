@@ -15,10 +15,10 @@ import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.hf import hf_segments, spec_from_hf_config
+from axonn_launch.common.spec import OverlapConfig, TrainConfig
 from axonn_launch.export import main
-from axonn_launch.grid import Grid
-from axonn_launch.hf import hf_segments, spec_from_hf_config
-from axonn_launch.spec import OverlapConfig, TrainConfig
 from axonn_launch.train import export as train_export
 from axonn_launch.train.checkpoint import Checkpointer
 from axonn_launch.train.dcp import grid_position, shard_pieces
@@ -155,7 +155,7 @@ def test_imported_model_gives_transformers_logits(hf_dirs, which):
 
 
 def test_missing_tensor_and_wrong_shape_are_one_line_errors(hf_dirs, tmp_path):
-    from axonn_launch.hf import HFConfigError
+    from axonn_launch.common.hf import HFConfigError
 
     spec = _spec(hf_dirs["sharded"])
     wrong = replace(spec, ffn_hidden=96)  # down_proj has 128 columns, gate_proj 128 rows

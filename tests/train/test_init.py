@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import OverlapConfig
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import OverlapConfig
 from axonn_launch.train.groups import single_process_groups
 from axonn_launch.train.init import UNIFORMS, normal_at, parameter_key
 from axonn_launch.train.model import GPT, full_state_dict

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from axonn_launch.grid import Grid
+from axonn_launch.common.grid import Grid
 from axonn_launch.train.comm import Comm, Recorder
 from axonn_launch.train.groups import build_groups
 from axonn_launch.train.layers import TPLayerNorm

@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from axonn_launch.grid import Grid
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import OverlapConfig
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import OverlapConfig
 from axonn_launch.train.comm import Comm
 from axonn_launch.train.gemm import GemmTuner
 from axonn_launch.train.groups import build_groups, single_process_groups

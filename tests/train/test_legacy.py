@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from axonn_launch.grid import Grid
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import OverlapConfig, TrainConfig
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import OverlapConfig, TrainConfig
 from axonn_launch.train.dcp import grid_position
 from axonn_launch.train.legacy import MOMENTS, legacy_rank_state, load_legacy, write_legacy
 from axonn_launch.train.loop import build_optimizer

@@ -2,7 +2,7 @@
 
 A tiny random ``LlamaForCausalLM`` (2 layers, hidden 64, 4 heads, 2 KV heads, vocab
 512, Llama 3 rope scaling, untied head) is built locally; its weights are loaded into
-our model through ``axonn_launch.hf.hf_segments`` (the same row ranges the importer and
+our model through ``axonn_launch.common.hf.hf_segments`` (the same row ranges the importer and
 the exporter use). On every grid: the logits of every position equal HF's (fp32, rel
 1e-4), and so do the loss and every gathered parameter gradient. Grids with y=4 hold
 the 2 KV heads twice over y (``y_replicas``), whose gradients are summed by
@@ -15,10 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from axonn_launch.grid import Grid
-from axonn_launch.hf import hf_segments, spec_from_hf_config
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.hf import hf_segments, spec_from_hf_config
+from axonn_launch.common.spec import OverlapConfig
 from axonn_launch.plan import enumerate_grids
-from axonn_launch.spec import OverlapConfig
 from axonn_launch.train.groups import build_groups
 from axonn_launch.train.model import (
     build_model,

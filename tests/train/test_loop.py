@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from axonn_launch.grid import Grid
-from axonn_launch.local import free_port, rank_env
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import JobSpec, OverlapConfig, RuntimeConfig, TrainConfig
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import JobSpec, OverlapConfig, RuntimeConfig, TrainConfig
+from axonn_launch.submit.local import free_port, rank_env
 from axonn_launch.train import run
 from axonn_launch.train.bootstrap import DistEnv
 from axonn_launch.train.groups import single_process_groups

@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from axonn_launch.grid import Grid
-from axonn_launch.models import ModelSpec
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import GoldfishConfig, OverlapConfig
 from axonn_launch.plan import enumerate_grids
-from axonn_launch.spec import GoldfishConfig, OverlapConfig
 from axonn_launch.train.data import IGNORE_INDEX, EvalLoader, Loader, open_source
 from axonn_launch.train.groups import build_groups
 from axonn_launch.train.loop import average_loss_and_flags, evaluate, run_micro_steps

@@ -10,7 +10,7 @@ import logging
 import pytest
 import torch
 
-from axonn_launch.models import ModelSpec
+from axonn_launch.common.models import ModelSpec
 from axonn_launch.train.metrics import (
     MetricsLogger,
     StepStats,

@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from axonn_launch.grid import Grid
-from axonn_launch.models import ModelSpec
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import OverlapConfig
 from axonn_launch.plan import enumerate_grids  # every ordered (data, x, y, z); tests/test_plan.py
-from axonn_launch.spec import OverlapConfig
 from axonn_launch.train.groups import build_groups, single_process_groups
 from axonn_launch.train.model import (
     GPT,

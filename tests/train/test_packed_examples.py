@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import GoldfishConfig, OverlapConfig
 from axonn_launch.data import IndexedWriter, token_dtype
-from axonn_launch.grid import Grid
-from axonn_launch.models import ModelSpec
 from axonn_launch.plan import enumerate_grids
-from axonn_launch.spec import GoldfishConfig, OverlapConfig
 from axonn_launch.train.attention import Positions, example_firsts
 from axonn_launch.train.data import IGNORE_INDEX, Loader, open_source
 from axonn_launch.train.groups import build_groups

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from axonn_launch.spec import RuntimeConfig
+from axonn_launch.common.spec import RuntimeConfig
 from axonn_launch.train.bootstrap import SLURM_PORT_RANGE, bootstrap
 
 CPU = RuntimeConfig(device="cpu", master_port=29500)

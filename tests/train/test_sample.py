@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import OverlapConfig
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import OverlapConfig
 from axonn_launch.train.groups import single_process_groups
 from axonn_launch.train.loop import StopFlag
 from axonn_launch.train.model import GPT

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from axonn_launch.grid import Grid
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import OverlapConfig, WireConfig
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import OverlapConfig, WireConfig
 from axonn_launch.train.comm import FP32_WIRE, Comm, Wire, resolve_wire
 from axonn_launch.train.groups import build_groups, single_process_groups
 from axonn_launch.train.model import GPT, finish_gradients, full_grad_dict

@@ -1,6 +1,6 @@
 """Plain typed settings shared by the launcher and the job (no torch, no Hydra).
 
-Hydra composes YAML into these dataclasses once, in ``axonn_launch.config``;
+Hydra composes YAML into these dataclasses once, in ``axonn_launch.config.compose``;
 nothing below that boundary sees a DictConfig. A ``JobSpec`` is what travels to the
 compute nodes (written as ``spec.json`` in the job directory).
 """
@@ -11,8 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from axonn_launch.grid import Grid
-from axonn_launch.models import ModelSpec
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,17 @@
-"""The first failing rank is named from the records the ranks leave (axonn_launch.rankfail)."""
+"""The first failing rank is named from the records the ranks leave (records/firstfail.py)."""
 
 from __future__ import annotations
 
 import json
 
-from axonn_launch import rankfail
+from axonn_launch.records import firstfail
 
 
 def fail(job_dir, rank: int, error: BaseException) -> None:
     try:
         raise error
     except BaseException as caught:
-        rankfail.record_failure(job_dir, rank, caught)
+        firstfail.record_failure(job_dir, rank, caught)
 
 
 def test_the_cause_wins_over_earlier_lost_peer_symptoms(tmp_path):
@@ -20,26 +20,27 @@ def test_the_cause_wins_over_earlier_lost_peer_symptoms(tmp_path):
     fail(tmp_path, 3, RuntimeError(lost))
     fail(tmp_path, 1, ValueError("seq_len=128 > max_seq_len=64"))
     # rank 0's symptom was written first; the cause is still rank 1's
-    first = rankfail.first_failure(tmp_path)
+    first = firstfail.first_failure(tmp_path)
     assert first["rank"] == 1
-    assert rankfail.headline(first).endswith(
+    assert firstfail.headline(first).endswith(
         "failed first: ValueError: seq_len=128 > max_seq_len=64"
     )
-    assert rankfail.describe(first).splitlines()[-1] == "  ValueError: seq_len=128 > max_seq_len=64"
+    last = firstfail.describe(first).splitlines()[-1]
+    assert last == "  ValueError: seq_len=128 > max_seq_len=64"
 
 
 def test_only_symptoms_name_the_earliest(tmp_path):
     for rank in (2, 0):
         fail(tmp_path, rank, RuntimeError("Connection reset by peer"))
-    assert rankfail.first_failure(tmp_path)["rank"] == 2
+    assert firstfail.first_failure(tmp_path)["rank"] == 2
 
 
 def test_no_records_and_unreadable_records(tmp_path):
-    assert rankfail.first_failure(tmp_path) is None
-    folder = rankfail.failure_dir(tmp_path)
+    assert firstfail.first_failure(tmp_path) is None
+    folder = firstfail.failure_dir(tmp_path)
     folder.mkdir(parents=True)
     (folder / "rank_5.json").write_text("{truncated")
-    assert rankfail.first_failure(tmp_path) is None
+    assert firstfail.first_failure(tmp_path) is None
     fail(tmp_path, 4, KeyError("wte.weight"))
     record = json.loads((folder / "rank_4.json").read_text())
     assert record["exception"] == "KeyError: 'wte.weight'" and record["host"]

@@ -56,11 +56,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from axonn_launch.grid import Grid
-from axonn_launch.models import ModelSpec
-from axonn_launch.rules import local_vocab
-from axonn_launch.spec import TrainConfig
-from axonn_launch.traffic import (
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.rules import local_vocab
+from axonn_launch.common.spec import TrainConfig
+from axonn_launch.common.traffic import (
     WireBytes,
     largest_linear_block,
     linear_weight_elements,

@@ -32,8 +32,8 @@ import re
 from dataclasses import dataclass, field
 
 # The Slurm text rules live in slurmtext; jobs.py and the tests read these names from here.
-from axonn_launch.slurmtext import ACTIVE_STATES, base_state
-from axonn_launch.slurmtext import expand_nodelist as expand_nodelist
+from axonn_launch.common.slurmtext import ACTIVE_STATES, base_state
+from axonn_launch.common.slurmtext import expand_nodelist as expand_nodelist
 
 COMPLETED = "completed"
 RUNNING = "running"

@@ -23,14 +23,14 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from axonn_launch.grid import Grid
-from axonn_launch.machine import Hardware
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import TrainConfig
-from axonn_launch.traffic import block_linears
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.machine import Hardware
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import TrainConfig
+from axonn_launch.common.traffic import block_linears
 
 if TYPE_CHECKING:
-    from axonn_launch.memory import MemoryEstimate
+    from axonn_launch.cost.memory import MemoryEstimate
 
 LISTED_DIVISORS = 12  # a "valid" list names at most this many values
 
@@ -330,7 +330,7 @@ def memory_remedies(train: TrainConfig, grid: Grid) -> list[str]:
 
 
 def _estimate(model: ModelSpec, grid: Grid, train: TrainConfig) -> MemoryEstimate:
-    from axonn_launch.memory import estimate_memory  # memory.py builds on this module
+    from axonn_launch.cost.memory import estimate_memory  # memory.py builds on this module
 
     return estimate_memory(model=model, grid=grid, train=train)
 

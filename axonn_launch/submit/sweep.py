@@ -28,9 +28,9 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from axonn_launch.config import ConfigError, LaunchConfig
+from axonn_launch.config.compose import ConfigError, LaunchConfig
 from axonn_launch.jobs import RunResults, read_summary, run_results
-from axonn_launch.launch import Outcome
+from axonn_launch.submit.pipeline import Outcome
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from axonn_launch.machine import MachineProfile
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import GenerateConfig, MemorizationConfig, TrainConfig
+from axonn_launch.common.machine import MachineProfile
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import GenerateConfig, MemorizationConfig, TrainConfig
 
 CONFIG_MODULE = "axonn_launch.conf"
 
@@ -151,7 +151,7 @@ def to_launch_config(cfg: Any) -> LaunchConfig:
 def model_of_source(model: ModelSpec, generate: GenerateConfig) -> ModelSpec:
     """The model a job runs: a generation job's checkpoint's own, a Hugging Face
     directory's shape (``model=hf``) or the preset checked against it, else the preset."""
-    from axonn_launch.hf import HFConfigError, resolve_hf_model
+    from axonn_launch.common.hf import HFConfigError, resolve_hf_model
 
     if generate.checkpoint:
         import json

@@ -20,9 +20,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from axonn_launch.config import LaunchConfig
-from axonn_launch.memory import GIB
-from axonn_launch.validate import Resolved, placeholder
+from axonn_launch.config.compose import LaunchConfig
+from axonn_launch.config.validate import Resolved, placeholder
+from axonn_launch.cost.memory import GIB
 
 
 def summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
@@ -102,7 +102,7 @@ class RunTime:
 
 def run_time(cfg: LaunchConfig, resolved: Resolved) -> RunTime:
     """The planner's prediction for the grid, micro-batch and cache the job runs."""
-    from axonn_launch.perf import step_time
+    from axonn_launch.cost.perf import step_time
 
     predicted = step_time(
         hardware=cfg.machine.hardware, model=cfg.model, train=resolved.train, grid=resolved.grid

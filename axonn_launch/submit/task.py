@@ -35,7 +35,7 @@ class TrainJob(Checkpointable):
 
     def __call__(self) -> dict:
         apply_task_env(self.task_env)
-        from axonn_launch.spec import JobSpec
+        from axonn_launch.common.spec import JobSpec
         from axonn_launch.train import run
         from axonn_launch.train.faults import step_hook
         from axonn_launch.train.loop import StopFlag

@@ -18,7 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
-from axonn_launch.failures import PEER_LOST_PATTERNS, first_match
+from axonn_launch.records.failures import PEER_LOST_PATTERNS, first_match
 
 TAIL_LINES = 8
 

@@ -34,9 +34,9 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from axonn_launch import edf
-from axonn_launch.config import ConfigError, LaunchConfig, machine_profile
-from axonn_launch.machine import MachineProfile
+from axonn_launch.common.machine import MachineProfile
+from axonn_launch.config import edf
+from axonn_launch.config.compose import ConfigError, LaunchConfig, machine_profile
 
 LOCAL_MACHINE = "slurm_local"
 LOCAL_CLUSTER = "axonn"  # ClusterName in machines/slurm_local (lib.sh)

@@ -63,13 +63,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from axonn_launch.grid import Grid
-from axonn_launch.machine import Hardware
-from axonn_launch.memory import local_param_elements, replicated_over_z_elements
-from axonn_launch.models import ModelSpec
-from axonn_launch.rules import local_vocab
-from axonn_launch.spec import TrainConfig
-from axonn_launch.traffic import (
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.machine import Hardware
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.rules import local_vocab
+from axonn_launch.common.spec import TrainConfig
+from axonn_launch.common.traffic import (
     ALL_GATHER,
     ALL_REDUCE,
     BACKWARD,
@@ -84,6 +83,7 @@ from axonn_launch.traffic import (
     tokens_per_gpu,
     wire_bytes,
 )
+from axonn_launch.cost.memory import local_param_elements, replicated_over_z_elements
 
 __all__ = ["ALL_GATHER", "ALL_REDUCE", "COLLECTIVES", "REDUCE_SCATTER"]  # re-exported
 

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from axonn_launch import slurmtext
-from axonn_launch.job import TrainJob
+from axonn_launch.common import slurmtext
+from axonn_launch.submit.task import TrainJob
 
 # sacct is asked at 1, 2, 4 ... s, then once a minute (submitit's own watcher backs off to
 # a minute too); the log is streamed every STREAM_S seconds in between.

@@ -24,8 +24,8 @@ from typing import Any
 
 from submitit.slurm.slurm import _make_sbatch_string
 
-from axonn_launch.machine import MachineProfile
-from axonn_launch.validate import placeholder
+from axonn_launch.common.machine import MachineProfile
+from axonn_launch.config.validate import placeholder
 
 # srun arguments every job gets: stop all ranks when one dies (a hung collective otherwise
 # waits until the time limit).

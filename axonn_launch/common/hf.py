@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from axonn_launch.models import ModelSpec
+from axonn_launch.common.models import ModelSpec
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"

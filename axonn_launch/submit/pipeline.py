@@ -16,18 +16,19 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from axonn_launch import local, rankfail, rehearse, render, slurm
-from axonn_launch.config import LaunchConfig
-from axonn_launch.job import TrainJob
+from axonn_launch.common.spec import JobSpec, RuntimeConfig
+from axonn_launch.config.compose import LaunchConfig
+from axonn_launch.config.validate import Resolved, container_warnings, resolve
 from axonn_launch.jobs import (
     PREFLIGHT_EXPECTED_FILE,
     current_job_id,
     record_lock,
     write_record_file,
 )
-from axonn_launch.spec import JobSpec, RuntimeConfig
-from axonn_launch.summary import next_line, preflight_on, summary, wallclock_warnings
-from axonn_launch.validate import Resolved, container_warnings, resolve
+from axonn_launch.records import firstfail
+from axonn_launch.submit import local, rehearse, render, slurm
+from axonn_launch.submit.summary import next_line, preflight_on, summary, wallclock_warnings
+from axonn_launch.submit.task import TrainJob
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -278,10 +279,10 @@ def run_local(cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict
 
 def report_first_failure(job_dir: Path) -> None:
     """The failing rank's exception, printed last: after the other ranks' noise."""
-    first = rankfail.first_failure(job_dir)
+    first = firstfail.first_failure(job_dir)
     if first is not None:
-        log.error("%s", rankfail.headline(first))
-        print(f"\n{rankfail.describe(first)}", file=sys.stderr, flush=True)
+        log.error("%s", firstfail.headline(first))
+        print(f"\n{firstfail.describe(first)}", file=sys.stderr, flush=True)
 
 
 def refused(

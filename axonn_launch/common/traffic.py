@@ -40,9 +40,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from axonn_launch.grid import Grid
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import TrainConfig
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import TrainConfig
 
 ALL_REDUCE = "all_reduce"
 ALL_GATHER = "all_gather"

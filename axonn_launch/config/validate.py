@@ -11,13 +11,14 @@ import re
 import sys
 from dataclasses import dataclass, field, replace
 
-from axonn_launch import edf, rules, tokenfile
-from axonn_launch.config import ConfigError, GridRequest, LaunchConfig
-from axonn_launch.grid import Grid
-from axonn_launch.machine import MachineProfile
-from axonn_launch.memory import MemoryEstimate, estimate_memory
-from axonn_launch.models import ModelSpec
-from axonn_launch.spec import GenerateConfig, MemorizationConfig, TrainConfig
+from axonn_launch.common import rules, tokenfile
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.machine import MachineProfile
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.spec import GenerateConfig, MemorizationConfig, TrainConfig
+from axonn_launch.config import edf
+from axonn_launch.config.compose import ConfigError, GridRequest, LaunchConfig
+from axonn_launch.cost.memory import MemoryEstimate, estimate_memory
 
 BUILTIN_DATA = ("shakespeare", "synthetic")
 BYTE_VOCAB = 256

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from axonn_launch.grid import Grid
-from axonn_launch.memory import GIB, local_param_elements
-from axonn_launch.models import ModelSpec
-from axonn_launch.traffic import block_linears, largest_linear_block
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.traffic import block_linears, largest_linear_block
+from axonn_launch.cost.memory import GIB, local_param_elements
 
 PARAM_BYTES_PER_ELEMENT = 4
 STATE_BYTES_PER_ELEMENT = 16  # parameter 4 + gradient 4 + exp_avg 4 + exp_avg_sq 4

@@ -1,0 +1,1 @@
+"""From Hydra's composed config to typed, validated settings."""
