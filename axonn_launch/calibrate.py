@@ -367,7 +367,7 @@ def gemm_shapes_to_measure(
     if not settings.model:
         return [], ""
     from axonn_launch.config.compose import load
-    from axonn_launch.plan import plan
+    from axonn_launch.cost.planner import plan
 
     overrides = [f"machine={settings.machine}", f"model={settings.model}"]
     if settings.global_batch:

@@ -25,6 +25,7 @@ from axonn_launch.config.compose import (
     LaunchConfig,
     compose,
     register_resolvers,
+    split_argv,
     to_launch_config,
 )
 from axonn_launch.config.validate import container_warnings, resolve
@@ -113,32 +114,6 @@ class LoggedNotPrinted(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.name.startswith("axonn_launch")
-
-
-VALUE_FLAGS = {
-    "--config-dir",
-    "-cd",
-    "--config-path",
-    "-cp",
-    "--config-name",
-    "-cn",
-    "--experimental-rerun",
-}
-
-
-def split_argv(argv: list[str]) -> tuple[list[str], dict[str, str], set[str]]:
-    """Hydra's command line as (overrides, flags with values, bare flags)."""
-    overrides, valued, bare = [], {}, set()
-    args = iter(argv)
-    for arg in args:
-        name, eq, value = arg.partition("=")
-        if arg.startswith("-") and name in VALUE_FLAGS:
-            valued[name] = value if eq else next(args, "")
-        elif arg.startswith("-"):
-            bare.add(name)
-        else:
-            overrides.append(arg)
-    return overrides, valued, bare
 
 
 def preflight(argv: list[str]) -> None:

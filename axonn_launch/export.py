@@ -19,11 +19,11 @@ do the work.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
 
+from axonn_launch.common.jobdir import CheckpointMissing, read_step_meta, resolve_checkpoint
 from axonn_launch.usage import help_page, run_tool, wants_help
 
 LEGACY_FORMAT = "per-rank-shards/1"
@@ -65,22 +65,8 @@ class ExportError(ValueError):
     """A user's mistake: one line, exit code 2."""
 
 
-def resolve_checkpoint(text: str) -> Path:
-    """The step directory named by ``text`` (itself, or a job directory's latest)."""
-    path = Path(text)
-    pointer = path / "checkpoints" / "latest"
-    if pointer.is_file():
-        path = path / "checkpoints" / pointer.read_text().strip()
-    if not (path / "meta.json").is_file():
-        raise ExportError(
-            f"checkpoint={text!r}: no complete checkpoint there (no meta.json); expected a "
-            "checkpoints/step_N directory or a job directory with checkpoints/latest"
-        )
-    return path
-
-
 def checkpoint_format(path: Path) -> str:
-    return json.loads((path / "meta.json").read_text()).get("format", "")
+    return read_step_meta(path).get("format", "")
 
 
 def output_path(text: str) -> Path:
@@ -133,7 +119,7 @@ def hf_output(text: str) -> Path:
 
 def hf_model_problem(checkpoint: Path) -> str | None:
     """Why the checkpoint cannot be written as a Hugging Face Llama (torch-free)."""
-    meta = json.loads((checkpoint / "meta.json").read_text())
+    meta = read_step_meta(checkpoint)
     model = meta.get("model")
     if not isinstance(model, dict):
         return f"checkpoint={str(checkpoint)!r}: meta.json names no model; --hf needs one"
@@ -188,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     if wants_help(argv):
         print(HELP)
         return 0
-    return run_tool(_main, argv, (ExportError,))
+    return run_tool(_main, argv, (ExportError, CheckpointMissing))
 
 
 def _main(argv: list[str]) -> int:

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from axonn_launch.jobs import dry_run_problem
+from axonn_launch.records.status import dry_run_problem
 from axonn_launch.usage import help_page, run_tool, wants_help
 
 OWN_KEYS = ("prompts", "out", "max_new_tokens", "temperature", "top_k", "batch_size",

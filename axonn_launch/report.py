@@ -18,7 +18,7 @@
 - ``--plan FILE`` (``python -m axonn_launch.plan ... output=json``): predicted against
   measured step time for the jobs whose model, machine and grid match a plan row.
 
-Loss, tokens/s and step time are the job's own (``jobs.run_results``: its summary, else
+Loss, tokens/s and step time are the job's own (``records.status.run_results``: its summary, else
 its last step), so the report, the console's ``done:`` line and ``jobs status`` agree.
 Images and ``report.md`` go to ``--out`` (default ``PATH/report``). Login-node code:
 matplotlib is imported only to draw (the ``plot`` extra); torch never.
@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from axonn_launch.jobs import DRY_RUN_WORDS, dry_run_problem, read_summary, run_results
+from axonn_launch.common.jobdir import read_summary
+from axonn_launch.records.status import DRY_RUN_WORDS, dry_run_problem, run_results
 from axonn_launch.usage import raising_parser, run_tool
 
 METRICS = ("final_loss", "val_loss", "tokens_per_s")

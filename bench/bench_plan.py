@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from axonn_launch.config.compose import load
-from axonn_launch.plan import enumerate_grids, rank_grids
+from axonn_launch.cost.planner import enumerate_grids, rank_grids
 
 RESULTS = Path(__file__).parent / "results" / "bench_plan.md"
 CASES = [  # machine, model, GPUs, global batch (sequences of 2048 tokens), cache_layers

@@ -35,7 +35,7 @@ from axonn_launch.cost.memory import (
     largest_cache_that_fits,
     reduce_scatter_buffers,
 )
-from axonn_launch.plan import best_grid
+from axonn_launch.cost.planner import best_grid
 
 RESULTS = Path(__file__).parent / "results" / "bench_ztraffic.md"
 TARGET = 1.05

@@ -27,7 +27,7 @@ from axonn_launch.calibrate import AXONN_BUS_GBPS, published_calibration
 from axonn_launch.common.spec import WireConfig
 from axonn_launch.config.compose import load
 from axonn_launch.cost.perf import DEFAULT_GEMM_EFFICIENCY, DEFAULT_KERNEL_OVERHEAD_US, Calibration
-from axonn_launch.plan import PlanRow, best_grid
+from axonn_launch.cost.planner import PlanRow, best_grid
 
 RESULTS = Path(__file__).parent / "results"
 RUNS = [  # machine, nodes, reported PF/s

@@ -39,7 +39,7 @@ from axonn_launch.common.machine import Hardware
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig, TrainConfig
 from axonn_launch.cost.perf import Calibration, load_calibration, step_time
-from axonn_launch.plan import rank_grids
+from axonn_launch.cost.planner import rank_grids
 
 RESULTS = Path(__file__).parent / "results"
 MODEL = ModelSpec("gpt_validate", n_layer=2, d_model=256, n_head=8, vocab_size=512, max_seq_len=128)

@@ -63,7 +63,7 @@ def test_an_explicit_grid_too_small_for_the_model_fails_on_memory(machine):
 def test_automatic_cache_layers_is_resolved_before_the_job_sees_it():
     """train.cache_layers=null asks the planner, on an explicit grid and with grid=auto;
     the job always gets a number, and a grid without z has nothing to cache."""
-    from axonn_launch import plan
+    from axonn_launch.cost import planner
     from axonn_launch.cost.memory import estimate_memory
 
     common = ["machine=frontier", "model=gpt_20b", "train.global_batch=64", "dry_run=true"]
@@ -72,7 +72,7 @@ def test_automatic_cache_layers_is_resolved_before_the_job_sees_it():
     cache = resolved.train.cache_layers
     assert isinstance(cache, int) and 0 < cache <= cfg.model.n_layer
     asked = dataclasses.replace(resolved.train, cache_layers=None)
-    expected = plan.resolve_cache_layers(cfg.machine.hardware, cfg.model, asked, resolved.grid)
+    expected = planner.resolve_cache_layers(cfg.machine.hardware, cfg.model, asked, resolved.grid)
     assert cache == expected
     assert (
         resolved.memory.total

@@ -49,11 +49,11 @@ def export_hf(job_dir: Path, out: Path) -> None:
 
 def our_logits(job_dir: Path, tokens: torch.Tensor) -> torch.Tensor:
     """Logits of the job's last checkpoint, loaded on one rank of our model."""
+    from axonn_launch.common.jobdir import resolve_checkpoint
     from axonn_launch.common.models import ModelSpec
     from axonn_launch.common.spec import OverlapConfig
-    from axonn_launch.export import resolve_checkpoint
+    from axonn_launch.train.arch import build_model
     from axonn_launch.train.groups import single_process_groups
-    from axonn_launch.train.model import build_model
     from axonn_launch.train.state import load_model_weights
 
     step = resolve_checkpoint(str(job_dir))

@@ -146,7 +146,7 @@ def test_a_512_token_model_without_tokenizer_writes_ids_for_every_prompt(tmp_pat
 def test_a_job_that_crashed_after_training_is_completed(llama_job, tmp_path):
     """A rank that died after the last step (its failure record, exit code 1, the sample
     left pending): the training is complete, and the note says how the job ended."""
-    from axonn_launch.records.firstfail import record_failure
+    from axonn_launch.common.jobdir import record_failure
 
     source, trained = llama_job
     assert trained.returncode == 0, trained.stderr[-3000:]

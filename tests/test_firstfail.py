@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from axonn_launch.common import jobdir
 from axonn_launch.records import firstfail
 
 
@@ -11,7 +12,7 @@ def fail(job_dir, rank: int, error: BaseException) -> None:
     try:
         raise error
     except BaseException as caught:
-        firstfail.record_failure(job_dir, rank, caught)
+        jobdir.record_failure(job_dir, rank, caught)
 
 
 def test_the_cause_wins_over_earlier_lost_peer_symptoms(tmp_path):
@@ -37,7 +38,7 @@ def test_only_symptoms_name_the_earliest(tmp_path):
 
 def test_no_records_and_unreadable_records(tmp_path):
     assert firstfail.first_failure(tmp_path) is None
-    folder = firstfail.failure_dir(tmp_path)
+    folder = jobdir.JobPaths(tmp_path).failures
     folder.mkdir(parents=True)
     (folder / "rank_5.json").write_text("{truncated")
     assert firstfail.first_failure(tmp_path) is None

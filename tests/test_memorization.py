@@ -13,18 +13,19 @@ import numpy as np
 import pytest
 
 from axonn_launch import memorization as mem
+from axonn_launch.common import memorization_metric as metric
 from tests.conftest import REPO
 
 # ------------------------------------------------------------------------------ metrics
 
 
 def test_exact_and_token_match():
-    assert mem.exact_match([1, 2, 3], [1, 2, 3])
-    assert not mem.exact_match([1, 2], [1, 2, 3])  # stopped early: no match
-    assert not mem.exact_match([1, 2, 4], [1, 2, 3])
-    assert mem.token_match([1, 9, 3, 9], [1, 2, 3, 4]) == 0.5
-    assert mem.token_match([1, 2], [1, 2, 3, 4]) == 0.5  # missing positions are wrong
-    assert mem.token_match([], [5]) == 0.0
+    assert metric.exact_match([1, 2, 3], [1, 2, 3])
+    assert not metric.exact_match([1, 2], [1, 2, 3])  # stopped early: no match
+    assert not metric.exact_match([1, 2, 4], [1, 2, 3])
+    assert metric.token_match([1, 9, 3, 9], [1, 2, 3, 4]) == 0.5
+    assert metric.token_match([1, 2], [1, 2, 3, 4]) == 0.5  # missing positions are wrong
+    assert metric.token_match([], [5]) == 0.0
 
 
 @pytest.mark.parametrize(
@@ -38,7 +39,7 @@ def test_exact_and_token_match():
     ],
 )
 def test_lcs_length(a, b, lcs):
-    assert mem.lcs_length(list(a), list(b)) == lcs == mem.lcs_length(list(b), list(a))
+    assert metric.lcs_length(list(a), list(b)) == lcs == metric.lcs_length(list(b), list(a))
 
 
 def test_rouge_l_hand_computed():
@@ -46,15 +47,15 @@ def test_rouge_l_hand_computed():
     pred = ["the", "cat", "sat", "on", "the", "mat"]
     truth = ["the", "cat", "lay", "on", "a", "mat"]
     p, r = 4 / 6, 4 / 6
-    assert mem.rouge_l(pred, truth) == pytest.approx(2 * p * r / (p + r))
+    assert metric.rouge_l(pred, truth) == pytest.approx(2 * p * r / (p + r))
     # different lengths: LCS(1 2 3 4 5, 1 3 5) = 3; P = 3/5, R = 1 -> F = 0.75
-    assert mem.rouge_l([1, 2, 3, 4, 5], [1, 3, 5]) == pytest.approx(0.75)
-    assert mem.rouge_l([1, 2], [3, 4]) == 0.0
-    assert mem.rouge_l([], [1]) == 0.0
+    assert metric.rouge_l([1, 2, 3, 4, 5], [1, 3, 5]) == pytest.approx(0.75)
+    assert metric.rouge_l([1, 2], [3, 4]) == 0.0
+    assert metric.rouge_l([], [1]) == 0.0
 
 
 def test_rouge_words_is_rouge_scores_default_tokenizer():
-    assert mem.rouge_words("Hello, World! It's 2024\nO'er") == [
+    assert metric.rouge_words("Hello, World! It's 2024\nO'er") == [
         "hello",
         "world",
         "it",
@@ -66,9 +67,9 @@ def test_rouge_words_is_rouge_scores_default_tokenizer():
 
 
 def test_split_document():
-    assert mem.split_document(list(range(10)), 3) == (list(range(7)), [7, 8, 9])
-    assert mem.split_document(list(range(4)), 3) == ([0], [1, 2, 3])
-    assert mem.split_document(list(range(3)), 3) is None  # no prompt left: skipped
+    assert metric.split_document(list(range(10)), 3) == (list(range(7)), [7, 8, 9])
+    assert metric.split_document(list(range(4)), 3) == ([0], [1, 2, 3])
+    assert metric.split_document(list(range(3)), 3) is None  # no prompt left: skipped
 
 
 def test_summarize():
@@ -76,14 +77,14 @@ def test_summarize():
         {"exact_match": True, "token_match": 1.0, "rouge_l": 1.0},
         {"exact_match": False, "token_match": 0.5, "rouge_l": 0.25},
     ]
-    assert mem.summarize(rows, skipped=3) == {
+    assert metric.summarize(rows, skipped=3) == {
         "exact_match_rate": 0.5,
         "token_match": 0.75,
         "rouge_l": 0.625,
         "n_documents": 2,
         "skipped": 3,
     }
-    assert mem.summarize([], 1)["exact_match_rate"] is None
+    assert metric.summarize([], 1)["exact_match_rate"] is None
 
 
 # --------------------------------------------------------------- the CLI, stand-in model
@@ -184,7 +185,7 @@ def test_text_documents_and_word_rouge(tmp_path, job_source):
             {"prompt_ids": p["ids"], "output_ids": o, "text": ""} for p, o in zip(prompts, outs)
         ]
 
-    settings = mem.Settings(
+    settings = metric.Settings(
         source=str(job_source), data=str(data), out=str(tmp_path / "o.json"), continuation=n
     )
     result = mem.run(settings, generate)
@@ -204,7 +205,7 @@ def test_ids_only_model_scores_rouge_on_ids(tmp_path):
     def generate(source, prompts, *, max_new_tokens, overrides, temperature=0.0, top_k=0):
         return [{"prompt_ids": p["ids"], "output_ids": [7, 99, 9, 8], "text": ""} for p in prompts]
 
-    result = mem.run(mem.Settings(str(source), str(data), str(tmp_path / "o.json"), 4), generate)
+    result = mem.run(metric.Settings(str(source), str(data), str(tmp_path / "o.json"), 4), generate)
     assert result["rouge_on"] == "token ids"
     # truth 7 8 9 10, pred 7 99 9 8: LCS = 2 (7 9 or 7 8) -> F = 0.5
     assert result["rouge_l"] == 0.5 and result["token_match"] == 0.5
@@ -227,21 +228,21 @@ def write_megatron(path: Path, docs: list[list[int]]) -> None:
 def test_bin_with_idx_documents(tmp_path):
     docs = documents_of(np.random.default_rng(1), [7, 20, 3, 11], 50000)
     write_megatron(tmp_path / "t.bin", docs)
-    assert [d.tolist() for d in mem.read_documents(tmp_path / "t.bin", None)] == docs
+    assert [d.tolist() for d in metric.read_documents(tmp_path / "t.bin", None)] == docs
 
 
 def test_bin_without_idx_is_cut_into_chunks(tmp_path):
     tokens = np.arange(25, dtype=np.uint32)
     tokens.tofile(tmp_path / "t.bin")
     (tmp_path / "t.bin.json").write_text(json.dumps({"dtype": "uint32", "vocab_size": 100}))
-    docs = [d.tolist() for d in mem.read_documents(tmp_path / "t.bin", None, chunk=10)]
+    docs = [d.tolist() for d in metric.read_documents(tmp_path / "t.bin", None, chunk=10)]
     assert docs == [list(range(10)), list(range(10, 20)), list(range(20, 25))]
 
 
 def test_max_length_and_max_documents():
     docs = [list(range(100)), list(range(4)), list(range(30)), list(range(40))]
-    settings = mem.Settings("s", "d", "o", continuation=4, max_documents=2, max_length=20)
-    prompts, skipped = mem.build_prompts(docs, settings)
+    settings = metric.Settings("s", "d", "o", continuation=4, max_documents=2, max_length=20)
+    prompts, skipped = metric.build_prompts(docs, settings)
     assert [p["document"] for p in prompts] == [0, 2] and skipped == 1
     assert prompts[0]["ids"] == list(range(16)) and prompts[0]["truth"] == [16, 17, 18, 19]
 

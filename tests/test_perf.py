@@ -530,7 +530,7 @@ def test_calibrate_times_the_gemm_shapes_of_the_planned_grids():
     from axonn_launch.calibrate import Settings, gemm_shapes_to_measure
     from axonn_launch.config.compose import load
     from axonn_launch.cost.perf import planned_gemms
-    from axonn_launch.plan import plan
+    from axonn_launch.cost.planner import plan
 
     settings = Settings(machine="perlmutter", model="gpt_5b", nodes=16, gemm_grids=2)
     shapes, planned = gemm_shapes_to_measure(settings, world=8, gpus_per_node=4)

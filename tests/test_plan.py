@@ -18,17 +18,15 @@ from axonn_launch.common.rules import batch_problem, divisors, micro_batch_candi
 from axonn_launch.common.spec import TrainConfig
 from axonn_launch.cost.memory import estimate_memory, largest_cache_that_fits
 from axonn_launch.cost.perf import step_time
-from axonn_launch.plan import (
+from axonn_launch.cost.planner import (
     PlanError,
     best_grid,
     enumerate_grids,
-    main,
-    parse_args,
     plan,
     rank_grids,
-    run,
     smallest_nodes,
 )
+from axonn_launch.plan import main, parse_args, run
 
 A100 = Hardware(gpus_per_node=4, gpu_model="A100", mem_per_gpu_gb=40, peak_tflops_per_gpu=312,
                 intra_node_gbps=100, inter_node_gbps=25, latency_us=8)  # fmt: skip
@@ -297,7 +295,7 @@ def test_planner_does_not_import_torch():
 
 
 def test_an_explicit_grid_gets_the_same_cache_choice_as_the_ranking():
-    from axonn_launch.plan import resolve_cache_layers
+    from axonn_launch.cost.planner import resolve_cache_layers
 
     auto = dataclasses.replace(TRAIN_80B, cache_layers=None)
     for row in rank_grids(hardware=A100, model=GPT_80B, train=auto, world_size=1024).rows[:4]:

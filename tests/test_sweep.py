@@ -52,7 +52,7 @@ def test_a_typo_in_any_point_stops_the_sweep_before_anything_runs(tmp_path, fake
 
 def test_sweeping_grid_pick_runs_the_planners_top_candidates_as_separate_jobs(tmp_path):
     from axonn_launch.config.compose import load
-    from axonn_launch.plan import plan
+    from axonn_launch.cost.planner import plan
 
     sweep_dir = tmp_path / "sweep"
     args = [

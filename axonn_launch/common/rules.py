@@ -20,7 +20,6 @@ the one KV head its query heads use (``traffic.LinearShape.out_groups``).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from axonn_launch.common.grid import Grid
@@ -30,7 +29,7 @@ from axonn_launch.common.spec import TrainConfig
 from axonn_launch.common.traffic import block_linears
 
 if TYPE_CHECKING:
-    from axonn_launch.cost.memory import MemoryEstimate
+    pass
 
 LISTED_DIVISORS = 12  # a "valid" list names at most this many values
 
@@ -129,7 +128,7 @@ def _llama_problem(model: ModelSpec) -> str | None:
         return (
             f"model.n_head={model.n_head}: the head dimension model.d_model/model.n_head="
             f"{model.head_dim} must be even (rotary positions turn pairs of features)"
-            f"; valid n_head: {_listed(valid)}"
+            f"; valid n_head: {listed(valid)}"
         )
     for key in ("norm_eps", "rope_theta"):
         if not getattr(model, key) > 0:
@@ -176,8 +175,8 @@ def shape_problem(model: ModelSpec, grid: Grid) -> str | None:
     why = _y_problem(model, grid.y)
     if why:
         valid = valid_y(model)
-        listed = _divisors(model.n_head) if valid == divisors(model.n_head) else _listed(valid)
-        return f"grid.y={grid.y}: {why}; valid y: {listed}"
+        shown = _divisors(model.n_head) if valid == divisors(model.n_head) else listed(valid)
+        return f"grid.y={grid.y}: {why}; valid y: {shown}"
     if model.d_model % grid.x:
         return (
             f"grid.x={grid.x}: must divide model.d_model={model.d_model} (the hidden dimension"
@@ -282,59 +281,6 @@ def job_problem(model: ModelSpec, grid: Grid, train: TrainConfig) -> str | None:
     )
 
 
-# --------------------------------------------------------------------------- memory
-
-
-def fit_micro_batch(
-    model: ModelSpec, grid: Grid, train: TrainConfig, hardware: Hardware
-) -> tuple[int, MemoryEstimate] | str:
-    """The micro-batch to run and its memory estimate (``memory.py``), or why none can.
-
-    A given ``train.micro_batch`` must be valid and fit. None (automatic) takes the
-    largest valid one that fits: it gives the fewest micro-steps, hence the fewest weight
-    all-gathers and reduce-scatters over z, which repeat per micro-step.
-    """
-    why = batch_problem(train, grid)
-    if why:
-        return why
-    if train.micro_batch is None:
-        candidates = micro_batch_candidates(train, grid)
-    else:
-        candidates = [train.micro_batch]
-    for micro in candidates:
-        estimate = _estimate(model, grid, replace(train, micro_batch=micro))
-        if estimate.fits(hardware.mem_per_gpu_gb):
-            return micro, estimate
-    gib = 1024**3
-    name, value = estimate.biggest()
-    return (
-        f"grid ({grid.describe()}) with train.micro_batch={micro}: needs"
-        f" {estimate.total / gib:.1f} GiB per GPU but {with_article(hardware.gpu_model)} has"
-        f" {hardware.mem_per_gpu_gb:g} GiB (largest term: {name} {value / gib:.1f} GiB); use"
-        f" {_or(memory_remedies(train, grid))}"
-    )
-
-
-def memory_remedies(train: TrainConfig, grid: Grid) -> list[str]:
-    """What would lower the memory per GPU, leaving out what is already set: a smaller
-    micro-batch only when one was pinned (the automatic choice tried every valid one)."""
-    remedies = ["more z/x/y ranks"]
-    smaller = [m for m in micro_batch_candidates(train, grid) if m < (train.micro_batch or 0)]
-    if train.micro_batch is not None and smaller:
-        remedies.append(f"a smaller train.micro_batch (valid: {_listed(smaller)})")
-    if train.cache_layers:
-        remedies.append("fewer cached blocks (train.cache_layers=0)")
-    if not train.activation_checkpointing:
-        remedies.append("train.activation_checkpointing=true")
-    return remedies
-
-
-def _estimate(model: ModelSpec, grid: Grid, train: TrainConfig) -> MemoryEstimate:
-    from axonn_launch.cost.memory import estimate_memory  # memory.py builds on this module
-
-    return estimate_memory(model=model, grid=grid, train=train)
-
-
 # --------------------------------------------------------------------------- wording
 
 # Letters whose spoken name begins with a vowel sound: "an H100", "an MI250X", "an A100".
@@ -349,7 +295,7 @@ def with_article(name: str) -> str:
     return f"{'an' if vowel else 'a'} {name}"
 
 
-def _or(items: list[str]) -> str:
+def or_list(items: list[str]) -> str:
     """Joined as: a; a or b; a, b or c."""
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" or {items[-1]}"
 
@@ -377,6 +323,6 @@ def _divisors(n: int) -> str:
     return ", ".join(map(str, values[:LISTED_DIVISORS])) + f", ... (the divisors of {n})"
 
 
-def _listed(values: list[int]) -> str:
+def listed(values: list[int]) -> str:
     shown = ", ".join(map(str, values[:LISTED_DIVISORS]))
     return shown + (", ..." if len(values) > LISTED_DIVISORS else "") if values else "none"

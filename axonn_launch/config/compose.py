@@ -14,6 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from axonn_launch.common.jobdir import CheckpointMissing, read_step_meta, resolve_checkpoint
 from axonn_launch.common.machine import MachineProfile
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import GenerateConfig, MemorizationConfig, TrainConfig
@@ -154,13 +155,9 @@ def model_of_source(model: ModelSpec, generate: GenerateConfig) -> ModelSpec:
     from axonn_launch.common.hf import HFConfigError, resolve_hf_model
 
     if generate.checkpoint:
-        import json
-
-        from axonn_launch.export import ExportError, resolve_checkpoint
-
         try:
-            meta = json.loads((resolve_checkpoint(generate.checkpoint) / "meta.json").read_text())
-        except ExportError as exc:
+            meta = read_step_meta(resolve_checkpoint(generate.checkpoint))
+        except CheckpointMissing as exc:
             raise ConfigError(f"generate.{exc}") from exc
         return ModelSpec(**meta["model"])
     try:
@@ -280,3 +277,30 @@ def _last_meaningful_line(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     lines = [ln for ln in lines if not ln.startswith(("full_key", "object_type", "To append"))]
     return lines[-1] if lines else text
+
+
+# Hydra's own flags that take a value (``-cd DIR`` or ``--config-dir=DIR``)
+VALUE_FLAGS = {
+    "--config-dir",
+    "-cd",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--experimental-rerun",
+}
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], dict[str, str], set[str]]:
+    """Hydra's command line as (overrides, flags with values, bare flags)."""
+    overrides, valued, bare = [], {}, set()
+    args = iter(argv)
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        if arg.startswith("-") and name in VALUE_FLAGS:
+            valued[name] = value if eq else next(args, "")
+        elif arg.startswith("-"):
+            bare.add(name)
+        else:
+            overrides.append(arg)
+    return overrides, valued, bare

@@ -18,7 +18,7 @@ from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import GenerateConfig, MemorizationConfig, TrainConfig
 from axonn_launch.config import edf
 from axonn_launch.config.compose import ConfigError, GridRequest, LaunchConfig
-from axonn_launch.cost.memory import MemoryEstimate, estimate_memory
+from axonn_launch.cost.memory import MemoryEstimate, estimate_memory, fit_micro_batch
 
 BUILTIN_DATA = ("shakespeare", "synthetic")
 BYTE_VOCAB = 256
@@ -50,7 +50,7 @@ def resolve(cfg: LaunchConfig) -> Resolved:
     _fail(rules.shape_problem(cfg.model, grid))
     _fail(rules.batch_problem(train, grid))
     nodes, per_node = place(cfg.machine, grid, cfg.nodes)
-    train, memory = fit_micro_batch(cfg.model, grid, train, cfg.machine)
+    train, memory = choose_micro_batch(cfg.model, grid, train, cfg.machine)
     if train.cache_layers is None:
         train, memory = choose_cache_layers(cfg.model, grid, train, cfg.machine)
     warnings = data_warnings(cfg) + missing_user_keys(cfg.machine, dry_run=cfg.dry_run)
@@ -176,9 +176,9 @@ def wants_planner(request: GridRequest, machine: MachineProfile) -> bool:
 
 def auto_grid(cfg: LaunchConfig) -> tuple[Grid, TrainConfig]:
     """The planner's fastest grid (and its micro-batch, unless given) on ``nodes``, or on
-    the fewest nodes where any grid fits (``plan.smallest_nodes``, as ``plan`` without
+    the fewest nodes where any grid fits (``planner.smallest_nodes``, as ``plan`` without
     nodes=); ``grid.pick=k`` takes its (k+1)-th best."""
-    from axonn_launch import plan  # the planner, only when asked for
+    from axonn_launch.cost import planner
 
     pick = cfg.grid.pick
     if pick < 0:
@@ -187,13 +187,13 @@ def auto_grid(cfg: LaunchConfig) -> tuple[Grid, TrainConfig]:
     try:
         nodes = 1 if machine.scheduler == "local" else cfg.nodes
         if nodes is None:
-            nodes = plan.smallest_nodes(machine=machine, model=model, train=train)
-        rows = plan.plan(machine=machine, model=model, train=train, nodes=nodes, top=pick + 1)
+            nodes = planner.smallest_nodes(machine=machine, model=model, train=train)
+        rows = planner.plan(machine=machine, model=model, train=train, nodes=nodes, top=pick + 1)
         if not rows:
-            raise plan.PlanError(
-                plan.why_nothing_fits(machine=machine, model=model, train=train, nodes=nodes)
+            raise planner.PlanError(
+                planner.why_nothing_fits(machine=machine, model=model, train=train, nodes=nodes)
             )
-    except plan.PlanError as exc:
+    except planner.PlanError as exc:
         raise ConfigError(f"grid=auto: {exc}") from exc
     if len(rows) <= pick:
         raise ConfigError(
@@ -240,12 +240,12 @@ def place(machine: MachineProfile, grid: Grid, nodes: int | None) -> tuple[int, 
     return needed, per_node
 
 
-def fit_micro_batch(
+def choose_micro_batch(
     model: ModelSpec, grid: Grid, train: TrainConfig, machine: MachineProfile
 ) -> tuple[TrainConfig, MemoryEstimate]:
     """``train`` with the micro-batch to run (given, or the largest that fits) and its
     memory estimate; raises ConfigError when it does not fit."""
-    chosen = rules.fit_micro_batch(model, grid, train, machine.hardware)
+    chosen = fit_micro_batch(model, grid, train, machine.hardware)
     if isinstance(chosen, str):
         raise ConfigError(chosen)
     micro, memory = chosen
@@ -256,9 +256,9 @@ def choose_cache_layers(
     model: ModelSpec, grid: Grid, train: TrainConfig, machine: MachineProfile
 ) -> tuple[TrainConfig, MemoryEstimate]:
     """``train.cache_layers=null`` on an explicit grid: the planner's choice for it."""
-    from axonn_launch import plan
+    from axonn_launch.cost import planner
 
-    cache = plan.resolve_cache_layers(machine.hardware, model, train, grid)
+    cache = planner.resolve_cache_layers(machine.hardware, model, train, grid)
     train = replace(train, cache_layers=cache)
     return train, estimate_memory(model=model, grid=grid, train=train)
 

@@ -56,7 +56,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from axonn_launch.common import rules
 from axonn_launch.common.grid import Grid
+from axonn_launch.common.machine import Hardware
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.rules import local_vocab
 from axonn_launch.common.spec import TrainConfig
@@ -98,7 +100,7 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """Bytes per GPU by term (module docstring); ``on_gpu`` resolves the ``auto`` dtypes."""
     if train.micro_batch is None:
-        raise ValueError("estimate_memory needs a micro_batch (rules.largest_fitting_micro_batch)")
+        raise ValueError("estimate_memory needs a micro_batch (fit_micro_batch chooses one)")
     wire = wire_bytes(train, on_gpu=on_gpu)
     half = wire.compute
     local = local_param_elements(model, grid)
@@ -245,3 +247,47 @@ def _llama_layer_activation_bytes(model: ModelSpec, grid: Grid, tokens: float, h
     lse = tokens * model.n_head / grid.y * 4
     rope = tokens * 2 * model.head_dim * 4
     return norms + wide + lse + rope
+
+
+def fit_micro_batch(
+    model: ModelSpec, grid: Grid, train: TrainConfig, hardware: Hardware
+) -> tuple[int, MemoryEstimate] | str:
+    """The micro-batch to run and its memory estimate (``estimate_memory``), or why none can.
+
+    A given ``train.micro_batch`` must be valid and fit. None (automatic) takes the
+    largest valid one that fits: it gives the fewest micro-steps, hence the fewest weight
+    all-gathers and reduce-scatters over z, which repeat per micro-step.
+    """
+    why = rules.batch_problem(train, grid)
+    if why:
+        return why
+    if train.micro_batch is None:
+        candidates = rules.micro_batch_candidates(train, grid)
+    else:
+        candidates = [train.micro_batch]
+    for micro in candidates:
+        estimate = estimate_memory(model=model, grid=grid, train=replace(train, micro_batch=micro))
+        if estimate.fits(hardware.mem_per_gpu_gb):
+            return micro, estimate
+    gib = 1024**3
+    name, value = estimate.biggest()
+    return (
+        f"grid ({grid.describe()}) with train.micro_batch={micro}: needs"
+        f" {estimate.total / gib:.1f} GiB per GPU but {rules.with_article(hardware.gpu_model)} has"
+        f" {hardware.mem_per_gpu_gb:g} GiB (largest term: {name} {value / gib:.1f} GiB); use"
+        f" {rules.or_list(memory_remedies(train, grid))}"
+    )
+
+
+def memory_remedies(train: TrainConfig, grid: Grid) -> list[str]:
+    """What would lower the memory per GPU, leaving out what is already set: a smaller
+    micro-batch only when one was pinned (the automatic choice tried every valid one)."""
+    remedies = ["more z/x/y ranks"]
+    smaller = [m for m in rules.micro_batch_candidates(train, grid) if m < (train.micro_batch or 0)]
+    if train.micro_batch is not None and smaller:
+        remedies.append(f"a smaller train.micro_batch (valid: {rules.listed(smaller)})")
+    if train.cache_layers:
+        remedies.append("fewer cached blocks (train.cache_layers=0)")
+    if not train.activation_checkpointing:
+        remedies.append("train.activation_checkpointing=true")
+    return remedies

@@ -11,51 +11,10 @@ when a local job fails; ``jobs status`` shows it. Torch-free: the login node rea
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import time
-import traceback
 from pathlib import Path
 
+from axonn_launch.common.jobdir import read_failures
 from axonn_launch.records.failures import PEER_LOST_PATTERNS, first_match
-
-TAIL_LINES = 8
-
-
-def failure_dir(job_dir: str | Path) -> Path:
-    return Path(job_dir) / "logs" / "failures"
-
-
-def record_failure(job_dir: str | Path, rank: int, error: BaseException) -> None:
-    """Called by a rank that is about to die of ``error``; never raises itself."""
-    lines = traceback.format_exception(type(error), error, error.__traceback__)
-    text = "".join(lines).rstrip().splitlines()
-    record = {
-        "rank": rank,
-        "host": socket.gethostname(),
-        "time": time.time(),
-        "exception": f"{type(error).__name__}: {error}".splitlines()[0][:500],
-        "tail": text[-TAIL_LINES:],
-    }
-    try:
-        folder = failure_dir(job_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        part = folder / f".rank_{rank}.json.{os.getpid()}"
-        part.write_text(json.dumps(record))
-        part.replace(folder / f"rank_{rank}.json")
-    except OSError:
-        pass  # the traceback still reaches the rank's own log
-
-
-def read_failures(job_dir: str | Path) -> list[dict]:
-    records = []
-    for path in failure_dir(job_dir).glob("rank_*.json"):
-        try:
-            records.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    return sorted(records, key=lambda r: (r.get("time", 0.0), r.get("rank", 0)))
 
 
 def is_symptom(record: dict) -> bool:

@@ -12,6 +12,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from axonn_launch.common.jobdir import JobPaths
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -66,13 +68,13 @@ def bytecode_cached(modules: tuple[str, ...] = ("torch", "axonn_launch.train")) 
 def start_ranks(*, job_dir: Path, world_size: int, env: dict[str, str]) -> list[subprocess.Popen]:
     """Rank 0 keeps this terminal; the others' output goes to <job_dir>/logs/rank_<N>.log,
     opened for appending: each rank's logging (train/logs.py) appends its lines there too."""
-    logs = job_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    paths = JobPaths(job_dir)
+    paths.logs.mkdir(parents=True, exist_ok=True)
     port = free_port()
     command = [sys.executable, "-m", "axonn_launch.train", str(job_dir)]
     procs = []
     for rank in range(world_size):
-        out = None if rank == 0 else open(logs / f"rank_{rank}.log", "a")  # noqa: SIM115
+        out = None if rank == 0 else open(paths.rank_log(rank), "a")  # noqa: SIM115
         procs.append(
             subprocess.Popen(
                 command,

@@ -16,15 +16,16 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from axonn_launch.common.spec import JobSpec, RuntimeConfig
-from axonn_launch.config.compose import LaunchConfig
-from axonn_launch.config.validate import Resolved, container_warnings, resolve
-from axonn_launch.jobs import (
-    PREFLIGHT_EXPECTED_FILE,
-    current_job_id,
+from axonn_launch.common.jobdir import (
+    JobPaths,
+    last_job_id,
+    read_record_or_empty,
     record_lock,
     write_record_file,
 )
+from axonn_launch.common.spec import JobSpec, RuntimeConfig
+from axonn_launch.config.compose import LaunchConfig
+from axonn_launch.config.validate import Resolved, container_warnings, resolve
 from axonn_launch.records import firstfail
 from axonn_launch.submit import local, rehearse, render, slurm
 from axonn_launch.submit.summary import next_line, preflight_on, summary, wallclock_warnings
@@ -70,15 +71,17 @@ def launch(
     job_dir = job_dir.resolve()
     job_dir.mkdir(parents=True, exist_ok=True)
     spec = job_spec(cfg, resolved, job_dir)
-    spec.save(job_dir / "spec.json")
+    spec.save(JobPaths(job_dir).spec)
     write_preflight_expectations(cfg, job_dir)
     config_yaml = resolved_yaml(config, resolved)
     (job_dir / "config.yaml").write_text(config_yaml)
     script = batch_script(cfg, resolved, job_dir, rehearsal)
     if script:
-        (job_dir / "submission.sh").write_text(script)
+        JobPaths(job_dir).submission.write_text(script)
     if rehearsal:
-        (job_dir / SITE_SCRIPT).write_text(batch_script(site_cfg, resolved, job_dir, None))
+        JobPaths(job_dir).site_submission.write_text(
+            batch_script(site_cfg, resolved, job_dir, None)
+        )
     record = job_record(cfg, resolved, job_dir, command_line)
     if rehearsal:
         record.update(rehearsal.record())
@@ -116,7 +119,7 @@ def resolved_yaml(config: dict, resolved: Resolved) -> str:
 
 def write_preflight_expectations(cfg: LaunchConfig, job_dir: Path) -> None:
     """What the job's preflight compares with, from the machine profile (or nothing)."""
-    path = job_dir / PREFLIGHT_EXPECTED_FILE
+    path = JobPaths(job_dir).preflight_expected
     if not preflight_on(cfg):
         path.unlink(missing_ok=True)
         return
@@ -142,9 +145,6 @@ def job_spec(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> JobSpec:
         generate=cfg.generate,
         memorization=cfg.memorization,
     )
-
-
-SITE_SCRIPT = "site_submission.sh"  # a rehearsal's: the script the site itself would run
 
 
 def batch_script(
@@ -244,12 +244,9 @@ def write_record(job_dir: Path, record: dict, **updates) -> dict:
     job id (its preflight verdict); another job's (a reused job dir) is dropped."""
     record.update(updates)
     with record_lock(job_dir):
-        try:
-            on_disk = json.loads((job_dir / "job.json").read_text())
-        except (OSError, ValueError):
-            on_disk = {}
+        on_disk = read_record_or_empty(job_dir)
         preflight = on_disk.get("preflight")
-        job_id = current_job_id(record)
+        job_id = last_job_id(record)
         if job_id and isinstance(preflight, dict) and preflight.get("job_id") == job_id:
             record.update({k: on_disk[k] for k in JOB_WRITTEN_KEYS if k in on_disk})
         write_record_file(job_dir, record)

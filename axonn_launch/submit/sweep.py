@@ -28,8 +28,9 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from axonn_launch.common.jobdir import read_summary
 from axonn_launch.config.compose import ConfigError, LaunchConfig
-from axonn_launch.jobs import RunResults, read_summary, run_results
+from axonn_launch.records.status import RunResults, run_results
 from axonn_launch.submit.pipeline import Outcome
 
 log = logging.getLogger(__name__)

@@ -23,6 +23,8 @@ from typing import Any
 
 from submitit.helpers import Checkpointable, DelayedSubmission
 
+from axonn_launch.common.jobdir import JobPaths, checkpointed_step
+
 REQUEUE_WAIT_S = 300  # how long ranks other than 0 wait to be stopped by the requeue
 
 
@@ -45,7 +47,7 @@ class TrainJob(Checkpointable):
         signal.signal(signal.SIGUSR2, stop.request)
         rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
         hook = step_hook(stop, rank=rank, start_step=checkpointed_step(self.job_dir))
-        spec = JobSpec.load(Path(self.job_dir) / "spec.json")
+        spec = JobSpec.load(JobPaths(self.job_dir).spec)
         summary = run(spec, should_stop=hook)
         unfinished = summary.get("stopped") and summary["steps"] < spec.train.steps
         if unfinished and callable(submitit_handler):
@@ -66,15 +68,6 @@ def hand_over_to_requeue(submitit_handler: Any, rank: int) -> None:
     submitit_handler(signal.SIGUSR2, None)
     if rank != 0:
         time.sleep(REQUEUE_WAIT_S)
-
-
-def checkpointed_step(job_dir: str) -> int:
-    """Step of the checkpoint the job will resume from (0 without one); torch-free."""
-    pointer = Path(job_dir) / "checkpoints" / "latest"
-    try:
-        return int(pointer.read_text().strip().rsplit("_", 1)[-1])
-    except (OSError, ValueError):
-        return 0
 
 
 def apply_task_env(task_env: dict[str, str]) -> None:

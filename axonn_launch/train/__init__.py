@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from axonn_launch.common.jobdir import record_failure
 from axonn_launch.common.rules import job_problem
 from axonn_launch.common.spec import JobSpec
-from axonn_launch.records.firstfail import record_failure
 from axonn_launch.train import preflight
+from axonn_launch.train.arch import build_model
 from axonn_launch.train.bootstrap import DistEnv, bootstrap, init_distributed
 from axonn_launch.train.checkpoint import (
     LEGACY_FORMAT,
@@ -43,7 +44,7 @@ from axonn_launch.train.loop import (
     train_loop,
 )
 from axonn_launch.train.metrics import MetricsLogger
-from axonn_launch.train.model import GPT, build_model
+from axonn_launch.train.model import GPT
 from axonn_launch.train.sample import decode, default_prompt, generate
 from axonn_launch.train.startup import log_startup, log_startup_time
 

@@ -42,10 +42,10 @@ import numpy as np
 import torch
 
 from axonn_launch.common.grid import Coords, Grid
+from axonn_launch.common.indexed import MASK_SUFFIX, read_index  # the index format (torch-free)
+from axonn_launch.common.indexed import MEGATRON_DTYPES as MEGATRON_DTYPES  # re-exported
+from axonn_launch.common.indexed import MEGATRON_IDX_HEADER as MEGATRON_IDX_HEADER
 from axonn_launch.common.spec import GoldfishConfig
-from axonn_launch.data import MASK_SUFFIX, read_index  # the index format (torch-free)
-from axonn_launch.data import MEGATRON_DTYPES as MEGATRON_DTYPES  # re-exported
-from axonn_launch.data import MEGATRON_IDX_HEADER as MEGATRON_IDX_HEADER
 
 SHAKESPEARE = Path(__file__).parent / "data" / "tinyshakespeare.txt"
 TRAIN_FRACTION = 0.9

@@ -101,7 +101,7 @@ def read_prompts(path: str, codec: Codec | None) -> list[list[int]]:
 def load_weights(spec: JobSpec, model: GPT, group: dist.ProcessGroup | None) -> str:
     """The weights to continue with; returns where they came from."""
     if spec.generate.checkpoint:
-        from axonn_launch.export import resolve_checkpoint
+        from axonn_launch.common.jobdir import resolve_checkpoint
         from axonn_launch.train.state import load_model_weights
 
         path = resolve_checkpoint(spec.generate.checkpoint)

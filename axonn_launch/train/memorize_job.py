@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from axonn_launch import memorization as memo
+from axonn_launch.common import memorization_metric as memo
 from axonn_launch.common.spec import JobSpec
 from axonn_launch.train.generation import generate
 from axonn_launch.train.loop import compute_dtype
@@ -67,7 +67,7 @@ def run_memorization(spec: JobSpec, model, device: torch.device, rank: int) -> d
     result |= memo.evaluate(prompts, outputs, tokenizer, skipped)
     result["seconds"] = seconds
     if rank == 0:
-        memo._write_json(Path(settings.out), result)
+        memo.write_json(Path(settings.out), result)
         log.info(
             "memorization of %s: %d documents, exact match %.3f, token match %.3f,"
             " ROUGE-L %.3f (%.1f s)",

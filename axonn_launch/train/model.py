@@ -223,16 +223,6 @@ class GPT(nn.Module):
         return self.embedding.embed(idx, table, positions)
 
 
-def build_model(spec: ModelSpec, **kwargs) -> GPT:
-    """The model class of ``spec.arch`` (``GPT`` or ``train.llama.Llama``), built with
-    ``GPT``'s keyword arguments."""
-    if spec.is_llama:
-        from axonn_launch.train.llama import Llama
-
-        return Llama(spec, **kwargs)
-    return GPT(spec, **kwargs)
-
-
 # ---------------------------------------------------------------------------------------
 # Gradient synchronization, clipping and full (unsharded) state
 

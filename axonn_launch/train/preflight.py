@@ -58,9 +58,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from axonn_launch.common.jobdir import JobPaths, update_record
 from axonn_launch.common.machine import PreflightExpectations
 from axonn_launch.common.spec import JobSpec
-from axonn_launch.jobs import PREFLIGHT_EXPECTED_FILE, PREFLIGHT_FILE, update_record
 from axonn_launch.train.bootstrap import DistEnv
 from axonn_launch.train.faults import preflight_slowdown
 from axonn_launch.train.startup import enable_nccl_log
@@ -92,7 +92,7 @@ def prepare(spec: JobSpec, env: DistEnv, environ=os.environ) -> None:
 
 def read_expectations(job_dir: str | Path) -> PreflightExpectations:
     """What the launcher wrote for this job; the defaults (no floors) without the file."""
-    path = Path(job_dir) / PREFLIGHT_EXPECTED_FILE
+    path = JobPaths(job_dir).preflight_expected
     try:
         return PreflightExpectations(**json.loads(path.read_text()))
     except FileNotFoundError:
@@ -392,7 +392,7 @@ def report_lines(report: dict, expect: PreflightExpectations) -> list[str]:
 # --- the whole check -------------------------------------------------------------------
 
 
-def current_job_id(environ: Mapping[str, str] = os.environ) -> str:
+def job_id_from_environment(environ: Mapping[str, str] = os.environ) -> str:
     """The id job.json records: Slurm's, or ``local-<pid of rank 0>`` on machine=local."""
     return environ.get("SLURM_JOB_ID") or f"local-{os.getpid()}"
 
@@ -445,13 +445,13 @@ def record(
         )
     verdict = "stopping the job" if report["stopped"] else "passed" if report["passed"] else "done"
     log.info("preflight: %s in %.1f s", verdict, report["seconds"])
-    summary = {"job_id": current_job_id(environ), "host": socket.gethostname(), **report}
+    summary = {"job_id": job_id_from_environment(environ), "host": socket.gethostname(), **report}
     full = {**summary, "expected": asdict(expect), "ranks": results}
-    path = Path(job_dir) / PREFLIGHT_FILE
-    part = path.with_name(f".{PREFLIGHT_FILE}.{os.getpid()}")
+    path = JobPaths(job_dir).preflight
+    part = path.with_name(f".{path.name}.{os.getpid()}")
     part.write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
     part.replace(path)
-    if (Path(job_dir) / "job.json").exists():
+    if JobPaths(job_dir).record.exists():
         try:
             update_record(Path(job_dir), preflight=summary, slow_nodes=report["slow_nodes"])
         except (OSError, ValueError) as exc:  # preflight.json holds it all the same

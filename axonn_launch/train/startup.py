@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from axonn_launch.jobs import NCCL_LOG_NAME
+from axonn_launch.common.jobdir import JobPaths
 from axonn_launch.train.bootstrap import DistEnv, launcher_words
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def enable_nccl_log(job_dir: str | Path, rank: int, environ=os.environ) -> None:
     NCCL's WARN lines go there too, not to stderr: ``jobs status`` reads them there."""
     environ.setdefault("NCCL_DEBUG", "INFO")
     environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
-    path = Path(job_dir) / "logs" / NCCL_LOG_NAME.format(rank=rank)
+    path = JobPaths(job_dir).nccl_log(rank)
     environ.setdefault("NCCL_DEBUG_FILE", str(path))
 
 

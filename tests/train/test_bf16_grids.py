@@ -31,7 +31,7 @@ import torch
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig, WireConfig
-from axonn_launch.plan import enumerate_grids
+from axonn_launch.cost.planner import enumerate_grids
 from axonn_launch.train.comm import Recorder, resolve_wire
 from axonn_launch.train.groups import build_groups, single_process_groups
 from axonn_launch.train.loop import autocast

@@ -182,7 +182,8 @@ def test_micro_batch_must_divide_over_z():
 
 
 def test_sidecar_vocab_applies_beside_a_megatron_idx(tmp_path):
-    from axonn_launch.data import IndexedWriter, token_dtype
+    from axonn_launch.common.indexed import token_dtype
+    from axonn_launch.data import IndexedWriter
 
     prefix = tmp_path / "corpus"
     with IndexedWriter(prefix, token_dtype(50257)) as writer:

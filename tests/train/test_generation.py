@@ -12,9 +12,10 @@ from axonn_launch.common.grid import Grid
 from axonn_launch.common.hf import spec_from_hf_config
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig
+from axonn_launch.train.arch import build_model
 from axonn_launch.train.generation import generate, generate_batch, pick_tokens
 from axonn_launch.train.groups import build_groups, single_process_groups
-from axonn_launch.train.model import GPT, build_model, load_full_state_dict
+from axonn_launch.train.model import GPT, load_full_state_dict
 from tests.train.dist_utils import run_world
 from tests.train.test_llama_exact import ours_from_hf, tiny_hf_config
 

@@ -20,12 +20,13 @@ from axonn_launch.common.hf import hf_segments, spec_from_hf_config
 from axonn_launch.common.spec import OverlapConfig, TrainConfig
 from axonn_launch.export import main
 from axonn_launch.train import export as train_export
+from axonn_launch.train.arch import build_model
 from axonn_launch.train.checkpoint import Checkpointer
 from axonn_launch.train.dcp import grid_position, shard_pieces
 from axonn_launch.train.groups import build_groups
 from axonn_launch.train.hf_import import load_hf_weights
 from axonn_launch.train.loop import build_optimizer
-from axonn_launch.train.model import build_model, full_state_dict, load_full_state_dict
+from axonn_launch.train.model import full_state_dict, load_full_state_dict
 from axonn_launch.train.state import save_training_state
 from tests.train.dist_utils import run_world
 

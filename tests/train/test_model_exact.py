@@ -17,7 +17,7 @@ import torch.distributed as dist
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig
-from axonn_launch.plan import enumerate_grids  # every ordered (data, x, y, z); tests/test_plan.py
+from axonn_launch.cost.planner import enumerate_grids
 from axonn_launch.train.groups import build_groups, single_process_groups
 from axonn_launch.train.model import (
     GPT,

@@ -1,0 +1,252 @@
+"""The job directory: every file name in it, and every read, write and lock of its records.
+
+The launcher, the job's ranks and the user's tools all meet here (as submitit's ``JobPaths``
+serves its executor and the submitted process). Layout::
+
+    <job_dir>/
+      job.json                 the launcher's record (status, job ids, attempts), all writers
+                               hold the record lock and replace it atomically
+      spec.json                what the job runs (common/spec.py's JobSpec)
+      submission.sh            the batch script (site_submission.sh: a rehearsal's original)
+      preflight_expected.json  the launcher's expectations for the job's preflight
+      preflight.json           the job's preflight verdict (rank 0)
+      metrics.jsonl            one row per logged step (rank 0)
+      summary.json             the run's outcome (rank 0, at the end)
+      memorization.json        the in-job memorization evaluation
+      checkpoints/latest       names the newest complete checkpoints/step_<n>/ (meta.json in it)
+      logs/rank_<r>.log        each rank's log; logs/nccl_rank<r>.log NCCL's
+      logs/failures/rank_<r>.json  a dying rank's exception (records/firstfail.py reads them)
+
+Torch-free and submitit-free: a local run, the job and the login tools all import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+RECORD = "job.json"
+SPEC = "spec.json"
+SUBMISSION = "submission.sh"
+SITE_SUBMISSION = "site_submission.sh"
+PREFLIGHT = "preflight.json"
+PREFLIGHT_EXPECTED = "preflight_expected.json"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+MEMORIZATION = "memorization.json"
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+STEP_META = "meta.json"
+LOGS = "logs"
+FAILURES = "failures"
+NCCL_LOG = "nccl_rank{rank}.log"
+RESUBMIT_LOCK = ".resubmit.lock"
+RECORD_LOCK = ".record.lock"
+FAILURE_TAIL_LINES = 8
+
+
+class JobPaths:
+    """The paths of one job directory's files."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+
+    record = property(lambda self: self.folder / RECORD)
+    spec = property(lambda self: self.folder / SPEC)
+    submission = property(lambda self: self.folder / SUBMISSION)
+    site_submission = property(lambda self: self.folder / SITE_SUBMISSION)
+    preflight = property(lambda self: self.folder / PREFLIGHT)
+    preflight_expected = property(lambda self: self.folder / PREFLIGHT_EXPECTED)
+    metrics = property(lambda self: self.folder / METRICS)
+    summary = property(lambda self: self.folder / SUMMARY)
+    memorization = property(lambda self: self.folder / MEMORIZATION)
+    checkpoints = property(lambda self: self.folder / CHECKPOINTS)
+    latest = property(lambda self: self.folder / CHECKPOINTS / LATEST)
+    logs = property(lambda self: self.folder / LOGS)
+    failures = property(lambda self: self.folder / LOGS / FAILURES)
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / f"rank_{rank}.log"
+
+    def nccl_log(self, rank: int | str) -> Path:
+        return self.logs / NCCL_LOG.format(rank=rank)
+
+    def step(self, name: str) -> Path:
+        return self.checkpoints / name
+
+
+def is_job_dir(names: Iterator[str] | list[str]) -> bool:
+    """A folder holding these entries is a job directory."""
+    return RECORD in names
+
+
+# --- job.json ------------------------------------------------------------------------------
+
+
+def read_record(job_dir: str | Path) -> dict:
+    return json.loads(JobPaths(job_dir).record.read_text())
+
+
+def read_record_or_empty(job_dir: str | Path) -> dict:
+    try:
+        record = read_record(job_dir)
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+@contextlib.contextmanager
+def _flock(path: Path) -> Iterator[None]:
+    """Exclusive lock across processes on ``path`` (created if missing)."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def job_lock(job_dir: str | Path) -> contextlib.AbstractContextManager[None]:
+    """Exclusive per-job lock across processes, held while a resubmission launches."""
+    return _flock(Path(job_dir) / RESUBMIT_LOCK)
+
+
+def record_lock(job_dir: str | Path) -> contextlib.AbstractContextManager[None]:
+    """Exclusive lock on job.json's read-modify-write (launcher, job and tools all write it);
+    not ``job_lock``, which a resubmission holds while it launches."""
+    return _flock(Path(job_dir) / RECORD_LOCK)
+
+
+def write_record_file(job_dir: str | Path, record: dict) -> None:
+    """Replace job.json atomically (callers hold ``record_lock``)."""
+    path = JobPaths(job_dir).record
+    tmp = path.with_name(f"{RECORD}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
+    tmp.replace(path)
+
+
+def update_record(job_dir: str | Path, **updates) -> dict:
+    """Re-read job.json, apply ``updates`` and replace the file atomically."""
+    with record_lock(job_dir):
+        record = read_record(job_dir)
+        record.update(updates)
+        write_record_file(job_dir, record)
+    return record
+
+
+def last_job_id(record: dict) -> str:
+    """The scheduler's id of the record's newest job ('' before submission)."""
+    ids = record.get("job_ids") or []
+    return str(ids[-1]) if ids else ""
+
+
+# --- what the job writes -------------------------------------------------------------------
+
+
+def read_summary(job_dir: str | Path) -> dict | None:
+    """``summary.json``, which rank 0 writes when the run ends; None before (or unreadable)."""
+    try:
+        summary = json.loads(JobPaths(job_dir).summary.read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def write_summary(job_dir: str | Path, summary: dict) -> None:
+    JobPaths(job_dir).summary.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def last_metrics(job_dir: str | Path) -> dict | None:
+    """The last complete row of metrics.jsonl, reading only the end of the file."""
+    try:
+        with open(JobPaths(job_dir).metrics, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 4096))
+            tail = handle.read().decode(errors="replace")
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        with contextlib.suppress(ValueError):
+            return json.loads(line)
+    return None
+
+
+def record_failure(job_dir: str | Path, rank: int, error: BaseException) -> None:
+    """Called by a rank that is about to die of ``error``; never raises itself."""
+    lines = traceback.format_exception(type(error), error, error.__traceback__)
+    text = "".join(lines).rstrip().splitlines()
+    record = {
+        "rank": rank,
+        "host": socket.gethostname(),
+        "time": time.time(),
+        "exception": f"{type(error).__name__}: {error}".splitlines()[0][:500],
+        "tail": text[-FAILURE_TAIL_LINES:],
+    }
+    try:
+        folder = JobPaths(job_dir).failures
+        folder.mkdir(parents=True, exist_ok=True)
+        part = folder / f".rank_{rank}.json.{os.getpid()}"
+        part.write_text(json.dumps(record))
+        part.replace(folder / f"rank_{rank}.json")
+    except OSError:
+        pass  # the traceback still reaches the rank's own log
+
+
+def read_failures(job_dir: str | Path) -> list[dict]:
+    """The failure records the ranks left, oldest first."""
+    records = []
+    for path in JobPaths(job_dir).failures.glob("rank_*.json"):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(records, key=lambda r: (r.get("time", 0.0), r.get("rank", 0)))
+
+
+# --- checkpoints ---------------------------------------------------------------------------
+
+
+class CheckpointMissing(ValueError):
+    """No complete checkpoint where one was named."""
+
+
+def latest_step_name(job_dir: str | Path) -> str | None:
+    """The step directory ``checkpoints/latest`` names (``step_<n>``), or None."""
+    try:
+        return JobPaths(job_dir).latest.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def checkpointed_step(job_dir: str | Path) -> int:
+    """Step of the checkpoint the job will resume from (0 without one)."""
+    name = latest_step_name(job_dir)
+    try:
+        return int(name.rsplit("_", 1)[-1]) if name else 0
+    except ValueError:
+        return 0
+
+
+def read_step_meta(step_dir: Path) -> dict:
+    return json.loads((step_dir / STEP_META).read_text())
+
+
+def resolve_checkpoint(text: str) -> Path:
+    """The step directory named by ``text`` (itself, or a job directory's latest)."""
+    path = Path(text)
+    name = latest_step_name(path)
+    if name:
+        path = JobPaths(path).step(name)
+    if not (path / STEP_META).is_file():
+        raise CheckpointMissing(
+            f"checkpoint={text!r}: no complete checkpoint there (no {STEP_META}); expected a "
+            f"{CHECKPOINTS}/step_N directory or a job directory with {CHECKPOINTS}/{LATEST}"
+        )
+    return path

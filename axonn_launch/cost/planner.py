@@ -1,0 +1,314 @@
+"""The planner's library: enumerate every grid of a world size, drop the invalid and the
+ones that do not fit in memory, rank the rest by the predicted step time (``cost/perf.py``).
+
+Validity and the micro-batch follow ``common/rules.py``, as the launcher and the job do.
+Unless ``train.micro_batch`` is given (then it is pinned), each grid gets the largest
+micro-batch that is a multiple of z, divides the per-replica batch (global_batch / data) and
+fits in memory. The largest one gives the fewest micro-steps, hence the fewest weight
+all-gathers and reduce-scatters over z (which repeat per micro-step), the fewest
+latency-bound collectives and the biggest GEMMs; the activation all-reduces and the FLOPs
+per step do not depend on it.
+
+Weight caching (``train.cache_layers``): an int is kept as given. None (automatic) lets
+the planner choose per grid: with the micro-batch fixed as above, the most blocks whose
+gathered weights still fit in memory (``memory.largest_cache_that_fits``), if caching
+them makes the predicted step faster, else none. Every row reports its choice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.machine import Hardware, MachineProfile
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.rules import (
+    batch_problem,
+    divisors,
+    placement_problem,
+    shape_problem,
+)
+from axonn_launch.common.spec import TrainConfig
+from axonn_launch.cost.memory import (
+    GIB,
+    MemoryEstimate,
+    estimate_memory,
+    fit_micro_batch,
+    largest_cache_that_fits,
+)
+from axonn_launch.cost.perf import (
+    Calibration,
+    StepTime,
+    step_time,
+)
+
+
+class PlanError(ValueError):
+    """No grid can run this configuration; the message says why."""
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    rank: int
+    grid: Grid
+    micro_batch: int
+    cache_layers: int  # blocks whose gathered weights are kept (given, or chosen)
+    accumulation: int
+    step_time_s: float
+    compute_s: float
+    tflops_per_gpu: float
+    fraction_of_peak: float
+    memory_gib: float
+    comm_s: dict[str, float]  # exposed communication per axis (x, y, z, data, xy)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["grid"] = self.grid.as_dict()
+        return out
+
+
+# --------------------------------------------------------------------------- enumeration
+
+
+def enumerate_grids(world_size: int) -> list[Grid]:
+    """Every (data, x, y, z) with data*x*y*z == world_size, in a fixed order."""
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size}: must be a positive integer")
+    grids = []
+    for x in divisors(world_size):
+        for y in divisors(world_size // x):
+            for z in divisors(world_size // (x * y)):
+                grids.append(Grid(data=world_size // (x * y * z), x=x, y=y, z=z))
+    return grids
+
+
+# --------------------------------------------------------------------------- ranking
+
+
+@dataclass(frozen=True)
+class Ranking:
+    rows: list[PlanRow]  # every runnable grid, fastest first
+    considered: int
+    rejected: dict[str, int]  # reason kind -> count
+    example: dict[str, str]  # reason kind -> one full message
+
+
+def rank_grids(
+    *,
+    hardware: Hardware,
+    model: ModelSpec,
+    train: TrainConfig,
+    world_size: int,
+    calibration: Calibration | None = None,
+) -> Ranking:
+    """Evaluate every grid of ``world_size``; see the module docstring for the micro-batch."""
+    cal = calibration or Calibration()
+    rows: list[PlanRow] = []
+    rejected: dict[str, int] = {}
+    example: dict[str, str] = {}
+    grids = enumerate_grids(world_size)
+    for grid in grids:
+        result = evaluate_grid(hardware, model, train, grid, cal)
+        if isinstance(result, PlanRow):
+            rows.append(result)
+        else:
+            kind, why = result
+            rejected[kind] = rejected.get(kind, 0) + 1
+            example.setdefault(kind, why)
+    rows.sort(key=lambda r: (r.step_time_s, r.grid.x, r.grid.y, r.grid.z))
+    rows = [dataclasses.replace(r, rank=i + 1) for i, r in enumerate(rows)]
+    return Ranking(rows=rows, considered=len(grids), rejected=rejected, example=example)
+
+
+def evaluate_grid(
+    hardware: Hardware,
+    model: ModelSpec,
+    train: TrainConfig,
+    grid: Grid,
+    cal: Calibration,
+) -> PlanRow | tuple[str, str]:
+    """The grid's plan row (rank 0 = unranked), or (reason kind, message) if it cannot run."""
+    why = placement_problem(hardware, grid)
+    if why:
+        return "placement", why
+    why = shape_problem(model, grid)
+    if why:
+        return "shape", why
+    why = batch_problem(train, grid)
+    if why:
+        return "batch", why
+    chosen = fit_micro_batch(model, grid, train, hardware)
+    if isinstance(chosen, str):
+        return "memory", chosen
+    micro, memory = chosen
+    tr = dataclasses.replace(train, micro_batch=micro)
+    tr, memory, st = _with_cache(hardware, model, tr, grid, cal, memory)
+    return PlanRow(
+        rank=0,
+        grid=grid,
+        micro_batch=micro,
+        cache_layers=tr.cache_layers,
+        accumulation=st.accumulation,
+        step_time_s=st.total,
+        compute_s=st.compute,
+        tflops_per_gpu=st.tflops_per_gpu,
+        fraction_of_peak=st.fraction_of_peak,
+        memory_gib=memory.total / GIB,
+        comm_s=st.comm,
+    )
+
+
+def resolve_cache_layers(
+    hardware: Hardware,
+    model: ModelSpec,
+    train: TrainConfig,
+    grid: Grid,
+    calibration: Calibration | None = None,
+) -> int:
+    """``train.cache_layers`` as given, or (None) the planner's choice for this grid and
+    ``train.micro_batch`` (module docstring); for launching an explicit grid."""
+    memory = estimate_memory(model=model, grid=grid, train=train)
+    chosen, _, _ = _with_cache(hardware, model, train, grid, calibration or Calibration(), memory)
+    return chosen.cache_layers
+
+
+def _with_cache(
+    hardware: Hardware,
+    model: ModelSpec,
+    train: TrainConfig,
+    grid: Grid,
+    cal: Calibration,
+    memory: MemoryEstimate,
+) -> tuple[TrainConfig, MemoryEstimate, StepTime]:
+    """``train`` with its cache_layers (as given, or chosen: module docstring), the memory
+    estimate and the predicted step of that choice."""
+
+    def predict(tr: TrainConfig) -> StepTime:
+        return step_time(hardware=hardware, model=model, train=tr, grid=grid, calibration=cal)
+
+    if train.cache_layers is not None:
+        return train, memory, predict(train)
+    none = dataclasses.replace(train, cache_layers=0)
+    base = predict(none)
+    most = largest_cache_that_fits(model, grid, none, hardware.mem_per_gpu_gb)
+    if most == 0:
+        return none, memory, base
+    cached = dataclasses.replace(train, cache_layers=most)
+    faster = predict(cached)
+    if faster.total >= base.total:
+        return none, memory, base
+    return cached, estimate_memory(model=model, grid=grid, train=cached), faster
+
+
+def plan(
+    *,
+    machine: MachineProfile,
+    model: ModelSpec,
+    train: TrainConfig,
+    nodes: int,
+    top: int = 5,
+    calibration: Calibration | None = None,
+) -> list[PlanRow]:
+    """The ``top`` fastest runnable grids on ``nodes`` nodes of ``machine``."""
+    ranking = rank_machine(machine, model, train, nodes, calibration)
+    return ranking.rows[: max(0, top)]
+
+
+def best_grid(
+    *,
+    machine: MachineProfile,
+    model: ModelSpec,
+    train: TrainConfig,
+    nodes: int,
+    calibration: Calibration | None = None,
+) -> PlanRow:
+    """The fastest runnable grid (for grid=auto); use its ``micro_batch`` too.
+
+    Raises PlanError naming why every grid was rejected.
+    """
+    ranking = rank_machine(machine, model, train, nodes, calibration)
+    if not ranking.rows:
+        raise PlanError(explain_empty(ranking, machine, model, nodes))
+    return ranking.rows[0]
+
+
+MAX_NODES = 16384  # the largest node count searched when none is given
+
+
+def smallest_nodes(
+    *,
+    machine: MachineProfile,
+    model: ModelSpec,
+    train: TrainConfig,
+    max_nodes: int = MAX_NODES,
+    calibration: Calibration | None = None,
+) -> int:
+    """The smallest power-of-two node count (up to ``max_nodes``) with a runnable grid.
+
+    For grid=auto without nodes. Raises PlanError with the reasons at ``max_nodes``.
+    """
+    nodes = 1
+    while True:
+        ranking = rank_machine(machine, model, train, nodes, calibration)
+        if ranking.rows:
+            return nodes
+        if nodes * 2 > max_nodes:
+            raise PlanError(explain_empty(ranking, machine, model, nodes))
+        nodes *= 2
+
+
+def rank_machine(machine, model, train, nodes, calibration) -> Ranking:
+    if nodes < 1:
+        raise PlanError(f"nodes={nodes}: must be a positive integer")
+    world = nodes * machine.hardware.gpus_per_node
+    return rank_grids(
+        hardware=machine.hardware,
+        model=model,
+        train=train,
+        world_size=world,
+        calibration=calibration,
+    )
+
+
+REJECTED_BECAUSE = {
+    "placement": "put x across nodes",
+    "shape": "do not divide the model's shapes",
+    "batch": "do not divide the batch",
+    "memory": "do not fit in memory",
+}
+
+
+def explain_empty(ranking: Ranking, machine: MachineProfile, model: ModelSpec, nodes: int) -> str:
+    parts = [
+        f"{n} {REJECTED_BECAUSE.get(kind, kind)} (e.g. {ranking.example[kind]})"
+        for kind, n in sorted(ranking.rejected.items(), key=lambda kv: -kv[1])
+    ]
+    return (
+        f"no grid of {nodes} node(s) of {machine.name} can run {model.name}: all "
+        f"{ranking.considered} grids rejected: " + "; ".join(parts)
+    )
+
+
+def why_nothing_fits(
+    *,
+    machine: MachineProfile,
+    model: ModelSpec,
+    train: TrainConfig,
+    nodes: int,
+    calibration: Calibration | None = None,
+) -> str:
+    """What ruled out every grid of ``nodes`` nodes, and the fewest nodes where one fits."""
+    ranking = rank_machine(machine, model, train, nodes, calibration)
+    text = explain_empty(ranking, machine, model, nodes)
+    try:
+        fewest = smallest_nodes(
+            machine=machine,
+            model=model,
+            train=train,
+            calibration=calibration,
+        )
+    except PlanError:
+        return f"{text}; no node count up to {MAX_NODES} fits either"
+    return f"{text}; the fewest nodes where a grid fits: nodes={fewest}"

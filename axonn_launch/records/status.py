@@ -1,0 +1,482 @@
+"""What happened to each job: its state, the step it reached, its loss, and when it failed,
+its failure class and the evidence for it (``records/failures.py``).
+
+States come from one batched ``sacct`` call for all jobs; without accounting, from
+``squeue`` for queued jobs and from submitit's result pickles and the logs for ended ones.
+A job the preflight stopped counts as a node failure of the slow nodes it named.
+
+Login-node code: never imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import pickle
+import re
+import subprocess
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from axonn_launch.common import slurmtext
+from axonn_launch.common.jobdir import (
+    CHECKPOINTS,
+    LOGS,
+    PREFLIGHT,
+    JobPaths,
+    is_job_dir,
+    last_job_id,
+    last_metrics,
+    read_record,
+    read_summary,
+    update_record,
+)
+from axonn_launch.records import failures, firstfail
+from axonn_launch.records.failures import Diagnosis, Evidence
+
+DEFAULT_ROOT = "jobs"
+SKIP_DIRS = frozenset({"slurm", CHECKPOINTS, LOGS, ".hydra", ".submitit"})
+LOG_TAIL_BYTES = 16384
+NODE_NAME = re.compile(r"[A-Za-z0-9][\w.-]*")  # what may go into --exclude
+
+
+@dataclass(frozen=True)
+class SchedulerInfo:
+    state: str = ""
+    exit_code: str = ""
+    nodelist: str = ""
+
+
+@dataclass
+class JobStatus:
+    job_dir: str
+    job_id: str
+    name: str
+    machine: str
+    model: str
+    grid: str
+    nodes: int
+    state: str
+    step: int | None
+    steps: int
+    loss: float | None
+    tokens_per_s: float | None
+    step_time_s: float | None
+    failure: str
+    action: str
+    reason: str
+    attempt: int
+    bad_nodes: list[str] = field(default_factory=list)
+    resubmitted_as: str = ""
+    slow_nodes: list[str] = field(default_factory=list)  # named by this attempt's preflight
+    # what ran after the training (sample, memorization): "done", "failed: ..." or "pending"
+    after_training: dict[str, str] = field(default_factory=dict)
+
+
+# --- finding and reading job directories -------------------------------------------------
+
+
+JOB_DIR_HINT = (
+    "a job dir is the folder one launch writes, holding job.json"
+    " (python -m axonn_launch makes jobs/<name>/<time>/)"
+)
+
+
+class NotAJobPath(ValueError):
+    """A PATH argument with no job dir at or below it; the message says what one is."""
+
+
+def find_job_dirs(paths: list[str]) -> list[Path]:
+    """Every directory holding a job.json at or below ``paths``, in a stable order.
+
+    Raises NotAJobPath for a path with none: a typo must not look like "nothing to do".
+    """
+    found: list[Path] = []
+    for path in paths:
+        here: list[Path] = []
+        _walk(Path(path), here)
+        if not here:
+            what = "holds no job dir" if os.path.exists(path) else "no such file or directory"
+            raise NotAJobPath(f"{path}: {what}; {JOB_DIR_HINT}")
+        found += here
+    return sorted(set(found))
+
+
+def _walk(path: Path, found: list[Path]) -> None:
+    try:
+        entries = list(os.scandir(path))
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return
+    if is_job_dir([e.name for e in entries]):
+        found.append(path)
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False) and entry.name not in SKIP_DIRS:
+            _walk(Path(entry.path), found)
+
+
+DRY_RUN_STATE = "DRY_RUN"
+DRY_RUN_WORDS = "is a dry run: nothing was trained; launch it without dry_run=true"
+
+
+def is_drycommand_output(record: dict) -> bool:
+    """The launch only rendered and recorded the job (``dry_run=true``): nothing ran."""
+    return bool(record.get("dry_run")) or record.get("status") == "dry_run"
+
+
+def dry_run_problem(job_dir: Path | str) -> str | None:
+    """The one line for a tool asked for what only a run makes (report, generate), or None."""
+    try:
+        record = read_record(Path(job_dir))
+    except (OSError, ValueError):
+        return None
+    if not is_drycommand_output(record):
+        return None
+    return f"{job_dir}: {DRY_RUN_WORDS}"
+
+
+@dataclass(frozen=True)
+class RunResults:
+    """Loss and speed of a run: its summary once it finished, else its last step."""
+
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    step_time_s: float | None = None
+
+
+def run_results(job_dir: Path, metrics: dict | None = None) -> RunResults:
+    """From summary.json, else from ``metrics`` (the last step's row, read if not given)."""
+    summary = read_summary(job_dir)
+    if summary is None:
+        row = metrics if metrics is not None else last_metrics(Path(job_dir)) or {}
+        summary = {"final_loss": row.get("loss"), **row}
+    values = [summary.get(k) for k in ("final_loss", "tokens_per_s", "step_time_s")]
+    return RunResults(*(_finite(v) for v in values))
+
+
+def _finite(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def preflight_of(job_dir: Path, record: dict) -> dict | None:
+    """The preflight verdict of the job ``record`` names now: job.json's, else the job's
+    own ``preflight.json`` (written a moment before job.json could be); None for another
+    job's (a reused job dir) or none at all."""
+    job_id = last_job_id(record)
+    found = record.get("preflight")
+    if not (isinstance(found, dict) and found.get("job_id") == job_id):
+        try:
+            found = json.loads((Path(job_dir) / PREFLIGHT).read_text())
+        except (OSError, ValueError):
+            return None
+    return found if isinstance(found, dict) and job_id and found.get("job_id") == job_id else None
+
+
+def slow_nodes_of(preflight: dict | None) -> list[str]:
+    """The preflight's slow nodes that are plain node names (they go into --exclude)."""
+    nodes = (preflight or {}).get("slow_nodes") or []
+    return [str(n) for n in nodes if NODE_NAME.fullmatch(str(n))]
+
+
+# --- the scheduler's view ------------------------------------------------------------------
+
+
+def scheduler_states(job_ids: list[str]) -> dict[str, SchedulerInfo]:
+    """State of every Slurm job in ``job_ids``: one sacct call, or squeue without accounting."""
+    ids = sorted({j for j in job_ids if j and not j.startswith("local-")})
+    if not ids:
+        return {}
+    states = sacct_states(ids)
+    return states if states is not None else squeue_states(ids)
+
+
+def sacct_states(job_ids: list[str]) -> dict[str, SchedulerInfo] | None:
+    """None when sacct is missing or fails (no accounting)."""
+    out = command_output(slurmtext.sacct_command(job_ids))
+    if out is None:
+        return None
+    rows = slurmtext.parse_sacct(out)
+    return {job: SchedulerInfo(r.state, r.exit_code, r.nodelist) for job, r in rows.items()}
+
+
+def squeue_states(job_ids: list[str]) -> dict[str, SchedulerInfo]:
+    """Queued and running jobs only; a job squeue does not list has ended."""
+    rows = slurmtext.parse_squeue(command_output(slurmtext.squeue_command()) or "")
+    wanted = set(job_ids)
+    return {job: SchedulerInfo(r.state, "", r.nodelist) for job, r in rows.items() if job in wanted}
+
+
+def command_output(command: list[str]) -> str | None:
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+# --- evidence from the job directory -------------------------------------------------------
+
+
+def slurm_task_files(job_dir: Path, job_id: str) -> dict[str, dict[int, str]]:
+    """``<job_dir>/slurm/<id>/<id>_<task>_<kind>`` as kind -> task -> path, one listing.
+
+    Kinds: ``result.pkl``, ``log.out``, ``log.err``.
+    """
+    folder = os.path.join(job_dir, "slurm", job_id)
+    prefix = job_id + "_"
+    files: dict[str, dict[int, str]] = {"result.pkl": {}, "log.out": {}, "log.err": {}}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            task, _, kind = entry.name[len(prefix) :].partition("_")
+            if entry.name.startswith(prefix) and kind in files and task.isdigit():
+                files[kind][int(task)] = entry.path
+    return files
+
+
+def read_results(paths: dict[int, str]) -> tuple[tuple[str, str], ...]:
+    """submitit result pickles: ("success", value) or ("error", traceback) per task."""
+    results = []
+    for task in sorted(paths):
+        try:
+            with open(paths[task], "rb") as handle:
+                outcome, value = pickle.load(handle)
+        except Exception as exc:  # unreadable or truncated: report, do not crash
+            outcome, value = "error", f"unreadable result pickle {paths[task]}: {exc}"
+        results.append((str(outcome), value if outcome == "error" else ""))
+    return tuple(results)
+
+
+def tail(path: Path | str, size: int = LOG_TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - size))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def task_logs(
+    job_dir: Path, job_id: str, files: dict[str, dict[int, str]], every_task: bool = True
+) -> dict[int, str]:
+    """Tail of each task's stderr (tracebacks; srun and slurmstepd write into task 0's),
+    and of task 0's stdout (Slurm: submitit's files; machine=local: logs/), each with the
+    ``NCCL WARN`` lines of the task's NCCL log (where the preflight sent NCCL's output).
+
+    ``every_task=False`` reads task 0 only: with the result pickles that settles most
+    classes; the other tasks' logs matter to find the node of a collective error.
+    """
+    if job_id.startswith("local-"):
+        logs = {0: tail(job_dir / "axonn_launch.log")}
+        for path in JobPaths(job_dir).logs.glob("rank_*.log"):
+            logs[int(path.stem.split("_")[1])] = tail(path)
+    else:
+        errs = files["log.err"] if every_task else {0: files["log.err"].get(0, "")}
+        logs = {task: tail(path) for task, path in errs.items() if path}
+        if 0 in files["log.out"]:
+            logs[0] = tail(files["log.out"][0]) + "\n" + logs.get(0, "")
+    for task in logs:
+        warned = nccl_warnings(job_dir, task)
+        if warned:
+            logs[task] += "\n" + warned
+    return logs
+
+
+def nccl_warnings(job_dir: Path, rank: int) -> str:
+    """The ``NCCL WARN`` lines at the end of rank ``rank``'s NCCL log ("" without one)."""
+    text = tail(JobPaths(job_dir).nccl_log(rank))
+    return "\n".join(line for line in text.splitlines() if "NCCL WARN" in line)
+
+
+def evidence(
+    job_dir: Path, record: dict, info: SchedulerInfo | None, every_task: bool = False
+) -> Evidence:
+    job_id = last_job_id(record)
+    state = info.state if info else ""
+    expected = int(record.get("nodes", 1)) * int(record.get("tasks_per_node", 1))
+    base = failures.base_state(state)
+    if base in failures.ACTIVE_STATES:
+        return Evidence(state=state, exit_code=info.exit_code if info else "")
+    if base == "COMPLETED" and finished_by_itself(job_dir, record):
+        return Evidence(state=state, exit_code=info.exit_code if info else "")
+    if job_id.startswith("local-"):
+        state = local_state(record)
+        if state == "RUNNING":
+            return Evidence(state=state)
+        results: tuple[tuple[str, str], ...] = ()
+        status = record.get("status")  # a failed one is explained from its logs (diagnose)
+        done = status == "completed" or (status != "failed" and finished_by_itself(job_dir, record))
+        if done:
+            results = tuple(("success", "") for _ in range(expected))
+        exit_code = str(record.get("exit_code", ""))
+        logs = {} if done else task_logs(job_dir, job_id, {})
+        return Evidence(state="", exit_code=exit_code, results=results, logs=logs)
+    nodelist = failures.expand_nodelist(info.nodelist if info else "")
+    files = slurm_task_files(job_dir, job_id)
+    results = read_results(files["result.pkl"])
+    succeeded = len(results) == expected and all(outcome == "success" for outcome, _ in results)
+    if succeeded and base in ("", "UNKNOWN"):
+        return Evidence(state=state, results=results, expected_results=expected)
+    return Evidence(
+        state=state,
+        exit_code=info.exit_code if info else "",
+        results=results,
+        expected_results=expected,
+        logs=task_logs(job_dir, job_id, files, every_task),
+        nodes=nodelist,
+        tasks_per_node=int(record.get("tasks_per_node", 1)),
+    )
+
+
+def finished_by_itself(job_dir: Path, record: dict) -> bool:
+    """The attempt's own word: rank 0 writes summary.json after the last step (also when
+    nobody waited for the job, so job.json may still say "running")."""
+    summary = read_summary(job_dir)
+    return summary is not None and int(summary.get("steps", 0)) >= int(record.get("steps", 1))
+
+
+def settled_status(record: dict, info: SchedulerInfo | None, row: JobStatus) -> str | None:
+    """What job.json should now say of a job it still calls running or submitted, once the
+    end is certain: the job's own results, a dead local process, or sacct's final state.
+    A "failed" job whose training had finished is "completed" (what failed came after it)."""
+    if record.get("status") == "failed" and row.failure == failures.COMPLETED:
+        return "completed"
+    if record.get("status") not in ("running", "submitted") or row.failure == failures.RUNNING:
+        return None
+    if row.failure == failures.COMPLETED:
+        return "completed"
+    ended = last_job_id(record).startswith("local-") or bool(info and info.state)
+    return "failed" if ended else None
+
+
+def local_state(record: dict) -> str:
+    """machine=local: the record's status, checking that a "running" job's process lives."""
+    if record.get("status") != "running":
+        return ""
+    pid = int(last_job_id(record).split("-", 1)[1])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return ""
+    except PermissionError:
+        pass
+    return "RUNNING"
+
+
+def diagnose(
+    job_dir: Path, record: dict, info: SchedulerInfo | None, preflight: dict | None
+) -> tuple[str, Diagnosis]:
+    """(state to show, diagnosis) of one job; ``preflight``: its verdict (``preflight_of``).
+
+    A job whose training finished (its summary.json has every step) is COMPLETED whatever
+    failed after it (a sample, an export: ``after_training`` in the summary says what)."""
+    if record.get("status") == "refused":
+        return "REFUSED", Diagnosis(failures.UNKNOWN, f"sbatch refused it: {record.get('error')}")
+    if not last_job_id(record):
+        return "NOT_SUBMITTED", Diagnosis(failures.UNKNOWN, "no job id in job.json")
+    ev = evidence(job_dir, record, info)
+    diagnosis = failures.classify(ev)
+    if diagnosis.failure in (failures.COLLECTIVE_FAILURE, failures.UNKNOWN):
+        ev = evidence(job_dir, record, info, every_task=True)
+        diagnosis = failures.classify(ev)
+    if diagnosis.failure not in (failures.COMPLETED, failures.RUNNING):
+        first = firstfail.first_failure(job_dir)
+        if first is not None:  # the rank that failed first says why, in its own words
+            diagnosis = replace(diagnosis, reason=firstfail.headline(first))
+        if finished_by_itself(job_dir, record):  # what failed came after the training
+            why = f"training finished, then the job ended ({diagnosis.failure}): {diagnosis.reason}"
+            return "COMPLETED", Diagnosis(failures.COMPLETED, why)
+    stopped = preflight_stop(preflight, diagnosis)
+    shown = ev.state or _state_from_class(diagnosis.failure)
+    return shown, stopped or diagnosis
+
+
+def preflight_stop(preflight: dict | None, diagnosis: Diagnosis) -> Diagnosis | None:
+    """A failed job that its preflight stopped for slow nodes: a node failure of those
+    nodes (resume without them), whatever its ranks' PreflightError looks like in the logs."""
+    slow = slow_nodes_of(preflight)
+    if not slow or not (preflight or {}).get("stopped"):
+        return None
+    if diagnosis.failure in (failures.COMPLETED, failures.RUNNING):
+        return None
+    why = preflight.get("slow_reason") or f"slow nodes {', '.join(slow)}"
+    reason = f"preflight stopped the job: {why}"
+    return Diagnosis(failures.NODE_FAILURE, reason, tuple(slow))
+
+
+def _state_from_class(failure: str) -> str:
+    if failure == failures.COMPLETED:
+        return "COMPLETED"
+    return "RUNNING" if failure == failures.RUNNING else "ENDED"
+
+
+def job_status(
+    job_dir: Path, record: dict, info: SchedulerInfo | None, preflight: dict | None
+) -> JobStatus:
+    if is_drycommand_output(record):  # its own state: no failure class, nothing to do about it
+        state, diagnosis = DRY_RUN_STATE, None
+    else:
+        state, diagnosis = diagnose(job_dir, record, info, preflight)
+    metrics = last_metrics(job_dir)
+    results = run_results(job_dir, metrics)
+    grid = record.get("grid") or {}
+    return JobStatus(
+        job_dir=str(job_dir),
+        job_id=last_job_id(record),
+        name=str(record.get("name", "")),
+        machine=str(record.get("machine", "")),
+        model=str(record.get("model", "")),
+        grid=" ".join(f"{a}={grid[a]}" for a in ("data", "x", "y", "z") if a in grid),
+        nodes=int(record.get("nodes", 0)),
+        state=state,
+        step=int(metrics["step"]) if metrics else None,
+        steps=int(record.get("steps", 0)),
+        loss=results.loss,
+        tokens_per_s=results.tokens_per_s,
+        step_time_s=results.step_time_s,
+        failure=diagnosis.failure if diagnosis else "",
+        action=diagnosis.action if diagnosis else "",
+        reason=diagnosis.reason[:300] if diagnosis else "dry run: never submitted",
+        attempt=int(record.get("attempt", 1)),
+        bad_nodes=list(diagnosis.bad_nodes) if diagnosis else [],
+        resubmitted_as=str(record.get("resubmitted_as", "")),
+        slow_nodes=slow_nodes_of(preflight),
+        after_training=after_training_of(job_dir),
+    )
+
+
+def after_training_of(job_dir: Path) -> dict[str, str]:
+    """summary.json's ``after_training``: step -> "done", "failed: ..." or "pending"."""
+    found = (read_summary(job_dir) or {}).get("after_training")
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+
+def collect(paths: list[str]) -> list[JobStatus]:
+    """Status of every job under ``paths``, with one scheduler query for all of them."""
+    records = []
+    for job_dir in find_job_dirs(paths):
+        with contextlib.suppress(OSError, ValueError):
+            records.append((job_dir, read_record(job_dir)))
+    infos = scheduler_states([last_job_id(r) for _, r in records])
+    rows = []
+    for job_dir, record in records:
+        info = infos.get(last_job_id(record))
+        preflight = preflight_of(job_dir, record)  # read once per job
+        row = job_status(job_dir, record, info, preflight)
+        settled = settled_status(record, info, row)
+        if settled:  # job.json tells the truth from now on
+            with contextlib.suppress(OSError, ValueError):
+                update_record(job_dir, status=settled, failure=row.failure)
+        fold_preflight(job_dir, record, preflight)
+        rows.append(row)
+    return rows
+
+
+def fold_preflight(job_dir: Path, record: dict, preflight: dict | None) -> None:
+    """Copy a preflight verdict that only preflight.json holds into job.json."""
+    if preflight is None or record.get("preflight", {}).get("job_id") == preflight["job_id"]:
+        return
+    summary = {k: v for k, v in preflight.items() if k not in ("ranks", "expected")}
+    with contextlib.suppress(OSError, ValueError):
+        update_record(job_dir, preflight=summary, slow_nodes=slow_nodes_of(preflight))

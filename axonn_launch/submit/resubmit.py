@@ -1,0 +1,332 @@
+"""Bring a failed job back: a new attempt in a sibling directory ``<job_dir>_attempt<N>``
+that starts from a hard-linked copy of the latest checkpoint, with the job's original
+overrides plus the given ones (validated like any launch), and ``--exclude`` for the nodes a
+node or collective failure points at and for the slow nodes its preflight named.
+
+Both records are updated: the old one gets ``resubmitted_as``, the new one ``attempt``,
+``parent`` and ``lineage``. A per-job lock and the ``resubmitted_as`` mark, written before
+submitting, make it idempotent: a job that is completed, still queued or running, or
+already resubmitted is never submitted again, also when two commands run at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from axonn_launch.common import slurmtext
+from axonn_launch.common.jobdir import (
+    CHECKPOINTS,
+    STEP_META,
+    JobPaths,
+    job_lock,
+    latest_step_name,
+    read_record,
+    read_step_meta,
+    update_record,
+)
+from axonn_launch.config.compose import split_argv
+from axonn_launch.records import failures
+from axonn_launch.records.status import DRY_RUN_STATE, JobStatus, command_output
+
+RETRIABLE = (failures.RESUME, failures.RESUME_EXCLUDING)
+# overrides that change what a job needs per GPU: with one, an out-of-memory job may retry
+RESHAPING_KEYS = ("grid", "nodes", "train.micro_batch", "train.activation_checkpointing")
+EXCLUDE_KEY = "+machine.slurm.extra_sbatch.exclude"
+
+
+def refusal(status: JobStatus, record: dict, args: argparse.Namespace) -> str | None:
+    """Why this job must not be resubmitted now, or None."""
+    if status.state == DRY_RUN_STATE:
+        return "a dry run: nothing to resubmit; launch it without dry_run=true"
+    if record.get("resubmitted_as"):
+        return f"already resubmitted as {record['resubmitted_as']}"
+    if status.failure in (failures.COMPLETED, failures.RUNNING):
+        return f"{status.failure}: nothing to do"
+    if args.only and status.failure not in args.only:
+        return f"{status.failure}: not in --only {' '.join(args.only)}"
+    if status.attempt >= args.max_attempts:
+        return f"attempt {status.attempt} reached --max-attempts {args.max_attempts}"
+    if status.action == failures.RETRY_WITH_NEW_GRID and not reshapes(args.overrides):
+        return f"{status.failure}: would fail again; resubmit with a new grid or node count"
+    if status.action not in RETRIABLE + (failures.RETRY_WITH_NEW_GRID,):
+        return f"{status.failure}: {status.action} ({status.reason})"
+    return None
+
+
+def reshapes(overrides: list[str]) -> bool:
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+    return any(k == r or k.startswith(r + ".") for k in keys for r in RESHAPING_KEYS)
+
+
+def original_overrides(job_dir: Path, record: dict) -> list[str]:
+    """The launch's KEY=VALUE overrides; a sweep's value lists become this point's value.
+
+    A ``--config-dir`` (site settings) becomes the ``hydra.searchpath`` override that
+    composes the same tree.
+    """
+
+    overrides, valued, _ = split_argv(list(record.get("command_line") or [])[1:])
+    kept = [o for o in overrides if not o.startswith(("hydra.", "+hydra.", "hydra/"))]
+    kept += [o for o in overrides if o.startswith("hydra.searchpath")]
+    config_dir = valued.get("--config-dir") or valued.get("-cd")
+    if config_dir:
+        kept.append(f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]")
+    config = _load_yaml(job_dir / "config.yaml")
+    return [_point_value(o, config) for o in kept]
+
+
+def _point_value(override: str, config: dict | None) -> str:
+    key, value = override.split("=", 1)
+    if config is None or not _is_sweep(value):
+        return override
+    node: object = config
+    for part in key.lstrip("+~").split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node = node.get("name")
+    return override if node is None else f"{key}={node}"
+
+
+def _is_sweep(value: str) -> bool:
+    return (
+        "," in value
+        and not value.startswith(("[", "{", "'", '"'))
+        or value.startswith(("range(", "choice(", "glob(", "interval(", "tag("))
+    )
+
+
+def _load_yaml(path: Path) -> dict | None:
+    try:
+        import yaml
+
+        return yaml.safe_load(path.read_text())
+    except Exception:
+        return None
+
+
+def new_overrides(old: list[str], given: list[str], exclude: tuple[str, ...]) -> list[str]:
+    """Old overrides, replaced key by key by the given ones, plus exclusions and no wait."""
+    given_keys = {_key(o) for o in given}
+    merged = [o for o in old if _key(o) not in given_keys | {"wait", "dry_run", _key(EXCLUDE_KEY)}]
+    previous = [o.split("=", 1)[1].strip("'\"") for o in old if _key(o) == _key(EXCLUDE_KEY)]
+    nodes = sorted({n for p in previous for n in p.split(",") if n} | set(exclude))
+    merged += given
+    if nodes and _key(EXCLUDE_KEY) not in given_keys:
+        merged.append(f"{EXCLUDE_KEY}={','.join(nodes)}")
+    return [*merged, "wait=false"]
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def for_hydra(override: str) -> str:
+    """The exclude override with its node list quoted: ``n1,n2`` unquoted is a sweep to
+    Hydra. Node names are checked (``NODE_NAME``), so the quotes hold them whole."""
+    key, _, value = override.partition("=")
+    if _key(override) != _key(EXCLUDE_KEY) or "," not in value or value[:1] in "'\"":
+        return override
+    return f"{key}='{value}'"
+
+
+def attempt_dir(job_dir: Path, attempt: int) -> Path:
+    base = re.sub(r"_attempt\d+$", "", job_dir.name)
+    return job_dir.with_name(f"{base}_attempt{attempt}")
+
+
+def seed_from_checkpoint(old: Path, new: Path) -> str:
+    """Give the new attempt the old one's latest checkpoint (hard links) and metrics."""
+    new.mkdir(parents=True, exist_ok=False)
+    before, after = JobPaths(old), JobPaths(new)
+    name = latest_step_name(old)
+    copied = ""
+    if name and (before.step(name) / STEP_META).exists():
+        shutil.copytree(before.step(name), after.step(name), copy_function=_link_or_copy)
+        after.latest.write_text(name)
+        copied = name
+    if before.metrics.exists():
+        shutil.copyfile(before.metrics, after.metrics)
+    return copied
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def resume_point(job_dir: Path) -> str:
+    """The step a new attempt starts from, as the resubmit line says it: the latest complete
+    checkpoint (what ``seed_from_checkpoint`` gives the new attempt), else step 0."""
+    name = latest_step_name(job_dir)
+    if not name:
+        return "restarts from step 0: no checkpoint was saved"
+    try:
+        meta = read_step_meta(JobPaths(job_dir).step(name))
+        return f"resumes from step {int(meta['step'])} ({CHECKPOINTS}/{name})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"restarts from step 0: {CHECKPOINTS}/{name}, the latest, is incomplete"
+
+
+def partition_nodes(partition: str) -> tuple[str, list[str]] | None:
+    """(partition name, its nodes) from one ``sinfo`` call: ``partition`` (a comma list is
+    their union) or, when empty, the default one (sinfo marks it ``*``); None when sinfo is
+    missing, fails or does not list it."""
+    text = command_output(["sinfo", "-h", "-o", "%P|%N"])
+    wanted = {p for p in partition.split(",") if p}
+    names, nodes = [], []
+    for line in (text or "").splitlines():
+        name, sep, hostlist = line.strip().partition("|")
+        if sep and (name.rstrip("*") in wanted if wanted else name.endswith("*")):
+            names.append(name.rstrip("*"))
+            try:
+                nodes += slurmtext.expand_nodelist(hostlist)
+            except ValueError:
+                return None
+    return (",".join(dict.fromkeys(names)), list(dict.fromkeys(nodes))) if names else None
+
+
+def excluded_nodes(overrides: list[str]) -> list[str]:
+    """The nodes the ``--exclude`` override of a new attempt names."""
+    values = [o.split("=", 1)[1].strip("'\"") for o in overrides if _key(o) == _key(EXCLUDE_KEY)]
+    return [n for v in values for n in v.split(",") if n]
+
+
+def nodes_needed(record: dict, given: list[str]) -> int | None:
+    """The new attempt's node count: ``nodes=`` as given, else the old job's unless the
+    given overrides change the grid (then only composing it tells)."""
+    for override in reversed(given):
+        if _key(override) == "nodes" and override.split("=", 1)[1].isdigit():
+            return int(override.split("=", 1)[1])
+    return None if reshapes(given) else int(record.get("nodes") or 0) or None
+
+
+def schedulable_warning(
+    job_dir: Path, record: dict, given: list[str], overrides: list[str]
+) -> str | None:
+    """Why the new attempt may never start: its exclusions leave its partition fewer nodes
+    than it needs; or that this cannot be known here. None when there is nothing to say."""
+    excluded = excluded_nodes(overrides)
+    if record.get("scheduler", "slurm") != "slurm" or not excluded:
+        return None
+    partition = _given_value(given, "machine.slurm.partition")
+    if partition is None:
+        config = _load_yaml(job_dir / "config.yaml") or {}
+        partition = str(((config.get("machine") or {}).get("slurm") or {}).get("partition") or "")
+    found, needed = partition_nodes(partition), nodes_needed(record, given)
+    named = f"partition {partition}" if partition else "the default partition"
+    unsure = f"excluding {','.join(excluded)}: cannot tell whether enough nodes are left"
+    if found is None:
+        count = f"{needed} nodes" if needed else "the job's nodes"
+        return f"{unsure}: sinfo does not list {named} here; check that it has {count} without them"
+    if needed is None:
+        return f"{unsure}: the new grid's node count is known only at submission (give nodes=N)"
+    name, nodes = found
+    left = [n for n in nodes if n not in excluded]
+    if len(left) >= needed:
+        return None
+    smaller = f"resubmit with nodes={len(left)} and a grid that fits it, or " if left else ""
+    return (
+        f"excluding {','.join(excluded)} leaves {len(left)} of the {len(nodes)} nodes of"
+        f" partition {name}, and the job needs {needed}: it can never start; {smaller}wait"
+        f" until {','.join(excluded)} {'is' if len(excluded) == 1 else 'are'} back in service"
+    )
+
+
+def _given_value(given: list[str], key: str) -> str | None:
+    values = [o.split("=", 1)[1] for o in given if _key(o) == key]
+    return values[-1] if values else None
+
+
+def resubmit_one(status: JobStatus, args: argparse.Namespace, out) -> str:
+    """Resubmit one job under its lock; returns the outcome: one line, then the step the new
+    attempt starts from. An exclusion its partition cannot satisfy warns on stderr."""
+    job_dir = Path(status.job_dir)
+    with job_lock(job_dir):
+        record = read_record(job_dir)
+        why_not = refusal(status, record, args)
+        if why_not:
+            return f"skip  {status.job_id or '-'} {job_dir}: {why_not}"
+        attempt = int(record.get("attempt", 1)) + 1
+        target = attempt_dir(job_dir, attempt)
+        exclude = tuple(dict.fromkeys(status.bad_nodes + status.slow_nodes))
+        overrides = [
+            for_hydra(o)
+            for o in new_overrides(original_overrides(job_dir, record), args.overrides, exclude)
+        ]
+        warning = schedulable_warning(job_dir, record, args.overrides, overrides)
+        if warning:
+            print(f"warning: {status.job_id} {job_dir}: {warning}", file=sys.stderr, flush=True)
+        resumes = f"\n  {resume_point(job_dir)}"
+        if args.dry_run:
+            head = f"would resubmit {status.job_id} ({status.failure}) as {target}: "
+            return head + " ".join(overrides) + resumes
+        update_record(job_dir, resubmitted_as=str(target))  # the mark comes before the job
+        try:
+            new_id = submit_attempt(job_dir, target, record, status, overrides, attempt, out)
+        except BaseException:
+            update_record(job_dir, resubmitted_as="")
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        update_record(
+            job_dir, resubmitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), resubmitted_job=new_id
+        )
+        return f"resubmitted {status.job_id} ({status.failure}) as job {new_id} in {target}" + (
+            resumes
+        )
+
+
+def submit_attempt(
+    job_dir: Path,
+    target: Path,
+    record: dict,
+    status: JobStatus,
+    overrides: list[str],
+    attempt: int,
+    out,
+) -> str:
+    from omegaconf import OmegaConf
+
+    from axonn_launch.config.compose import compose, to_launch_config
+    from axonn_launch.config.validate import resolve
+    from axonn_launch.submit.pipeline import launch
+
+    composed = compose(overrides)
+    cfg = to_launch_config(composed)
+    resolve(cfg)  # a bad override fails here, before anything is written
+    resumed_from = seed_from_checkpoint(job_dir, target)
+    argv0 = (record.get("command_line") or ["axonn_launch"])[0]
+    outcome = launch(
+        cfg,
+        job_dir=target,
+        config=OmegaConf.to_container(composed, resolve=True),
+        command_line=[argv0, *overrides],
+        out=out,
+    )
+    lineage = [
+        *record.get("lineage", []),
+        {
+            "job_dir": str(job_dir),
+            "job_ids": record.get("job_ids", []),
+            "attempt": int(record.get("attempt", 1)),
+            "failure": status.failure,
+            "reason": status.reason,
+            "step": status.step,
+        },
+    ]
+    update_record(
+        target,
+        attempt=attempt,
+        parent=str(job_dir),
+        lineage=lineage,
+        resumed_from=resumed_from,
+        excluded_nodes=list(dict.fromkeys(status.bad_nodes + status.slow_nodes)),
+    )
+    return outcome.job_id
