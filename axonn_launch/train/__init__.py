@@ -27,8 +27,8 @@ from axonn_launch.train.bootstrap import DistEnv, bootstrap, init_distributed
 from axonn_launch.train.checkpoint import (
     LEGACY_FORMAT,
     Checkpointer,
-    latest_checkpoint,
     read_meta,
+    resume_point,
     rng_state,
     set_rng_state,
 )
@@ -139,7 +139,7 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
         device=device,
         goldfish=train.goldfish,
     )
-    checkpoint = latest_checkpoint(spec.job_dir)
+    checkpoint, fallback = resume_point(spec.job_dir, rank=env.rank, group=checkpoint_group)
     start_step = 0
     if checkpoint is not None:
         start_step = resume(checkpoint, spec, env, model, optimizer, loader, checkpoint_group)
@@ -178,6 +178,8 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
     )
     startup = log_startup_time(env)  # srun to here, per rank; where Python came from
     summary = train_loop(model, ctx) | {"startup": startup}
+    if fallback is not None:  # the newest checkpoint was damaged: which step, and why
+        summary["checkpoint_fallback"] = fallback
     checkpointer.wait()  # the last save completes before the job reports success
     logger.close_bar()
     summary |= after_training(spec, env, model, summary)
@@ -339,12 +341,26 @@ def save(
 
 
 def truncate_metrics(path: Path, start_step: int) -> None:
-    """On resume, drop rows logged after the checkpoint so each step appears once."""
+    """On resume, drop rows logged after the checkpoint so each step appears once, and
+    rows that are not whole JSON (a line cut off when the disk filled mid-write)."""
     if not path.exists():
         return
     rows = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in rows if json.loads(line)["step"] <= start_step]
+    parsed = [(line, metrics_row(line)) for line in rows]
+    cut = sum(1 for _, row in parsed if row is None)
+    if cut:
+        log.warning("%s: dropped %d line(s) cut off mid-write", path.name, cut)
+    kept = [line for line, row in parsed if row is not None and row["step"] <= start_step]
     path.write_text("".join(line + "\n" for line in kept))
+
+
+def metrics_row(line: str) -> dict | None:
+    """One metrics.jsonl row, or None when ``line`` is not a whole row."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) and isinstance(row.get("step"), int) else None
 
 
 def print_sample(spec: JobSpec, env: DistEnv, model: GPT, device: torch.device) -> str:

@@ -21,11 +21,20 @@ file system all ranks share.
 inside its N-th save (1-based) on rank R (default 0): ``write`` after this rank's data
 files are written, ``metadata`` after ``.metadata`` (rank 0), ``rename`` after the
 rename but before ``latest`` moves (rank 0).
+
+A resume trusts nothing it has not checked (``resume_point``): rank 0 removes the
+leftovers of interrupted saves, then verifies the step ``latest`` names against its own
+DCP metadata (``checkpoint_problem``: ``meta.json`` and ``.metadata`` readable, every
+``.distcp`` file present and as long as the metadata's items need). A damaged step is
+named in one line and the newest complete older step is used instead; ``latest`` is
+moved to it, and the damaged directory is left for a person to look at (pruning removes
+it once it is old). Rank 0's choice is broadcast, so every rank loads the same step.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -40,7 +49,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
 from axonn_launch.train.dcp import CountingReader, ShardLoadPlanner, ShardSavePlanner, ShardSpec
 
@@ -48,6 +57,9 @@ FORMAT = "dcp/1"
 LEGACY_FORMAT = "per-rank-shards/1"
 FAULT_ENV = "AXONN_CHECKPOINT_FAULT"
 FAULT_POINTS = ("write", "metadata", "rename")
+STEP_DIR = re.compile(r"step_(\d+)")
+
+log = logging.getLogger(__name__)
 
 
 def checkpoint_root(job_dir: Path | str) -> Path:
@@ -251,16 +263,139 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(part, path)
 
 
-def _prune(root: Path, keep: int) -> None:
-    """Delete leftovers of interrupted saves and all but the newest ``keep`` complete
-    checkpoints (``keep <= 0``: keep all)."""
+def remove_stale_saves(root: Path) -> None:
+    """Delete the ``.tmp_step_*`` leftovers of interrupted saves (rank 0, no save in flight)."""
     for stale in root.glob(".tmp_step_*"):
         shutil.rmtree(stale, ignore_errors=True)
+
+
+def step_number(path: Path) -> int | None:
+    match = STEP_DIR.fullmatch(path.name)
+    return int(match.group(1)) if match else None
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Delete leftovers of interrupted saves and all but the newest ``keep`` complete
+    checkpoints up to the one ``latest`` names (``keep <= 0``: keep all). Steps newer than
+    ``latest`` (a damaged step a resume fell back from, or one renamed before a crash
+    moved ``latest``) are left until a save of that step replaces them or they age out:
+    pruning never deletes the step in use."""
+    remove_stale_saves(root)
     if keep <= 0:
         return
+    pointer = root / "latest"
+    current = step_number(root / pointer.read_text().strip()) if pointer.exists() else None
     complete = sorted(
-        p for p in root.glob("step_*")
-        if re.fullmatch(r"step_\d+", p.name) and (p / "meta.json").exists()
+        (number, p) for p in root.glob("step_*")
+        if (number := step_number(p)) is not None and (p / "meta.json").exists()
+        and (current is None or number <= current)
     )  # fmt: skip
-    for old in complete[:-keep]:
+    for _, old in complete[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """What makes the step directory ``path`` unusable, as ``<step dir>/<file>: <what>``, or
+    None when it is complete: ``meta.json`` and DCP's ``.metadata`` readable, and every file
+    the metadata's items sit in present and at least ``offset + length`` bytes long.
+    (Contents are not checksummed: DCP stores no checksums.) A checkpoint of the legacy
+    per-rank format is checked for its ``meta.json`` only."""
+    name = path.name
+    if not path.is_dir():
+        return f"{name}: missing"
+    try:
+        meta = read_meta(path)
+    except FileNotFoundError:
+        return f"{name}/meta.json: missing"
+    except (OSError, ValueError) as error:
+        return f"{name}/meta.json: unreadable ({type(error).__name__}: {error})"
+    if meta.get("format") == LEGACY_FORMAT:
+        return None
+    if not (path / ".metadata").exists():
+        return f"{name}/.metadata: missing"
+    try:
+        storage = FileSystemReader(path).read_metadata().storage_data
+    except Exception as error:  # a cut pickle raises EOFError, UnpicklingError, ...
+        return f"{name}/.metadata: unreadable ({type(error).__name__}: {error})"
+    needs: dict[str, int] = {}
+    for info in storage.values():
+        needs[info.relative_path] = max(needs.get(info.relative_path, 0), info.offset + info.length)
+    for relative, need in sorted(needs.items()):
+        problem = _data_file_problem(path / relative, need)
+        if problem:
+            return f"{name}/{relative}: {problem}"
+    return None
+
+
+def _data_file_problem(file: Path, need: int) -> str | None:
+    """``file`` missing, shorter than ``need`` bytes, or failing to read its last byte."""
+    try:
+        size = file.stat().st_size
+        if size < need:
+            return f"{size} bytes, metadata needs {need}"
+        if need > 0:
+            with open(file, "rb") as handle:
+                handle.seek(need - 1)
+                handle.read(1)
+    except FileNotFoundError:
+        return "missing"
+    except OSError as error:
+        return f"read error ({error.strerror or error})"
+    return None
+
+
+def choose_checkpoint(root: Path) -> tuple[Path | None, dict | None]:
+    """(step to resume from or None, fallback record or None), checking the step ``latest``
+    names and, when it is damaged, falling back to the newest complete older step; moves
+    ``latest`` to that step (removes it when there is none: the job starts from step 0,
+    as one with no checkpoint does). Rank 0 only: it logs and writes."""
+    pointer = root / "latest"
+    if not pointer.exists():
+        return None, None
+    newest = root / pointer.read_text().strip()
+    problem = checkpoint_problem(newest)
+    if problem is None:
+        return newest, None
+    newest_step = step_number(newest)
+    older = sorted(
+        (p for p in root.glob("step_*")
+         if (n := step_number(p)) is not None and (newest_step is None or n < newest_step)),
+        key=step_number, reverse=True,
+    )  # fmt: skip
+    chosen = next((p for p in older if checkpoint_problem(p) is None), None)
+    if chosen is None:
+        log.warning(
+            "checkpoint %s is damaged (%s); no complete older step: starting from step 0",
+            newest.name, problem,
+        )  # fmt: skip
+        pointer.unlink()
+    else:
+        log.warning(
+            "checkpoint %s is damaged (%s); resuming from %s", newest.name, problem, chosen.name
+        )
+        _atomic_write_text(pointer, chosen.name)
+    record = {
+        "from_step": newest_step,
+        "to_step": step_number(chosen) if chosen is not None else 0,
+        "reason": problem,
+    }
+    return chosen, record
+
+
+def resume_point(
+    job_dir: Path | str, *, rank: int, group: dist.ProcessGroup | None = None
+) -> tuple[Path | None, dict | None]:
+    """The checkpoint every rank resumes from (None: start from step 0) and the fallback
+    record (None when the newest step was complete). Collective: rank 0 removes stale
+    ``.tmp_step_*`` directories, verifies (``choose_checkpoint``) and broadcasts its choice,
+    so all ranks agree and no rank reads a file before rank 0 has looked at it."""
+    root = checkpoint_root(job_dir)
+    choice: list = [None, None]
+    if rank == 0:
+        remove_stale_saves(root)
+        path, record = choose_checkpoint(root)
+        choice = [path.name if path is not None else None, record]
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.broadcast_object_list(choice, src=0, group=group)
+    name, record = choice
+    return (root / name if name is not None else None), record
