@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from axonn_launch.common.jobdir import STEP_META, JobPaths
 from axonn_launch.records.status import dry_run_problem
 from axonn_launch.usage import help_page, run_tool, wants_help
 
@@ -74,7 +75,7 @@ def launcher_overrides(source: str, keys: dict[str, str]) -> list[str]:
         raise GenerateError(dry_run)
     if (path / "config.json").is_file():
         model = ["model=hf", f"model.init_from={path.resolve()}"]
-    elif (path / "meta.json").is_file() or (path / "checkpoints" / "latest").is_file():
+    elif (path / STEP_META).is_file() or JobPaths(path).latest.is_file():
         model = [f"generate.checkpoint={path.resolve()}", *_training_data(path)]
     else:
         raise GenerateError(
@@ -96,7 +97,7 @@ def _training_data(path: Path) -> list[str]:
     """``train.data`` of the job that wrote the checkpoint (its text codec: bytes for the
     built-in corpus)."""
     for job in (path, path.parent.parent):
-        spec = job / "spec.json"
+        spec = JobPaths(job).spec
         if spec.is_file():
             return [f"train.data={_quoted(json.loads(spec.read_text())['train']['data'])}"]
     return []

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from axonn_launch.common.jobdir import read_summary
+from axonn_launch.common.jobdir import JobPaths, read_summary
 from axonn_launch.records.status import DRY_RUN_WORDS, dry_run_problem, run_results
 from axonn_launch.usage import raising_parser, run_tool
 
@@ -78,7 +78,7 @@ def read_json(path: Path) -> dict:
 def read_metrics(job_dir: Path) -> list[dict]:
     """Rows of ``metrics.jsonl`` (a torn last line, from a running job, is left out)."""
     rows = []
-    path = job_dir / "metrics.jsonl"
+    path = JobPaths(job_dir).metrics
     for line in path.read_text().splitlines() if path.is_file() else []:
         try:
             row = json.loads(line)
@@ -122,7 +122,7 @@ def job_config(job_dir: Path) -> dict[str, Any]:
             config = flatten(yaml.safe_load((job_dir / "config.yaml").read_text()) or {})
         except yaml.YAMLError:
             config = {}
-    return config | flatten(read_json(job_dir / "spec.json"))
+    return config | flatten(read_json(JobPaths(job_dir).spec))
 
 
 # ------------------------------------------------------------------------- plotting
@@ -202,7 +202,7 @@ def job_report(job_dir: Path, out: Path) -> list[str]:
     if not rows:
         raise ReportError(f"{job_dir}: metrics.jsonl has no steps yet")
     record, summary, config = (
-        read_json(job_dir / "job.json"),
+        read_json(JobPaths(job_dir).record),
         read_summary(job_dir) or {},
         job_config(job_dir),
     )
@@ -431,10 +431,10 @@ def memorization_rows(points: Sequence[Point]) -> list[dict]:
     point of the same model and R."""
     rows = []
     for p in points:
-        memo = read_json(p.job_dir / "memorization.json") if p.job_dir else {}
+        memo = read_json(JobPaths(p.job_dir).memorization) if p.job_dir else {}
         if not memo:
             continue
-        config, record = job_config(p.job_dir), read_json(p.job_dir / "job.json")
+        config, record = job_config(p.job_dir), read_json(JobPaths(p.job_dir).record)
         k = int(config.get("train.goldfish.k") or 0)
         strategy = config.get("train.goldfish.strategy", "")
         width = config.get("train.goldfish.h")
@@ -518,7 +518,7 @@ def memorization_section(points: Sequence[Point], out: Path) -> list[str]:
 
 
 def job_dirs(path: Path) -> list[Path]:
-    if (path / "job.json").is_file():
+    if JobPaths(path).record.is_file():
         return [path]
     return [p.job_dir for p in read_sweep(path) if p.job_dir is not None]
 
@@ -533,7 +533,7 @@ def plan_section(plan_file: Path, path: Path, out: Path) -> list[str]:
     predicted = {json.dumps(r["grid"], sort_keys=True): r["step_time_s"] for r in plan["plans"]}
     pairs = []
     for job in job_dirs(path):
-        record = read_json(job / "job.json")
+        record = read_json(JobPaths(job).record)
         measured = number((read_summary(job) or {}).get("step_time_s"))
         grid = json.dumps(record.get("grid"), sort_keys=True)
         same = record.get("model") == plan.get("model") and record.get("machine") == plan.get(
@@ -596,7 +596,7 @@ def _main(argv: list[str]) -> int:
     if args.metric is not None and args.metric not in METRICS:
         raise ReportError(f"--metric={args.metric}: valid: {', '.join(METRICS)}")
     path, out = args.path, args.out or args.path / "report"
-    if (path / "job.json").is_file():
+    if JobPaths(path).record.is_file():
         kind = "job"
     elif (path / "points").is_dir():
         kind = "sweep"

@@ -60,7 +60,7 @@ def imported_names(node: ast.Import | ast.ImportFrom, module: str) -> list[str]:
         return [alias.name for alias in node.names]
     if node.level:
         base = module.split(".")
-        if not MODULES[module].name == "__init__.py":
+        if MODULES[module].name != "__init__.py":
             base = base[:-1]
         base = base[: len(base) - node.level + 1]
         prefix = ".".join(base + ([node.module] if node.module else []))

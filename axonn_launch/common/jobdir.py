@@ -160,7 +160,11 @@ def read_summary(job_dir: str | Path) -> dict | None:
 
 
 def write_summary(job_dir: str | Path, summary: dict) -> None:
-    JobPaths(job_dir).summary.write_text(json.dumps(summary, indent=2) + "\n")
+    """Replace summary.json whole, so that a reader never sees half of it."""
+    path = JobPaths(job_dir).summary
+    partial = path.with_name(f"{SUMMARY}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(summary, indent=2) + "\n")
+    partial.replace(path)
 
 
 def last_metrics(job_dir: str | Path) -> dict | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from axonn_launch.common.indexed import read_index
+from axonn_launch.common.jobdir import JobPaths
 
 DEFAULT_CONTINUATION = 50
 DEFAULT_MAX_LENGTH = 2048
@@ -157,7 +158,7 @@ def load_tokenizer(source: Path) -> Tokenizer | None:
     if (source / "tokenizer.json").is_file():
         return HFTokenizer(source / "tokenizer.json")
     for folder in [source, *source.parents][:4]:
-        spec = folder / "spec.json"
+        spec = JobPaths(folder).spec
         if spec.is_file():
             vocab = json.loads(spec.read_text()).get("model", {}).get("vocab_size", 0)
             return ByteTokenizer() if 0 < vocab <= 256 else None

@@ -31,7 +31,8 @@ import functools
 import re
 from dataclasses import dataclass, field
 
-# The Slurm text rules live in slurmtext; records/status.py and the tests read these names from here.
+# The Slurm text rules live in slurmtext; records/status.py and the tests read these
+# names from here.
 from axonn_launch.common.slurmtext import ACTIVE_STATES, base_state
 from axonn_launch.common.slurmtext import expand_nodelist as expand_nodelist
 

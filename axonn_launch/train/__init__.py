@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from axonn_launch.common.jobdir import record_failure
+from axonn_launch.common import jobdir
+from axonn_launch.common.jobdir import JobPaths, record_failure
 from axonn_launch.common.rules import job_problem
 from axonn_launch.common.spec import JobSpec
 from axonn_launch.train import preflight
@@ -162,7 +163,7 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
         log_every_s=train.log_every_s,
     )
     if env.rank == 0:
-        truncate_metrics(Path(spec.job_dir) / "metrics.jsonl", start_step)
+        truncate_metrics(JobPaths(spec.job_dir).metrics, start_step)
     ctx = TrainContext(
         train=train,
         groups=groups,
@@ -228,13 +229,9 @@ def after_training_steps(spec: JobSpec, env: DistEnv, model: GPT) -> dict[str, C
 
 
 def write_summary(spec: JobSpec, env: DistEnv, summary: dict) -> None:
-    """summary.json (rank 0), replaced whole so that a reader never sees half of it."""
-    if env.rank != 0:
-        return
-    path = Path(spec.job_dir) / "summary.json"
-    partial = path.with_name(f"summary.json.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(summary, indent=2) + "\n")
-    partial.replace(path)
+    """summary.json (rank 0)."""
+    if env.rank == 0:
+        jobdir.write_summary(spec.job_dir, summary)
 
 
 def first_line(error: BaseException) -> str:

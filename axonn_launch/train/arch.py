@@ -20,5 +20,6 @@ ARCHITECTURES: dict[str, Callable[..., GPT]] = {
 
 
 def build_model(spec: ModelSpec, **kwargs) -> GPT:
-    """The model of ``spec.arch`` (common/models.py's names), built with ``GPT``'s keyword arguments."""
+    """The model of ``spec.arch`` (common/models.py's names), built with ``GPT``'s keyword
+    arguments."""
     return ARCHITECTURES[spec.arch](spec, **kwargs)  # ModelSpec checked the name

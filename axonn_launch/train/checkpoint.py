@@ -51,6 +51,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
+from axonn_launch.common.jobdir import LATEST, STEP_META, JobPaths
 from axonn_launch.train.dcp import CountingReader, ShardLoadPlanner, ShardSavePlanner, ShardSpec
 
 FORMAT = "dcp/1"
@@ -63,21 +64,21 @@ log = logging.getLogger(__name__)
 
 
 def checkpoint_root(job_dir: Path | str) -> Path:
-    return Path(job_dir) / "checkpoints"
+    return JobPaths(job_dir).checkpoints
 
 
 def latest_checkpoint(job_dir: Path | str) -> Path | None:
-    pointer = checkpoint_root(job_dir) / "latest"
+    pointer = checkpoint_root(job_dir) / LATEST
     if not pointer.exists():
         return None
     path = checkpoint_root(job_dir) / pointer.read_text().strip()
-    if not (path / "meta.json").exists():
+    if not (path / STEP_META).exists():
         raise FileNotFoundError(f"{pointer} names {path.name}, which is incomplete or missing")
     return path
 
 
 def read_meta(path: Path) -> dict:
-    return json.loads((path / "meta.json").read_text())
+    return json.loads((path / STEP_META).read_text())
 
 
 def rng_state(device: torch.device) -> dict:
@@ -214,13 +215,13 @@ class Checkpointer:
         return self.last
 
     def _publish(self, tmp: Path, name: str, meta: dict) -> None:
-        _atomic_write_text(tmp / "meta.json", json.dumps(meta))
+        _atomic_write_text(tmp / STEP_META, json.dumps(meta))
         final = self.root / name
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
         self.faults.hit("rename")
-        _atomic_write_text(self.root / "latest", name)
+        _atomic_write_text(self.root / LATEST, name)
         _prune(self.root, self.keep)
 
     def _barrier(self) -> None:
@@ -283,11 +284,11 @@ def _prune(root: Path, keep: int) -> None:
     remove_stale_saves(root)
     if keep <= 0:
         return
-    pointer = root / "latest"
+    pointer = root / LATEST
     current = step_number(root / pointer.read_text().strip()) if pointer.exists() else None
     complete = sorted(
         (number, p) for p in root.glob("step_*")
-        if (number := step_number(p)) is not None and (p / "meta.json").exists()
+        if (number := step_number(p)) is not None and (p / STEP_META).exists()
         and (current is None or number <= current)
     )  # fmt: skip
     for _, old in complete[:-keep]:
@@ -349,7 +350,7 @@ def choose_checkpoint(root: Path) -> tuple[Path | None, dict | None]:
     names and, when it is damaged, falling back to the newest complete older step; moves
     ``latest`` to that step (removes it when there is none: the job starts from step 0,
     as one with no checkpoint does). Rank 0 only: it logs and writes."""
-    pointer = root / "latest"
+    pointer = root / LATEST
     if not pointer.exists():
         return None, None
     newest = root / pointer.read_text().strip()

@@ -39,6 +39,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from axonn_launch.common.jobdir import STEP_META
+
 SAFETENSORS_DTYPES = {
     torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
     torch.int64: "I64", torch.int32: "I32", torch.int8: "I8", torch.uint8: "U8",
@@ -200,7 +202,7 @@ def convert_legacy(path: Path) -> Path:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
         dcp.save(state, checkpoint_id=tmp, no_dist=True)
-    (tmp / "meta.json").write_text(json.dumps(new_meta))
+    (tmp / STEP_META).write_text(json.dumps(new_meta))
     kept = path.with_name(path.name + ".legacy")
     path.rename(kept)
     tmp.rename(path)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from axonn_launch.common.jobdir import resolve_checkpoint, write_summary
 from axonn_launch.common.spec import JobSpec
 from axonn_launch.train.bootstrap import DistEnv
 from axonn_launch.train.generation import generate
@@ -101,7 +102,6 @@ def read_prompts(path: str, codec: Codec | None) -> list[list[int]]:
 def load_weights(spec: JobSpec, model: GPT, group: dist.ProcessGroup | None) -> str:
     """The weights to continue with; returns where they came from."""
     if spec.generate.checkpoint:
-        from axonn_launch.common.jobdir import resolve_checkpoint
         from axonn_launch.train.state import load_model_weights
 
         path = resolve_checkpoint(spec.generate.checkpoint)
@@ -143,7 +143,7 @@ def run_generation_job(
     }
     if env.rank == 0:
         write_outputs(Path(gen.out), prompts, outputs, codec)
-        (Path(spec.job_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_summary(spec.job_dir, summary)
         log.info("generated %d continuations into %s", len(prompts), gen.out)
     return summary
 

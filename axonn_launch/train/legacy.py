@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from axonn_launch.common.grid import Grid
+from axonn_launch.common.jobdir import STEP_META
 from axonn_launch.train.dcp import grid_position
 from axonn_launch.train.groups import Groups
 from axonn_launch.train.layers import ShardLayout
@@ -135,7 +136,7 @@ def write_legacy(path: Path, meta: dict, rank_states: list[dict]) -> None:
     path.mkdir(parents=True, exist_ok=True)
     for rank, state in enumerate(rank_states):
         torch.save(state, path / f"rank_{rank:05d}.pt")
-    (path / "meta.json").write_text(json.dumps({**meta, "format": FORMAT}))
+    (path / STEP_META).write_text(json.dumps({**meta, "format": FORMAT}))
 
 
 def legacy_rank_state(

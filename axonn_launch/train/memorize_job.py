@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from axonn_launch.common import memorization_metric as memo
+from axonn_launch.common.jobdir import JobPaths
 from axonn_launch.common.spec import JobSpec
 from axonn_launch.train.generation import generate
 from axonn_launch.train.loop import compute_dtype
@@ -45,7 +46,7 @@ def run_memorization(spec: JobSpec, model, device: torch.device, rank: int) -> d
     settings = memo.Settings(
         source=str(job_dir),
         data=cfg.data,
-        out=str(job_dir / "memorization.json"),
+        out=str(JobPaths(job_dir).memorization),
         continuation=cfg.continuation,
         max_documents=cfg.max_documents,
         max_length=min(memo.DEFAULT_MAX_LENGTH, spec.model.max_seq_len),

@@ -19,6 +19,7 @@ from typing import TextIO
 
 import torch
 
+from axonn_launch.common.jobdir import JobPaths
 from axonn_launch.common.models import ModelSpec
 
 GIB = 1024**3
@@ -81,7 +82,7 @@ class MetricsLogger:
         self.bar_open = False
         self.last_line = float("-inf")
         self.first_step: int | None = None
-        self.path = Path(job_dir) / "metrics.jsonl"
+        self.path = JobPaths(job_dir).metrics
         self.start = time.perf_counter()
         self.last: dict | None = None
         self.gemm_choices: dict[str, dict[str, str]] = {}  # rank -> signature -> formulation

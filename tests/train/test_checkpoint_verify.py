@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from axonn_launch.grid import Grid
+from axonn_launch.common.grid import Grid
 from axonn_launch.train import truncate_metrics
 from axonn_launch.train.checkpoint import (
     Checkpointer,
