@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from axonn_launch import jobs  # noqa: E402
+from axonn_launch.records import status
 
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
 KILLED = "srun: error: n3: task 1: Killed\nsrun: error: n4: tasks 2-3: Killed\n"
@@ -98,7 +98,7 @@ def time_scan(root: Path, repeats: int = 3) -> tuple[float, float, Counter]:
     classes: Counter = Counter()
     for _ in range(repeats):
         before, start = os.times(), time.perf_counter()
-        rows = jobs.collect([str(root)])
+        rows = status.collect([str(root)])
         wall, after = time.perf_counter() - start, os.times()
         cpu = sum(after[:4]) - sum(before[:4])
         best_wall, best_cpu = min(best_wall, wall), min(best_cpu, cpu)

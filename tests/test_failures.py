@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from axonn_launch import jobs
-from axonn_launch.records import failures
+from axonn_launch.records import failures, status
 from axonn_launch.records.failures import Diagnosis, Evidence, classify
+from axonn_launch.submit import resubmit
 from axonn_launch.train import faults
 
 # --- literal texts, as Slurm, submitit, torch and the kernel write them ---------------------
@@ -294,13 +295,13 @@ SACCT = "\n".join(
 )
 
 
-def by_name(rows: list[jobs.JobStatus]) -> dict[str, jobs.JobStatus]:
+def by_name(rows: list[status.JobStatus]) -> dict[str, status.JobStatus]:
     return {row.name: row for row in rows}
 
 
 def test_status_with_sacct_one_call_for_all_jobs(job_root, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", fake_tools(tmp_path, sacct=SACCT)["PATH"])
-    rows = by_name(jobs.collect([str(job_root)]))
+    rows = by_name(status.collect([str(job_root)]))
     assert (tmp_path / "calls").read_text().split() == ["sacct"]
     expected = {
         "done": ("COMPLETED", failures.COMPLETED, 20),
@@ -316,7 +317,7 @@ def test_status_with_sacct_one_call_for_all_jobs(job_root, tmp_path, monkeypatch
 
 def test_status_without_accounting_uses_squeue_results_and_logs(job_root, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", fake_tools(tmp_path, sacct=None, squeue="103|PENDING|")["PATH"])
-    rows = by_name(jobs.collect([str(job_root)]))
+    rows = by_name(status.collect([str(job_root)]))
     assert (tmp_path / "calls").read_text().split() == ["sacct", "squeue"]
     assert {n: r.failure for n, r in rows.items()} == {
         "done": failures.COMPLETED,  # all result pickles say success
@@ -381,7 +382,7 @@ def test_resubmit_twice_submits_once(job_root, tmp_path, monkeypatch, capsys, fa
 
 def test_new_overrides_merge_and_exclude():
     old = ["machine=slurm_local", "grid.x=2", "+machine.slurm.extra_sbatch.exclude=n3", "wait=true"]
-    merged = jobs.new_overrides(old, ["grid.x=1", "grid.data=2"], ("n1",))
+    merged = resubmit.new_overrides(old, ["grid.x=1", "grid.data=2"], ("n1",))
     assert merged == [
         "machine=slurm_local",
         "grid.x=1",

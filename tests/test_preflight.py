@@ -19,9 +19,12 @@ import pytest
 import torch
 
 from axonn_launch import jobs
+from axonn_launch.common import jobdir
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.spec import JobSpec, RuntimeConfig, TrainConfig
 from axonn_launch.config.compose import ConfigError, compose, load, to_launch_config
+from axonn_launch.records import status
+from axonn_launch.submit import resubmit
 from axonn_launch.submit.pipeline import write_record
 from axonn_launch.train import faults
 from axonn_launch.train.bootstrap import DistEnv
@@ -297,7 +300,7 @@ def test_the_launchers_last_write_keeps_this_jobs_verdict_only(tmp_path):
     verdict = {"job_id": "5", "slow_nodes": ["n2"], "stopped": True}
     record = {"job_ids": ["5"], "status": "submitted"}
     write_record(tmp_path, dict(record))
-    jobs.update_record(tmp_path, preflight=verdict, slow_nodes=["n2"])  # the job's write
+    jobdir.update_record(tmp_path, preflight=verdict, slow_nodes=["n2"])  # the job's write
     assert write_record(tmp_path, dict(record), status="failed")["slow_nodes"] == ["n2"]
     fresh = write_record(tmp_path, {"job_ids": ["6"]}, status="submitted")  # a reused dir
     assert "slow_nodes" not in fresh and "preflight" not in fresh
@@ -334,7 +337,7 @@ def test_status_and_resubmit_of_a_job_the_preflight_stopped(tmp_path, monkeypatc
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     one = stopped_job(tmp_path / "jobs", "one", "11", ["n2"], in_record=True)
     two = stopped_job(tmp_path / "jobs", "two", "12", ["n1", "n2"], in_record=False)
-    rows = {r.name: r for r in jobs.collect([str(tmp_path / "jobs")])}
+    rows = {r.name: r for r in status.collect([str(tmp_path / "jobs")])}
     assert rows["one"].failure == "node_failure" and rows["one"].bad_nodes == ["n2"]
     assert rows["one"].reason.startswith("preflight stopped the job: slow nodes n2")
     assert rows["two"].slow_nodes == ["n1", "n2"]  # from preflight.json, folded into job.json
@@ -348,12 +351,12 @@ def test_status_and_resubmit_of_a_job_the_preflight_stopped(tmp_path, monkeypatc
 
 
 def test_two_excluded_nodes_compose_into_one_sbatch_value():
-    override = jobs.for_hydra("+machine.slurm.extra_sbatch.exclude=n1,n2")
+    override = resubmit.for_hydra("+machine.slurm.extra_sbatch.exclude=n1,n2")
     cfg = to_launch_config(compose(["machine=slurm_local", override]))
     assert cfg.machine.slurm.extra_sbatch == {"exclude": "n1,n2"}
-    again = jobs.new_overrides([override], [], ("n3",))
+    again = resubmit.new_overrides([override], [], ("n3",))
     assert again[0] == "+machine.slurm.extra_sbatch.exclude=n1,n2,n3"
-    assert jobs.slow_nodes_of({"slow_nodes": ["n1", "n2;rm -rf /", "$(x)"]}) == ["n1"]
+    assert status.slow_nodes_of({"slow_nodes": ["n1", "n2;rm -rf /", "$(x)"]}) == ["n1"]
 
 
 def test_nccl_warnings_in_its_log_file_still_classify_the_failure(tmp_path, monkeypatch):
@@ -372,9 +375,9 @@ def test_nccl_warnings_in_its_log_file_still_classify_the_failure(tmp_path, monk
         "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356,"
         " unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n"
     )
-    assert jobs.collect([str(job_dir)])[0].failure == "collective_failure"
+    assert status.collect([str(job_dir)])[0].failure == "collective_failure"
     (job_dir / "logs" / "nccl_rank0.log").write_text(
         "nid001:4242:4300 [0] NCCL INFO Using network AWS Libfabric\n"
         "nid001:4242:4300 [0] enqueue.cc:1451 NCCL WARN Cuda failure 'out of memory'\n"
     )
-    assert jobs.collect([str(job_dir)])[0].failure == "gpu_oom"
+    assert status.collect([str(job_dir)])[0].failure == "gpu_oom"

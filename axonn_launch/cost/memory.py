@@ -54,6 +54,7 @@ The totals are compared with ``Hardware.mem_per_gpu_gb`` read as GiB (``fits``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from axonn_launch.common import rules
@@ -73,6 +74,7 @@ GIB = 1024**3
 RUNTIME_RESERVE_GIB = 1.5  # context + NCCL/RCCL buffers + fragmentation, per GPU
 BYTES_PER_PARAM_STATE = {"parameters": 4, "gradients": 4, "optimizer": 8}
 LOGIT_BYTES = 2 + 4 + 4 + 4 + 4
+TOKEN_TERMS = ("activations", "logits")  # linear in T; no other term depends on the micro-batch
 
 
 @dataclass(frozen=True)
@@ -90,15 +92,26 @@ class MemoryEstimate:
         name, value = self.biggest()
         return f"{self.total / GIB:.1f} GiB per GPU (largest term: {name} {value / GIB:.1f} GiB)"
 
+    def at_micro_batch(self, ratio: float) -> MemoryEstimate:
+        """The estimate with the micro-batch scaled by ``ratio``: only the terms in
+        ``TOKEN_TERMS`` grow with the tokens per micro-step, each linearly."""
+        terms = {k: v * ratio if k in TOKEN_TERMS else v for k, v in self.terms.items()}
+        return MemoryEstimate(terms=terms)
+
     def fits(self, mem_per_gpu_gb: float) -> bool:
         """True when the estimate fits ``mem_per_gpu_gb`` (read as GiB; 0 = unbounded)."""
         return mem_per_gpu_gb <= 0 or self.total <= mem_per_gpu_gb * GIB
 
 
+@functools.lru_cache(maxsize=65536)
 def estimate_memory(
     *, model: ModelSpec, grid: Grid, train: TrainConfig, on_gpu: bool = True
 ) -> MemoryEstimate:
-    """Bytes per GPU by term (module docstring); ``on_gpu`` resolves the ``auto`` dtypes."""
+    """Bytes per GPU by term (module docstring); ``on_gpu`` resolves the ``auto`` dtypes.
+
+    Computed once per distinct input in a process: the validation, the planner's ranking
+    and the summary ask for the same grids (its inputs are frozen; callers do not change
+    the returned terms)."""
     if train.micro_batch is None:
         raise ValueError("estimate_memory needs a micro_batch (fit_micro_batch chooses one)")
     wire = wire_bytes(train, on_gpu=on_gpu)
@@ -265,8 +278,11 @@ def fit_micro_batch(
         candidates = rules.micro_batch_candidates(train, grid)
     else:
         candidates = [train.micro_batch]
-    for micro in candidates:
-        estimate = estimate_memory(model=model, grid=grid, train=replace(train, micro_batch=micro))
+    largest = estimate_memory(
+        model=model, grid=grid, train=replace(train, micro_batch=candidates[0])
+    )
+    for micro in candidates:  # one estimate per grid: the others scale its token terms
+        estimate = largest.at_micro_batch(micro / candidates[0])
         if estimate.fits(hardware.mem_per_gpu_gb):
             return micro, estimate
     gib = 1024**3
