@@ -591,10 +591,10 @@ def run_in_allocation(settings: Settings) -> None:
 
     from axonn_launch.common.spec import RuntimeConfig
     from axonn_launch.config.compose import load
-    from axonn_launch.train.bootstrap import bootstrap, init_distributed
+    from axonn_launch.train.bootstrap import discover_env, init_distributed
 
     machine = load([f"machine={settings.machine}"]).machine
-    env = bootstrap(RuntimeConfig(backend=machine.backend, device_index=machine.device_index))
+    env = discover_env(RuntimeConfig(backend=machine.backend, device_index=machine.device_index))
     check_world(settings, machine.scheduler, env)
     init_distributed(env)
     try:

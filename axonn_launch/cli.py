@@ -7,28 +7,36 @@ nothing written or submitted. Set HYDRA_FULL_ERROR=1 for tracebacks.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import logging
 import os
 import shutil
 import sys
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from axonn_launch.config.compose import (
     ConfigError,
     LaunchConfig,
     compose,
+    composition_error,
     register_resolvers,
     split_argv,
     to_launch_config,
 )
-from axonn_launch.config.validate import container_warnings, resolve
+from axonn_launch.config.validate import container_warnings, launch_scope, resolve
 from axonn_launch.submit import rehearse
 from axonn_launch.submit.pipeline import EXIT_BAD_INPUT, launch
 from axonn_launch.submit.sweep import (
@@ -58,11 +66,16 @@ HYDRA_FLAGS_WITHOUT_PREFLIGHT = {
 
 
 log = logging.getLogger(__name__)
+FULL_ERROR = "HYDRA_FULL_ERROR"
+_USER_FULL_ERROR: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "axonn_user_hydra_full_error", default=None
+)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def hydra_entry(cfg: DictConfig) -> PointOutcome:
     """One run or one sweep point; its ``float()`` is the objective (``sweep.py``)."""
+    give_back_full_error()
     hydra_cfg = HydraConfig.get()
     job_dir = Path(hydra_cfg.runtime.output_dir)
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
@@ -107,6 +120,23 @@ def point_config(cfg: DictConfig, hydra_cfg: Any) -> LaunchConfig:
     return point_cfg
 
 
+class ValidateRun(Callback):
+    """A run (not a sweep) is validated here (conf/config.yaml's ``hydra.callbacks``): on
+    the config Hydra composed, before Hydra creates the job dir, so that bad input writes
+    nothing and the config is composed no more often than Hydra does it itself."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        run_dir = OmegaConf.to_container(config.hydra.run, resolve=False).get("dir", "")
+        tree = OmegaConf.masked_copy(config, [key for key in config if key != "hydra"])
+        try:
+            check_run(tree, to_launch_config(tree), run_dir_prefix([f"hydra.run.dir={run_dir}"]))
+        except ConfigError as exc:  # Hydra would only warn of an exception from a callback
+            if _USER_FULL_ERROR.get() == "1":
+                traceback.print_exc()
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(EXIT_BAD_INPUT) from None
+
+
 class LoggedNotPrinted(logging.Filter):
     """For Hydra's console handler (conf/config.yaml): the launcher prints what the
     console needs itself and logs the same to the job dir's axonn_launch.log, so its
@@ -129,13 +159,15 @@ def preflight(argv: list[str]) -> None:
     } & set(valued):
         return  # Hydra's own reports, or another primary config: Hydra checks those
     sweeping = bool(bare & {"-m", "--multirun"})
+    study = any(o.lstrip("+").startswith("study=") for o in overrides)
+    if not sweeping and not study:
+        return  # ValidateRun checks a run on Hydra's own composition, before its job dir
     sweeper = next((o.split("=", 1)[1] for o in overrides if o.startswith("hydra/sweeper=")), "")
     overrides = [  # Hydra checks its own keys and groups (hydra/launcher=..., hydra/sweeper=...)
         o
         for o in overrides
         if not o.startswith(("hydra.", "hydra/")) or o.startswith("hydra.searchpath")
     ]
-    run_dir = run_dir_prefix(overrides)
     config_dir = valued.get("--config-dir") or valued.get("-cd")
     if config_dir:
         overrides.append(f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]")
@@ -144,8 +176,8 @@ def preflight(argv: list[str]) -> None:
     for point in points:
         tree = compose(point)
         cfg = for_sweeper(to_launch_config(tree), sweeper or "basic")
-        if not sweeping:
-            check_run(tree, cfg, run_dir)
+        if not sweeping:  # a study's callback checks its settings before ValidateRun runs
+            check_run(tree, cfg, run_dir_prefix(overrides))
         elif optimizing:
             check_trial(tree, cfg, point, sweeper)
 
@@ -190,13 +222,45 @@ def check_trial(tree: DictConfig, cfg: LaunchConfig, point: list[str], sweeper: 
 
 
 def main() -> None:
+    with launch_scope():  # the pre-flight's resolution is the launch's
+        try:
+            preflight(sys.argv[1:])
+        except ConfigError as exc:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(EXIT_BAD_INPUT) from None
+        register_help_resolver()  # --help names the other commands (conf/config.yaml)
+        register_resolvers()  # sweep points' names (conf/config.yaml)
+        with composition_errors_in_one_line(split_argv(sys.argv[1:])[0]):
+            hydra_entry()
+
+
+@contextlib.contextmanager
+def composition_errors_in_one_line(overrides: list[str]) -> Iterator[None]:
+    """A run's config is composed by Hydra alone (``ValidateRun``), which prints its
+    composition errors over several lines and exits 1. Asked to raise them instead
+    (HYDRA_FULL_ERROR=1 until the run starts; ``hydra_entry`` gives the user's setting
+    back), the launcher says them in one line and exits 2, as for any bad input."""
+    user = os.environ.get(FULL_ERROR)
+    token = _USER_FULL_ERROR.set(user)
+    os.environ[FULL_ERROR] = "1"
     try:
-        preflight(sys.argv[1:])
-    except ConfigError as exc:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        yield
+    except (HydraException, OmegaConfBaseException) as exc:
+        if user == "1":
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {composition_error(overrides, exc)}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
-    register_help_resolver()  # --help names the other commands (conf/config.yaml)
-    register_resolvers()  # sweep points' names (conf/config.yaml)
-    hydra_entry()
+    finally:
+        give_back_full_error()
+        _USER_FULL_ERROR.reset(token)
+
+
+def give_back_full_error() -> None:
+    """The user's HYDRA_FULL_ERROR again, for the run itself and its ranks."""
+    user = _USER_FULL_ERROR.get()
+    if user is None:
+        os.environ.pop(FULL_ERROR, None)
+    else:
+        os.environ[FULL_ERROR] = user

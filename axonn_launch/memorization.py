@@ -52,7 +52,7 @@ FORWARDED = ("grid.", "machine", "nodes", "name", "site.", "train.dtype", "stop_
 Generator = Callable[..., list[dict]]
 
 
-def run(settings: Settings, generate: Generator | None = None) -> dict:
+def measure(settings: Settings, generate: Generator | None = None) -> dict:
     """Read, prompt, generate, score; writes ``settings.out`` and returns its content."""
     source = Path(settings.source)
     if not source.is_dir():
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None, generate: Generator | None = None) -> in
         return 0
 
     def _main(args: list[str]) -> int:
-        print(format_table(run(parse_args(args), generate)))
+        print(format_table(measure(parse_args(args), generate)))
         return 0
 
     return run_tool(_main, argv, (MemorizationError, json.JSONDecodeError))

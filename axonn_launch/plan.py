@@ -157,7 +157,7 @@ def format_table(rows: list[PlanRow], peak: float) -> str:
     )
 
 
-def run(args: PlanArgs) -> tuple[str, bool]:
+def plan_report(args: PlanArgs) -> tuple[str, bool]:
     """(text to print, whether any grid was found)."""
     nodes, note = args.nodes, ""
     if nodes is None:
@@ -279,7 +279,7 @@ def _attribute(obj: object, dotted: str) -> object:
 
 def job_start_line(args: PlanArgs, grid: Grid) -> str:
     """Host memory and init time per rank of the best grid (axonn_launch/cost/jobcost.py)."""
-    cost = job_cost(args.model, grid, on_gpu=args.machine.hardware.gpu_model != "cpu")
+    cost = job_cost(args.model, grid, on_gpu=args.machine.hardware.runs_on_gpu)
     return f"job start, save and resume on {grid.describe()}: {cost.describe()}"
 
 
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    text, found = run(parse_args(argv))
+    text, found = plan_report(parse_args(argv))
     print(text)
     return 0 if found else 1
 

@@ -76,7 +76,7 @@ def worker(phase: str, job_dir: Path) -> None:
     import torch.distributed as dist
 
     from axonn_launch import train as job
-    from axonn_launch.train.bootstrap import bootstrap, init_distributed
+    from axonn_launch.train.bootstrap import discover_env, init_distributed
     from axonn_launch.train.checkpoint import Checkpointer, latest_checkpoint
     from axonn_launch.train.data import Loader, open_source
     from axonn_launch.train.groups import build_groups
@@ -85,7 +85,7 @@ def worker(phase: str, job_dir: Path) -> None:
     from axonn_launch.train.state import load_training_state
 
     spec = JobSpec.load(job_dir / "spec.json")
-    env = bootstrap(spec.runtime)
+    env = discover_env(spec.runtime)
     job.configure_threads(env)
     init_distributed(env)
     group = dist.new_group(backend="gloo")

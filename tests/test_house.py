@@ -255,3 +255,24 @@ def test_job_directory_names_live_in_one_module(name):
         if value == name
     ]
     assert not elsewhere, f"{name!r} written outside common/jobdir.py: " + ", ".join(elsewhere)
+
+
+def test_registries_cover_every_name():
+    """Each name the config accepts has its implementation registered, and no more."""
+    from axonn_launch.common.machine import SCHEDULERS
+    from axonn_launch.common.models import ARCHITECTURES
+    from axonn_launch.submit.pipeline import STARTERS
+    from axonn_launch.train.arch import ARCHITECTURES as BUILDERS
+
+    assert set(STARTERS) == set(SCHEDULERS)
+    assert set(BUILDERS) == set(ARCHITECTURES)
+
+
+def test_the_job_package_does_not_shadow_its_modules():
+    """``axonn_launch.train.bootstrap`` is the module, not a function of the same name."""
+    import types
+
+    import axonn_launch.train as train
+
+    assert isinstance(train.bootstrap, types.ModuleType)
+    assert callable(train.bootstrap.discover_env)

@@ -25,7 +25,9 @@ def test_a_local_run_logs_the_launch_and_every_rank_with_rank_and_host(tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
 
     launch_log = (job / "axonn_launch.log").read_text()
-    assert re.search(r"\]\[axonn_launch\.launch\]\[INFO\] - launching\n", launch_log), launch_log
+    assert re.search(r"\]\[axonn_launch\.submit\.pipeline\]\[INFO\] - launching\n", launch_log), (
+        launch_log
+    )
     assert re.search(r"^grid +data=1 x=2 y=1 z=1 = 2 ranks$", launch_log, re.M), launch_log
     assert re.search(r"- local-\d+ completed \(exit code 0\)$", launch_log, re.M), launch_log
     # the console gets the summary once, printed, not a second time through Hydra's logging

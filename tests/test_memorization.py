@@ -188,7 +188,7 @@ def test_text_documents_and_word_rouge(tmp_path, job_source):
     settings = metric.Settings(
         source=str(job_source), data=str(data), out=str(tmp_path / "o.json"), continuation=n
     )
-    result = mem.run(settings, generate)
+    result = mem.measure(settings, generate)
     rows = result["documents"]
     assert rows[0]["truth_text"] == "the question" and rows[0]["exact_match"]
     assert rows[1]["truth_text"] == "r discontent" and not rows[1]["exact_match"]
@@ -205,7 +205,9 @@ def test_ids_only_model_scores_rouge_on_ids(tmp_path):
     def generate(source, prompts, *, max_new_tokens, overrides, temperature=0.0, top_k=0):
         return [{"prompt_ids": p["ids"], "output_ids": [7, 99, 9, 8], "text": ""} for p in prompts]
 
-    result = mem.run(metric.Settings(str(source), str(data), str(tmp_path / "o.json"), 4), generate)
+    result = mem.measure(
+        metric.Settings(str(source), str(data), str(tmp_path / "o.json"), 4), generate
+    )
     assert result["rouge_on"] == "token ids"
     # truth 7 8 9 10, pred 7 99 9 8: LCS = 2 (7 9 or 7 8) -> F = 0.5
     assert result["rouge_l"] == 0.5 and result["token_match"] == 0.5

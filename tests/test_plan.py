@@ -26,7 +26,7 @@ from axonn_launch.cost.planner import (
     rank_grids,
     smallest_nodes,
 )
-from axonn_launch.plan import main, parse_args, run
+from axonn_launch.plan import main, parse_args, plan_report
 
 A100 = Hardware(gpus_per_node=4, gpu_model="A100", mem_per_gpu_gb=40, peak_tflops_per_gpu=312,
                 intra_node_gbps=100, inter_node_gbps=25, latency_us=8)  # fmt: skip
@@ -244,7 +244,7 @@ def test_cli_json_output():
     assert args.train.global_batch == 1024 and args.train.seq_len == 2048  # preset's
     assert args.train.overlap.all_gather is False and args.train.micro_batch is None
     assert args.machine.hardware.intra_node_gbps == 100
-    text, found = run(args)
+    text, found = plan_report(args)
     payload = json.loads(text)
     assert found and payload["world_size"] == 64 and payload["considered"] == 84
     assert [p["rank"] for p in payload["plans"]] == [1, 2, 3, 4]
@@ -258,7 +258,7 @@ def test_cli_json_output():
 def test_cli_table_and_errors():
     args = parse_args(["machine=perlmutter", "model=gpt_5b", "nodes=2", "train.micro_batch=4"])
     assert args.train.micro_batch == 4 and args.nodes == 2
-    text, found = run(args)
+    text, found = plan_report(args)
     assert found and "grid (data,x,y,z)" in text and "TFLOP/s/GPU" in text
     rows = plan(machine=args.machine, model=args.model, train=args.train, nodes=2, top=3)
     assert rows and all(row.micro_batch == 4 for row in rows)

@@ -282,7 +282,7 @@ def test_sequence_length_rule_is_the_position_tables():
 
 def test_the_job_refuses_what_the_login_node_refuses():
     from axonn_launch.common.spec import JobSpec, RuntimeConfig
-    from axonn_launch.train import validate_shapes
+    from axonn_launch.train import recheck_rules
 
     model = dataclasses.replace(TINY, vocab_size=65)
     spec = JobSpec(
@@ -294,5 +294,5 @@ def test_the_job_refuses_what_the_login_node_refuses():
         runtime=RuntimeConfig(),
     )
     with pytest.raises(ValueError) as job:
-        validate_shapes(spec)
+        recheck_rules(spec)
     assert str(job.value) == login_accepts(model, spec.grid, spec.train)

@@ -17,7 +17,7 @@ from axonn_launch.common.slurmtext import (
 from axonn_launch.records import failures
 from axonn_launch.submit import slurm
 
-BOOTSTRAP = Path(slurmtext.__file__).parent / "train" / "bootstrap.py"
+BOOTSTRAP = Path(slurmtext.__file__).parents[1] / "train" / "bootstrap.py"
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+SCHEDULERS = ("local", "slurm")  # submit/pipeline.py starts a job for each name
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -16,6 +18,12 @@ class Hardware:
     inter_node_gbps: float = 0.0  # GB/s per GPU across nodes (injection / GPUs per node)
     latency_us: float = 5.0  # per collective step (planner)
     memory_gbps: float = 0.0  # GPU memory GB/s, for element-wise kernels (planner); 0 = unknown
+
+    @property
+    def runs_on_gpu(self) -> bool:
+        """Whether ``auto`` dtypes resolve as on a GPU (bf16): the one place this is decided
+        on the login node, for the memory model, the step time and the job's cost."""
+        return self.gpu_model != "cpu" and self.peak_tflops_per_gpu > 0
 
 
 @dataclass(frozen=True)
@@ -133,7 +141,7 @@ class PreflightExpectations:
 @dataclass(frozen=True)
 class MachineProfile:
     name: str
-    scheduler: str  # local | slurm
+    scheduler: str  # one of SCHEDULERS
     backend: str  # gloo | nccl (RCCL answers to nccl in torch)
     hardware: Hardware
     slurm: SlurmSettings

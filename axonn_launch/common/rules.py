@@ -1,6 +1,6 @@
 """Whether a model and a training configuration can run on a grid: every rule, once.
 
-The login node (``validate``, ``plan``) and the job (``train.validate_shapes``) ask the
+The login node (``validate``, ``plan``) and the job (``train.recheck_rules``) ask the
 same functions, and each rule mirrors what the job's layers and loader require
 (``train/layers.py``, ``train/model.py``, ``train/data.py``; ``tests/test_rules.py``
 builds them to check that the two agree). Torch-free. Each rule returns None or one line

@@ -114,7 +114,7 @@ def compose(overrides: list[str]):
         with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
             return hydra_compose(config_name="config", overrides=list(overrides))
     except Exception as exc:  # Hydra/OmegaConf errors become one line
-        raise ConfigError(_bad_override(overrides) or explain_compose_error(exc)) from exc
+        raise ConfigError(composition_error(overrides, exc)) from exc
     finally:
         GlobalHydra.instance().clear()
 
@@ -225,6 +225,11 @@ def convert_scalar(kind: type, value: Any, path: str) -> Any:
             return str(value)
         raise ConfigError(f"{path}={value!r}: expected a string")
     raise ConfigError(f"{path}: unsupported type {kind!r}")
+
+
+def composition_error(overrides: list[str], exc: BaseException) -> str:
+    """One line for a failed composition: the override that does not parse, else why."""
+    return _bad_override(overrides) or explain_compose_error(exc)
 
 
 def explain_compose_error(exc: BaseException) -> str:

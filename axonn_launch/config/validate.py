@@ -6,19 +6,23 @@ the planner and the job ask.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from axonn_launch.common import rules, tokenfile
 from axonn_launch.common.grid import Grid
-from axonn_launch.common.machine import MachineProfile
+from axonn_launch.common.machine import SCHEDULERS, MachineProfile
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import GenerateConfig, MemorizationConfig, TrainConfig
 from axonn_launch.config import edf
 from axonn_launch.config.compose import ConfigError, GridRequest, LaunchConfig
 from axonn_launch.cost.memory import MemoryEstimate, estimate_memory, fit_micro_batch
+from axonn_launch.cost.perf import StepTime, step_time
 
 BUILTIN_DATA = ("shakespeare", "synthetic")
 BYTE_VOCAB = 256
@@ -27,19 +31,50 @@ _NAME_FORBIDDEN = re.compile(r"[/\x00-\x1f\x7f]")
 
 @dataclass(frozen=True)
 class Resolved:
-    """What the launcher will run: the concrete grid, node count and estimates."""
+    """What the launcher will run, costed once: the concrete grid, node count, the
+    micro-batch and cached blocks (in ``train``), the memory estimate and the predicted
+    step time. The summary, the record and the batch script read it; nothing recomputes it."""
 
     grid: Grid
     nodes: int
     tasks_per_node: int
     memory: MemoryEstimate
     train: TrainConfig  # with the micro_batch to run: as given, or chosen (rules.py)
+    step_time: StepTime | None = None  # the planner's prediction (cost/perf.py)
     planned: bool = False
     warnings: list[str] = field(default_factory=list)
 
 
+# Within one launch (``launch_scope``) the CLI's pre-flight and the pipeline ask for the
+# same config: the second gets the first's resolution instead of resolving again.
+_LAUNCH: contextvars.ContextVar[dict[str, Resolved] | None] = contextvars.ContextVar(
+    "axonn_launch_resolved", default=None
+)
+
+
+@contextlib.contextmanager
+def launch_scope() -> Iterator[None]:
+    """One launch: each distinct config is resolved once inside it."""
+    token = _LAUNCH.set({})
+    try:
+        yield
+    finally:
+        _LAUNCH.reset(token)
+
+
 def resolve(cfg: LaunchConfig) -> Resolved:
-    """Validate ``cfg`` and fix the grid and node count; raises ConfigError."""
+    """Validate ``cfg`` and fix the grid and node count; raises ConfigError. Inside a
+    ``launch_scope``, a config already resolved there is not resolved again."""
+    memo = _LAUNCH.get()
+    if memo is None:
+        return _resolve(cfg)
+    key = repr(cfg)
+    if key not in memo:
+        memo[key] = _resolve(cfg)
+    return memo[key]
+
+
+def _resolve(cfg: LaunchConfig) -> Resolved:
     check_name(cfg.name)
     check_machine(cfg.machine)
     check_model(cfg.model)
@@ -62,9 +97,19 @@ def resolve(cfg: LaunchConfig) -> Resolved:
         tasks_per_node=per_node,
         memory=memory,
         train=train,
+        step_time=predicted_step(cfg, grid, train),
         planned=planned,
         warnings=warnings,
     )
+
+
+def predicted_step(cfg: LaunchConfig, grid: Grid, train: TrainConfig) -> StepTime | None:
+    """The planner's step time for what will run; None where the profile has no figures to
+    predict from (no bandwidths: a laptop, a test profile)."""
+    try:
+        return step_time(hardware=cfg.machine.hardware, model=cfg.model, train=train, grid=grid)
+    except ValueError:
+        return None
 
 
 def check_name(name: str) -> None:
@@ -75,7 +120,7 @@ def check_name(name: str) -> None:
 
 
 def check_machine(machine: MachineProfile) -> None:
-    _one_of("machine.scheduler", machine.scheduler, ("local", "slurm"))
+    _one_of("machine.scheduler", machine.scheduler, SCHEDULERS)
     _one_of("machine.backend", machine.backend, ("auto", "gloo", "nccl"))
     _one_of("machine.device_index", machine.device_index, ("local_rank", "zero"))
     _positive("machine.hardware.gpus_per_node", machine.hardware.gpus_per_node)
@@ -260,7 +305,8 @@ def choose_cache_layers(
 
     cache = planner.resolve_cache_layers(machine.hardware, model, train, grid)
     train = replace(train, cache_layers=cache)
-    return train, estimate_memory(model=model, grid=grid, train=train)
+    gpu = machine.hardware.runs_on_gpu
+    return train, estimate_memory(model=model, grid=grid, train=train, on_gpu=gpu)
 
 
 def container_warnings(cfg: LaunchConfig, job_dir: str) -> list[str]:

@@ -278,9 +278,8 @@ def fit_micro_batch(
         candidates = rules.micro_batch_candidates(train, grid)
     else:
         candidates = [train.micro_batch]
-    largest = estimate_memory(
-        model=model, grid=grid, train=replace(train, micro_batch=candidates[0])
-    )
+    first = replace(train, micro_batch=candidates[0])
+    largest = estimate_memory(model=model, grid=grid, train=first, on_gpu=hardware.runs_on_gpu)
     for micro in candidates:  # one estimate per grid: the others scale its token terms
         estimate = largest.at_micro_batch(micro / candidates[0])
         if estimate.fits(hardware.mem_per_gpu_gb):

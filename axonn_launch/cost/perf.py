@@ -406,11 +406,6 @@ def _llama_elementwise(model: ModelSpec, grid: Grid) -> float:
     return per_layer + SWIGLU_PASSES * f / grid.y
 
 
-def on_gpu(hardware: Hardware) -> bool:
-    """Whether ``auto`` dtypes resolve as on a GPU (bf16) for this hardware."""
-    return hardware.gpu_model != "cpu" and hardware.peak_tflops_per_gpu > 0
-
-
 # --------------------------------------------------------------------------- the step
 
 
@@ -551,7 +546,7 @@ def step_time(
     once-per-step gradient synchronization (see the module docstring)."""
     cal = calibration or Calibration()
     costs = _Costs(hardware, grid, cal, tuned=train.gemm_tuning)
-    gpu = on_gpu(hardware)
+    gpu = hardware.runs_on_gpu
     compute, micro = _micro_step(costs, model, train, grid, gpu)
     accum = max(1, train.accumulation_steps(grid))
     ledger = micro.scaled(accum)

@@ -192,14 +192,17 @@ def _with_cache(
         return train, memory, predict(train)
     none = dataclasses.replace(train, cache_layers=0)
     base = predict(none)
-    most = largest_cache_that_fits(model, grid, none, hardware.mem_per_gpu_gb)
+    most = largest_cache_that_fits(
+        model, grid, none, hardware.mem_per_gpu_gb, on_gpu=hardware.runs_on_gpu
+    )
     if most == 0:
         return none, memory, base
     cached = dataclasses.replace(train, cache_layers=most)
     faster = predict(cached)
     if faster.total >= base.total:
         return none, memory, base
-    return cached, estimate_memory(model=model, grid=grid, train=cached), faster
+    gpu = hardware.runs_on_gpu
+    return cached, estimate_memory(model=model, grid=grid, train=cached, on_gpu=gpu), faster
 
 
 def plan(

@@ -13,6 +13,7 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -97,9 +98,8 @@ def launch(
         print(script or local_command_text(cfg, resolved, job_dir), file=out)
         write_record(job_dir, record, status="dry_run")
         return Outcome("dry_run", str(job_dir), nodes=resolved.nodes)
-    if cfg.machine.scheduler == "local":
-        return run_local(cfg, resolved, job_dir, record)
-    return submit_slurm(cfg, resolved, job_dir, record, out=out, rehearsal=rehearsal)
+    start = STARTERS[cfg.machine.scheduler]
+    return start(cfg, resolved, job_dir, record, out=out, rehearsal=rehearsal)
 
 
 def resolved_yaml(config: dict, resolved: Resolved) -> str:
@@ -339,3 +339,14 @@ def submit_slurm(
     write_record(job_dir, record, status=status, slurm_state=state)
     print(next_line(job_dir, ran=True), file=out)
     return Outcome(status, str(job_dir), job.job_id, resolved.nodes, state)
+
+
+def start_local(
+    cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict, *, out, rehearsal=None
+) -> Outcome:
+    """Local ranks print to this terminal themselves; there is no site to rehearse."""
+    return run_local(cfg, resolved, job_dir, record)
+
+
+# How a job starts, by ``machine.scheduler`` (common/machine.py's SCHEDULERS).
+STARTERS: dict[str, Callable[..., Outcome]] = {"local": start_local, "slurm": submit_slurm}

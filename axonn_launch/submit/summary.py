@@ -102,13 +102,10 @@ class RunTime:
 
 def run_time(cfg: LaunchConfig, resolved: Resolved) -> RunTime:
     """The planner's prediction for the grid, micro-batch and cache the job runs."""
-    from axonn_launch.cost.perf import step_time
-
-    predicted = step_time(
-        hardware=cfg.machine.hardware, model=cfg.model, train=resolved.train, grid=resolved.grid
-    )
+    if resolved.step_time is None:
+        raise ValueError("machine.hardware: no bandwidth figures to predict a step from")
     return RunTime(
-        step_s=predicted.total,
+        step_s=resolved.step_time.total,
         steps=resolved.train.steps,
         limit_min=cfg.machine.slurm.time_min,
         max_requeue=cfg.max_requeue,

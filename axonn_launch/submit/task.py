@@ -38,7 +38,7 @@ class TrainJob(Checkpointable):
     def __call__(self) -> dict:
         apply_task_env(self.task_env)
         from axonn_launch.common.spec import JobSpec
-        from axonn_launch.train import run
+        from axonn_launch.train import run_job
         from axonn_launch.train.faults import step_hook
         from axonn_launch.train.loop import StopFlag
 
@@ -48,7 +48,7 @@ class TrainJob(Checkpointable):
         rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
         hook = step_hook(stop, rank=rank, start_step=checkpointed_step(self.job_dir))
         spec = JobSpec.load(JobPaths(self.job_dir).spec)
-        summary = run(spec, should_stop=hook)
+        summary = run_job(spec, should_stop=hook)
         unfinished = summary.get("stopped") and summary["steps"] < spec.train.steps
         if unfinished and callable(submitit_handler):
             hand_over_to_requeue(submitit_handler, rank)

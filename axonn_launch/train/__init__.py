@@ -1,6 +1,6 @@
 """The job side: imported only inside a job, never by the login-node launcher.
 
-``run(spec)`` is the whole training job of one rank: bootstrap, process groups, model,
+``run_job(spec)`` is the whole training job of one rank: bootstrap, process groups, model,
 data, resume from the latest checkpoint if any, the optimizer loop, an optional sample,
 and a summary (also written to ``<job_dir>/summary.json`` by rank 0).
 """
@@ -24,7 +24,7 @@ from axonn_launch.common.rules import job_problem
 from axonn_launch.common.spec import JobSpec
 from axonn_launch.train import preflight
 from axonn_launch.train.arch import build_model
-from axonn_launch.train.bootstrap import DistEnv, bootstrap, init_distributed
+from axonn_launch.train.bootstrap import DistEnv, discover_env, init_distributed
 from axonn_launch.train.checkpoint import (
     LEGACY_FORMAT,
     Checkpointer,
@@ -54,7 +54,7 @@ __all__ = ["run"]
 log = logging.getLogger(__name__)
 
 
-def run(
+def run_job(
     spec: JobSpec,
     *,
     env: DistEnv | None = None,
@@ -64,7 +64,7 @@ def run(
 
     A rank that raises leaves a failure record first (``axonn_launch.records.firstfail``), so that
     the launcher and ``jobs status`` can name the rank that failed first."""
-    env = env or bootstrap(spec.runtime)
+    env = env or discover_env(spec.runtime)
     setup_logging(env.rank, spec.job_dir)  # rank and host on every line (train/logs.py)
     try:
         return train_rank(spec, env, should_stop)
@@ -108,7 +108,7 @@ def configure_threads(env: DistEnv, threads: int = 0) -> None:
 
 def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool]) -> dict:
     train, grid, device = spec.train, spec.grid, torch.device(env.device)
-    validate_shapes(spec)
+    recheck_rules(spec)
     torch.manual_seed(train.seed)
     groups = build_groups(grid, rank=env.rank)
     model = build_model(
@@ -175,7 +175,7 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
         start_step=start_step,
         should_stop=should_stop,
         save=lambda step: save(spec, env, step, model, optimizer, loader, checkpointer),
-        evaluate=validation(spec, model, groups, device),
+        evaluate=validation_loss(spec, model, groups, device),
     )
     startup = log_startup_time(env)  # srun to here, per rank; where Python came from
     summary = train_loop(model, ctx) | {"startup": startup}
@@ -251,7 +251,7 @@ def load_pretrained(spec: JobSpec, model: GPT, groups: Groups) -> None:
     )  # fmt: skip
 
 
-def validation(spec: JobSpec, model: GPT, groups: Groups, device: torch.device):
+def validation_loss(spec: JobSpec, model: GPT, groups: Groups, device: torch.device):
     """The validation loss as a function of no arguments, or None (``eval_batches`` 0)."""
     train = spec.train
     if train.eval_batches < 1:
@@ -271,7 +271,7 @@ def validation(spec: JobSpec, model: GPT, groups: Groups, device: torch.device):
     return lambda: evaluate(model, list(batches), groups, device, dtype)
 
 
-def validate_shapes(spec: JobSpec) -> None:
+def recheck_rules(spec: JobSpec) -> None:
     """The login node's rules (``axonn_launch.common.rules``), checked again before building."""
     problem = job_problem(spec.model, spec.grid, spec.train)
     if problem:

@@ -25,12 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m axonn_launch.train")
     parser.add_argument("job_dir", type=Path, help="directory holding spec.json")
     args = parser.parse_args(argv)
-    from axonn_launch.train import run
+    from axonn_launch.train import run_job
     from axonn_launch.train.faults import step_hook
 
     rank = int(next((os.environ[k] for k in RANK_VARS if os.environ.get(k)), "0"))
     hook = step_hook(lambda: False, rank=rank, start_step=checkpointed_step(str(args.job_dir)))
-    run(JobSpec.load(JobPaths(args.job_dir).spec), should_stop=hook)
+    run_job(JobSpec.load(JobPaths(args.job_dir).spec), should_stop=hook)
     return 0
 
 

@@ -67,7 +67,7 @@ class _Ranks:
     source: str
 
 
-def bootstrap(runtime: RuntimeConfig, environ: Mapping[str, str] | None = None) -> DistEnv:
+def discover_env(runtime: RuntimeConfig, environ: Mapping[str, str] | None = None) -> DistEnv:
     """Rank, rendezvous and device of this process, from its environment."""
     env = os.environ if environ is None else environ
     ranks = _ranks_from_environment(env, runtime)

@@ -132,8 +132,8 @@ def test_a_real_pmix_step_is_read_from_slurm(slurm_cluster):
     code = (
         "import json, os, sys; sys.modules['mpi4py'] = None;"
         "from axonn_launch.common.spec import RuntimeConfig;"
-        "from axonn_launch.train.bootstrap import bootstrap;"
-        "e = bootstrap(RuntimeConfig(device='cpu'));"
+        "from axonn_launch.train.bootstrap import discover_env;"
+        "e = discover_env(RuntimeConfig(device='cpu'));"
         "print(json.dumps({'rank': e.rank, 'world': e.world_size, 'source': e.source,"
         " 'pmix': os.environ.get('PMIX_RANK')}))"
     )

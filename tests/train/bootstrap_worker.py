@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 
 from axonn_launch.common.spec import RuntimeConfig
-from axonn_launch.train.bootstrap import bootstrap, init_distributed
+from axonn_launch.train.bootstrap import discover_env, init_distributed
 
 
 def main() -> None:
-    env = bootstrap(RuntimeConfig(master_port=int(sys.argv[1]), device="cpu"))
+    env = discover_env(RuntimeConfig(master_port=int(sys.argv[1]), device="cpu"))
     init_distributed(env, timeout_s=60)
     value = torch.tensor([float(env.rank + 1)])
     dist.all_reduce(value)

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from axonn_launch.common.spec import JobSpec
-from axonn_launch.train import run
+from axonn_launch.train import run_job
 
 
 def main() -> None:
@@ -29,7 +29,7 @@ def main() -> None:
         calls += 1
         return is_stopping_rank and args.stop_after > 0 and calls >= args.stop_after
 
-    summary = run(JobSpec.load(args.job_dir / "spec.json"), should_stop=should_stop)
+    summary = run_job(JobSpec.load(args.job_dir / "spec.json"), should_stop=should_stop)
     print(json.dumps(summary), flush=True)
 
 

@@ -15,9 +15,9 @@ import pytest
 from axonn_launch.common.spec import RuntimeConfig
 from axonn_launch.train.bootstrap import (
     SLURM_PORT_RANGE,
-    bootstrap,
     choose_backend,
     choose_device,
+    discover_env,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ def test_slurm_variables():
         "SLURM_JOB_ID": "123457",
         "SLURM_JOB_NODELIST": "nid[001234-001235]",
     }
-    env = bootstrap(RuntimeConfig(device="cpu", master_port=29500), environ)
+    env = discover_env(RuntimeConfig(device="cpu", master_port=29500), environ)
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (5, 8, 1, 4)
     assert env.master_addr == "nid001234"
     assert env.master_port == 29500 + 123457 % SLURM_PORT_RANGE
@@ -51,7 +51,7 @@ def test_slurm_step_nodelist_wins_and_uneven_tasks_per_node():
         "SLURM_JOB_NODELIST": "a1,b[3,5-6]",
         "SLURM_STEP_NODELIST": "b[5-6]",
     }
-    env = bootstrap(CPU, environ)
+    env = discover_env(CPU, environ)
     assert env.master_addr == "b5"
     assert env.local_world_size == 3
 
@@ -66,7 +66,7 @@ def test_torchrun_variables_take_precedence_over_slurm():
         "SLURM_PROCID": "0",
         "SLURM_NTASKS": "1",
     }
-    env = bootstrap(CPU, environ)
+    env = discover_env(CPU, environ)
     assert (env.rank, env.world_size, env.local_rank) == (3, 4, 1)
     assert (env.master_addr, env.master_port, env.source) == ("node7", 31000, "torchrun")
 
@@ -80,13 +80,13 @@ def test_openmpi_variables_without_mpi4py(monkeypatch):
         "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
         "MASTER_ADDR": "head",
     }
-    env = bootstrap(CPU, environ)
+    env = discover_env(CPU, environ)
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (3, 4, 1, 2)
     assert (env.master_addr, env.source) == ("head", "mpi")
 
 
 def test_no_launcher_means_a_single_process():
-    env = bootstrap(CPU, {})
+    env = discover_env(CPU, {})
     assert (env.rank, env.world_size, env.source) == (0, 1, "single")
 
 

@@ -11,7 +11,7 @@ import torch
 
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
-from axonn_launch.train import run
+from axonn_launch.train import run_job
 from axonn_launch.train.gemm import (
     FORMULATIONS,
     GemmTuner,
@@ -345,7 +345,7 @@ def test_one_rank_run_with_and_without_tuning(tmp_path):
     tuned, untuned = tmp_path / "tuned", tmp_path / "untuned"
     for job, on in ((tuned, True), (untuned, False)):
         spec = write_job(job, Grid(), steps=6, warmup_steps=2, data="synthetic", gemm_tuning=on)
-        run(spec, env=single_env())
+        run_job(spec, env=single_env())
     check_tuned_run(tuned, 1)
     check_untuned_run(untuned, 1)
     assert_same_losses(tuned, untuned)

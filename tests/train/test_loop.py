@@ -17,7 +17,7 @@ from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import JobSpec, OverlapConfig, RuntimeConfig, TrainConfig
 from axonn_launch.submit.local import free_port, rank_env
-from axonn_launch.train import run
+from axonn_launch.train import run_job
 from axonn_launch.train.bootstrap import DistEnv
 from axonn_launch.train.groups import single_process_groups
 from axonn_launch.train.loop import build_optimizer, compute_dtype, is_matrix, learning_rate
@@ -175,12 +175,12 @@ def single_env() -> DistEnv:
 
 def test_single_process_run_in_process(tmp_path):
     spec = write_job(tmp_path, Grid(), steps=8, warmup_steps=2, data="synthetic", seq_len=32)
-    summary = run(spec, env=single_env())
+    summary = run_job(spec, env=single_env())
     rows = metrics(tmp_path)
     assert [r["step"] for r in rows] == list(range(1, 9))
     assert summary["steps"] == 8 and summary["final_loss"] == rows[-1]["loss"]
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_00000008"
-    again = run(spec, env=single_env())  # already finished: resumes at the end, no steps
+    again = run_job(spec, env=single_env())  # already finished: resumes at the end, no steps
     assert again["resumed_from"] == 8 and again["steps_run"] == 0
 
 
@@ -216,4 +216,4 @@ def test_bf16_on_cpu_trains_to_a_finite_loss(tmp_path):
 def test_run_rejects_inconsistent_specs(tmp_path, grid, train, message):
     spec = write_job(tmp_path, grid, **train)
     with pytest.raises(ValueError, match=message):
-        run(spec, env=single_env())
+        run_job(spec, env=single_env())

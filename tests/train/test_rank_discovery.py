@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from axonn_launch.common.spec import RuntimeConfig
-from axonn_launch.train.bootstrap import SLURM_PORT_RANGE, bootstrap
+from axonn_launch.train.bootstrap import SLURM_PORT_RANGE, discover_env
 
 CPU = RuntimeConfig(device="cpu", master_port=29500)
 SLURM_STEP = {  # task 5 of 8 (4 per node), on the second node of a step of job 77
@@ -74,13 +74,13 @@ TABLE = [
 @pytest.mark.parametrize(("launcher", "environ", "expected"), TABLE, ids=[t[0] for t in TABLE])
 def test_rank_discovery_without_mpi4py(monkeypatch, launcher, environ, expected):
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # as in Alps's container venv
-    env = bootstrap(CPU, environ)
+    env = discover_env(CPU, environ)
     found = (env.rank, env.local_rank, env.world_size, env.local_world_size, env.master_addr)
     assert (*found, env.source) == expected, launcher
 
 
 def test_slurm_steps_get_a_port_per_job():
-    env = bootstrap(CPU, {**SLURM_STEP, **PMIX})
+    env = discover_env(CPU, {**SLURM_STEP, **PMIX})
     assert env.master_port == CPU.master_port + 77 % SLURM_PORT_RANGE
 
 
@@ -88,4 +88,4 @@ def test_mpiexec_outside_slurm_without_mpi4py_says_what_to_do(monkeypatch):
     """MPICH's mpiexec sets PMI variables only: without mpi4py nothing gives the ranks."""
     monkeypatch.setitem(sys.modules, "mpi4py", None)
     with pytest.raises(RuntimeError, match="outside Slurm.*pip install mpi4py"):
-        bootstrap(CPU, PMI2)
+        discover_env(CPU, PMI2)
