@@ -84,6 +84,8 @@ VALUE_ERROR = (
     "ValueError: seq_len=128 > model max_seq_len=64\n"
 )
 SCANCEL = "slurmstepd-n1: error: *** JOB 34 ON n1 CANCELLED AT 2026-11-29T15:40:01 ***"
+ENOSPC = "[rank0]: OSError: [Errno 28] No space left on device"
+EROFS = "OSError: [Errno 30] Read-only file system: '/scratch/job/metrics.jsonl'"
 
 CASES = [
     # (case, state, exit code, log text, expected class)
@@ -128,6 +130,8 @@ CASES = [
         VALUE_ERROR + GLOO_PEER_CLOSED,
         failures.CODE_ERROR,
     ),
+    ("disk full", "FAILED", "1:0", ENOSPC + "\n" + GLOO_PEER_CLOSED, failures.STORAGE_FULL),
+    ("read-only job dir", "FAILED", "1:0", EROFS, failures.STORAGE_ERROR),
     ("nothing known", "FAILED", "1:0", "", failures.UNKNOWN),
     ("no state at all", "", "", "", failures.UNKNOWN),
 ]
@@ -157,7 +161,7 @@ def test_every_class_the_classifier_returns_has_a_documented_action():
     the classes with an action (none without one, none unreachable), each documented."""
     actions = {
         failures.NONE, failures.WAIT, failures.RESUME, failures.RESUME_EXCLUDING,
-        failures.RETRY_WITH_NEW_GRID, failures.DO_NOT_RETRY, failures.REPORT,
+        failures.RETRY_WITH_NEW_GRID, failures.DO_NOT_RETRY, failures.REPORT, failures.STOP,
     }  # fmt: skip
     returned = set()
     for _, state, exit_code, text, _ in CASES:

@@ -14,6 +14,7 @@ serves its executor and the submitted process). Layout::
       summary.json             the run's outcome (rank 0, at the end)
       memorization.json        the in-job memorization evaluation
       checkpoints/latest       names the newest complete checkpoints/step_<n>/ (meta.json in it)
+      checkpoints/.tmp_step_<n>/  a save in progress, or the leftover of an interrupted one
       logs/rank_<r>.log        each rank's log; logs/nccl_rank<r>.log NCCL's
       logs/failures/rank_<r>.json  a dying rank's exception (records/firstfail.py reads them)
 
@@ -26,6 +27,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import socket
 import time
 import traceback
@@ -44,6 +46,7 @@ MEMORIZATION = "memorization.json"
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 STEP_META = "meta.json"
+INTERRUPTED_SAVES = ".tmp_step_*"
 LOGS = "logs"
 FAILURES = "failures"
 NCCL_LOG = "nccl_rank{rank}.log"
@@ -125,11 +128,23 @@ def record_lock(job_dir: str | Path) -> contextlib.AbstractContextManager[None]:
 
 
 def write_record_file(job_dir: str | Path, record: dict) -> None:
-    """Replace job.json atomically (callers hold ``record_lock``)."""
+    """Replace job.json atomically (callers hold ``record_lock``); a write that fails (a
+    full disk) raises and leaves no temporary file behind."""
     path = JobPaths(job_dir).record
-    tmp = path.with_name(f"{RECORD}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
-    tmp.replace(path)
+    _replace_atomically(path, json.dumps(record, indent=2, sort_keys=True))
+
+
+def _replace_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``;
+    on failure remove the temporary file and raise."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def update_record(job_dir: str | Path, **updates) -> dict:
@@ -161,10 +176,7 @@ def read_summary(job_dir: str | Path) -> dict | None:
 
 def write_summary(job_dir: str | Path, summary: dict) -> None:
     """Replace summary.json whole, so that a reader never sees half of it."""
-    path = JobPaths(job_dir).summary
-    partial = path.with_name(f"{SUMMARY}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(summary, indent=2) + "\n")
-    partial.replace(path)
+    _replace_atomically(JobPaths(job_dir).summary, json.dumps(summary, indent=2) + "\n")
 
 
 def last_metrics(job_dir: str | Path) -> dict | None:
@@ -183,7 +195,11 @@ def last_metrics(job_dir: str | Path) -> dict | None:
 
 
 def record_failure(job_dir: str | Path, rank: int, error: BaseException) -> None:
-    """Called by a rank that is about to die of ``error``; never raises itself."""
+    """Called by a rank that is about to die of ``error``; never raises itself.
+
+    ``os_error``: the errno text of the OSError behind ``error`` (its causes, or a DCP
+    save's per-rank failures), so that a checkpoint save that failed on a full disk is
+    classed as a storage fault, not by the RuntimeError that wraps it."""
     lines = traceback.format_exception(type(error), error, error.__traceback__)
     text = "".join(lines).rstrip().splitlines()
     record = {
@@ -193,14 +209,41 @@ def record_failure(job_dir: str | Path, rank: int, error: BaseException) -> None
         "exception": f"{type(error).__name__}: {error}".splitlines()[0][:500],
         "tail": text[-FAILURE_TAIL_LINES:],
     }
+    cause = os_error_of(error)
+    if cause is not None:
+        record["os_error"] = str(cause).splitlines()[0][:500]
+    folder = JobPaths(job_dir).failures
+    part = folder / f".rank_{rank}.json.{os.getpid()}"
     try:
-        folder = JobPaths(job_dir).failures
         folder.mkdir(parents=True, exist_ok=True)
-        part = folder / f".rank_{rank}.json.{os.getpid()}"
         part.write_text(json.dumps(record))
         part.replace(folder / f"rank_{rank}.json")
-    except OSError:
-        pass  # the traceback still reaches the rank's own log
+    except OSError:  # the traceback still reaches the rank's own log
+        with contextlib.suppress(OSError):
+            part.unlink()
+
+
+def os_error_of(error: BaseException) -> OSError | None:
+    """The first OSError with an errno in ``error``, its causes and contexts, and the
+    per-rank exceptions a DCP ``CheckpointException`` holds (``failures``: rank ->
+    (exception, trace)), breadth first; None without one."""
+    seen: set[int] = set()
+    queue: list[BaseException | None] = [error]
+    while queue:
+        found = queue.pop(0)
+        if found is None or id(found) in seen:
+            continue
+        seen.add(id(found))
+        if isinstance(found, OSError) and found.errno:
+            return found
+        queue += [found.__cause__, found.__context__]
+        per_rank = getattr(found, "failures", None)
+        if isinstance(per_rank, dict):
+            for value in per_rank.values():
+                inner = value[0] if isinstance(value, tuple) and value else value
+                if isinstance(inner, BaseException):
+                    queue.append(inner)
+    return None
 
 
 def read_failures(job_dir: str | Path) -> list[dict]:
@@ -240,6 +283,27 @@ def checkpointed_step(job_dir: str | Path) -> int:
 
 def read_step_meta(step_dir: Path) -> dict:
     return json.loads((step_dir / STEP_META).read_text())
+
+
+def checkpoint_bytes(step_dir: Path) -> int:
+    """Bytes the files of one checkpoint step directory hold (0 when it is missing)."""
+    total = 0
+    for folder, _, names in os.walk(step_dir):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(folder, name)).st_size
+    return total
+
+
+def remove_interrupted_saves(job_dir: str | Path) -> int:
+    """Delete the ``.tmp_step_*`` leftovers of interrupted checkpoint saves; returns how
+    many. Only when no rank of the job runs (a save may be in flight otherwise): what a
+    resume would remove anyway, and on a full disk the room a final record needs."""
+    removed = 0
+    for stale in JobPaths(job_dir).checkpoints.glob(INTERRUPTED_SAVES):
+        shutil.rmtree(stale, ignore_errors=True)
+        removed += 1
+    return removed
 
 
 def resolve_checkpoint(text: str) -> Path:

@@ -21,12 +21,21 @@ collective_failure  resume, excluding the nodes whose ranks reported the error
 host_oom            do not retry unchanged; retry only with a new grid or node count
 gpu_oom             do not retry unchanged; retry only with a new grid or node count
 code_error          do not retry: a Python exception or a configuration error
+storage_full        stop: the job dir's file system is full or over quota (ENOSPC,
+                    EDQUOT); free space, then relaunch. No node is to blame
+storage_error       stop: another I/O error on a file (EIO, EROFS, ESTALE); fix the
+                    file system, then relaunch. No node is to blame
 unknown             report: nothing recognizable; read the logs
 ==================  ===============================================================
+
+Storage faults come first among the log signatures: a full disk fails a checkpoint
+write on one rank, and its peers then report lost connections and aborted collectives,
+which would otherwise blame (and exclude) healthy nodes.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import re
 from dataclasses import dataclass, field
@@ -47,6 +56,8 @@ COLLECTIVE_FAILURE = "collective_failure"
 HOST_OOM = "host_oom"
 GPU_OOM = "gpu_oom"
 CODE_ERROR = "code_error"
+STORAGE_FULL = "storage_full"
+STORAGE_ERROR = "storage_error"
 UNKNOWN = "unknown"
 
 RESUME = "resume"
@@ -56,6 +67,7 @@ DO_NOT_RETRY = "do_not_retry"
 WAIT = "wait"
 NONE = "none"
 REPORT = "report"
+STOP = "stop"
 
 ACTIONS = {
     COMPLETED: NONE,
@@ -69,9 +81,12 @@ ACTIONS = {
     HOST_OOM: RETRY_WITH_NEW_GRID,
     GPU_OOM: RETRY_WITH_NEW_GRID,
     CODE_ERROR: DO_NOT_RETRY,
+    STORAGE_FULL: STOP,
+    STORAGE_ERROR: STOP,
     UNKNOWN: REPORT,
 }
 CLASSES = tuple(ACTIONS)
+STORAGE_CLASSES = (STORAGE_FULL, STORAGE_ERROR)
 
 STATE_CLASSES = {
     "TIMEOUT": TIMEOUT,
@@ -83,6 +98,38 @@ STATE_CLASSES = {
     "CANCELLED": CANCELLED,
 }
 
+# The kernel's words for a full file system (strerror, errno and name), as an OSError,
+# DCP's CheckpointException or a C library message print them.
+STORAGE_FULL_PATTERNS = (
+    r"No space left on device",
+    r"\[Errno 28\]",
+    r"\bENOSPC\b",
+    r"Disk quota exceeded",
+    r"\[Errno 122\]",
+    r"\bEDQUOT\b",
+    # torch.save's zip writer after a short write, which is what a full disk gives it
+    # (the errno is lost): DCP writes its non-tensor items so
+    r"inline_container\.cc:\d+\] \. unexpected pos \d+ vs \d+",
+    r"PytorchStreamWriter failed writing file .*: file write failed",
+)
+# Other I/O errors of a file system. EIO counts only with a file name (an OSError's
+# ": 'path'"): a bare "Input/output error" is also what a write to a closed terminal gets.
+STORAGE_ERROR_PATTERNS = (
+    r"Read-only file system",
+    r"\[Errno 30\]",
+    r"\bEROFS\b",
+    r"Stale (?:NFS )?file handle",
+    r"\[Errno 116\]",
+    r"\bESTALE\b",
+    r"\[Errno 5\] Input/output error: '",
+)
+STORAGE_ERRNOS = {
+    errno.ENOSPC: STORAGE_FULL,
+    errno.EDQUOT: STORAGE_FULL,
+    errno.EIO: STORAGE_ERROR,
+    errno.EROFS: STORAGE_ERROR,
+    errno.ESTALE: STORAGE_ERROR,
+}
 # Log signatures, most specific first. Each is searched case-sensitively in the log tails.
 GPU_OOM_PATTERNS = (
     r"CUDA out of memory",
@@ -160,7 +207,9 @@ class Evidence:
     ``rc:signal``; ``results``: submitit result-pickle outcomes (``("success", value)`` or
     ``("error", traceback)``) of the tasks that wrote one; ``expected_results``: tasks in
     the job; ``logs``: task index -> tail of that task's stdout+stderr; ``nodes``: the
-    job's nodes in task-block order (task t runs on ``nodes[t // tasks_per_node]``).
+    job's nodes in task-block order (task t runs on ``nodes[t // tasks_per_node]``);
+    ``records``: the ranks' failure records and the launcher's own error (job.json), as
+    text, read for storage faults only (a full disk may leave no log line at all).
     """
 
     state: str = ""
@@ -170,6 +219,7 @@ class Evidence:
     logs: dict[int, str] = field(default_factory=dict)
     nodes: tuple[str, ...] = ()
     tasks_per_node: int = 1
+    records: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -201,7 +251,7 @@ def classify(ev: Evidence) -> Diagnosis:
         return Diagnosis(NODE_FAILURE, ev.state, _failed_nodes(ev) or ev.nodes)
     if state in STATE_CLASSES:
         return Diagnosis(STATE_CLASSES[state], ev.state)
-    by_log = classify_text("\n".join(_texts(ev)))
+    by_log = classify_storage("\n".join(ev.records)) or classify_text("\n".join(_texts(ev)))
     if by_log is not None:
         return _with_nodes(by_log, ev)
     if _killed_by_signal(ev.exit_code):
@@ -220,7 +270,11 @@ def classify_text(text: str) -> Diagnosis | None:
 
     Root causes come before their symptoms: when one rank dies, its peers report lost
     connections, so a peer's closed connection counts only when nothing else explains it.
+    A storage fault explains everything else.
     """
+    storage = classify_storage(text)
+    if storage is not None:
+        return storage
     checks = (
         (GPU_OOM, GPU_OOM_PATTERNS),
         (NODE_FAILURE, NODE_FAILURE_PATTERNS),
@@ -243,6 +297,23 @@ def classify_text(text: str) -> Diagnosis | None:
         return Diagnosis(COLLECTIVE_FAILURE, line)
     line = first_match(text, (STEP_CANCELLED,))  # stopped, and no rank says why: a kill
     return Diagnosis(RANK_KILLED, line) if line is not None else None
+
+
+def classify_storage(text: str) -> Diagnosis | None:
+    """storage_full or storage_error when ``text`` holds the kernel's words for one."""
+    for failure, patterns in (
+        (STORAGE_FULL, STORAGE_FULL_PATTERNS),
+        (STORAGE_ERROR, STORAGE_ERROR_PATTERNS),
+    ):
+        line = first_match(text, patterns)
+        if line is not None:
+            return Diagnosis(failure, line)
+    return None
+
+
+def storage_failure(error: OSError) -> str | None:
+    """storage_full or storage_error for an OSError of a file write, else None."""
+    return STORAGE_ERRNOS.get(error.errno or 0)
 
 
 def first_code_exception(text: str) -> str | None:

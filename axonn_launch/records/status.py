@@ -18,6 +18,7 @@ import pickle
 import re
 import subprocess
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 
 from axonn_launch.common import slurmtext
@@ -26,9 +27,12 @@ from axonn_launch.common.jobdir import (
     LOGS,
     PREFLIGHT,
     JobPaths,
+    checkpoint_bytes,
     is_job_dir,
     last_job_id,
     last_metrics,
+    latest_step_name,
+    read_failures,
     read_record,
     read_summary,
     update_record,
@@ -310,8 +314,11 @@ def evidence(
         if done:
             results = tuple(("success", "") for _ in range(expected))
         exit_code = str(record.get("exit_code", ""))
-        logs = {} if done else task_logs(job_dir, job_id, {})
-        return Evidence(state="", exit_code=exit_code, results=results, logs=logs)
+        if done:
+            return Evidence(state="", exit_code=exit_code, results=results)
+        logs = task_logs(job_dir, job_id, {})
+        records = storage_evidence(job_dir, record)
+        return Evidence(state="", exit_code=exit_code, logs=logs, records=records)
     nodelist = failures.expand_nodelist(info.nodelist if info else "")
     files = slurm_task_files(job_dir, job_id)
     results = read_results(files["result.pkl"])
@@ -326,7 +333,35 @@ def evidence(
         logs=task_logs(job_dir, job_id, files, every_task),
         nodes=nodelist,
         tasks_per_node=int(record.get("tasks_per_node", 1)),
+        records=storage_evidence(job_dir, record),
     )
+
+
+RECORD_CLOCK_SLACK_S = 5.0  # a rank's clock may run behind the launcher's
+
+
+def storage_evidence(job_dir: Path, record: dict) -> tuple[str, ...]:
+    """Where a full disk leaves its trace when the logs could not be written: the failure
+    records of this attempt's ranks (``os_error``: the errno behind a failed checkpoint
+    save) and the launcher's own failed record write (job.json's ``record_error``)."""
+    since = attempt_start(record) - RECORD_CLOCK_SLACK_S
+    texts = [
+        "\n".join([str(r.get("exception", "")), str(r.get("os_error", "")), *r.get("tail", [])])
+        for r in read_failures(job_dir)
+        if float(r.get("time", 0.0)) >= since
+    ]
+    if record.get("record_error"):
+        texts.append(str(record["record_error"]))
+    return tuple(texts)
+
+
+def attempt_start(record: dict) -> float:
+    """When the launch that job.json records began (0: unknown), so that the failure
+    records an earlier attempt left in a reused job dir are not taken for this one's."""
+    try:
+        return datetime.strptime(str(record.get("submit_time")), "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except (ValueError, OverflowError):
+        return 0.0
 
 
 def finished_by_itself(job_dir: Path, record: dict) -> bool:
@@ -381,7 +416,11 @@ def diagnose(
         ev = evidence(job_dir, record, info, every_task=True)
         diagnosis = failures.classify(ev)
     if diagnosis.failure not in (failures.COMPLETED, failures.RUNNING):
-        first = firstfail.first_failure(job_dir)
+        first = None
+        if diagnosis.failure in failures.STORAGE_CLASSES:  # which file system, how much room
+            diagnosis = replace(diagnosis, reason=storage_reason(job_dir, diagnosis))
+        else:
+            first = firstfail.first_failure(job_dir)
         if first is not None:  # the rank that failed first says why, in its own words
             diagnosis = replace(diagnosis, reason=firstfail.headline(first))
         if finished_by_itself(job_dir, record):  # what failed came after the training
@@ -390,6 +429,89 @@ def diagnose(
     stopped = preflight_stop(preflight, diagnosis)
     shown = ev.state or _state_from_class(diagnosis.failure)
     return shown, stopped or diagnosis
+
+
+# --- storage faults: which file system, how much room ---------------------------------------
+
+# the kernel's words in a matched line: an OSError's, else an errno's name
+ERRNO_WORDS = (
+    re.compile(r"\[Errno \d+\][^\n]*"),
+    re.compile(r"\b(?:ENOSPC|EDQUOT|EIO|EROFS|ESTALE)\b[^\n]*"),
+)
+
+
+def storage_reason(job_dir: Path, diagnosis: Diagnosis) -> str:
+    """The reason of a storage fault: the job dir's file system (its mount point) and, when
+    full, the room the next checkpoint needs (the newest complete one's size) and the room
+    free now; then the kernel's words. Nodes are not named: no node is to blame."""
+    where = describe_filesystem(job_dir)
+    said = errno_words(diagnosis.reason)
+    if diagnosis.failure == failures.STORAGE_ERROR:
+        return f"I/O error on {where}, the job dir's file system: {said}; fix it, then relaunch"
+    over = "over its disk quota" if "quota" in said.lower() or "EDQUOT" in said else "full"
+    free = free_bytes(job_dir)
+    step = latest_step_name(job_dir)
+    need = checkpoint_bytes(JobPaths(job_dir).step(step)) if step else 0
+    room = f"{size_text(free)} free now" if free is not None else "free space unknown"
+    if need:
+        room += f", the next checkpoint needs {size_text(need)} (as {step})"
+        if free is not None and free >= need:
+            room += ": enough now"
+    else:
+        room += ", the next checkpoint's size is unknown (no complete checkpoint yet)"
+    return f"{where} was {over} ({said}): {room}; free space, then relaunch to resume"
+
+
+def errno_words(line: str) -> str:
+    """The part of ``line`` that names the errno (the whole line without one)."""
+    for pattern in ERRNO_WORDS:
+        found = pattern.search(line)
+        if found:
+            return found.group(0).strip()[:160]
+    return line.strip()[:160]
+
+
+def describe_filesystem(path: Path | str) -> str:
+    """``<mount point> (<type>)`` of the file system holding ``path``."""
+    mount = mount_point(path)
+    kind = filesystem_type(mount)
+    return f"{mount} ({kind})" if kind else mount
+
+
+def mount_point(path: Path | str) -> str:
+    """The mount point of the file system holding ``path`` (walking up to one)."""
+    path = os.path.realpath(path)
+    while not os.path.ismount(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def filesystem_type(mount: str) -> str:
+    """The type /proc/self/mounts gives ``mount`` (the last mount there wins), or ""."""
+    kind = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            fields = line.split()
+            if len(fields) > 2 and fields[1].replace("\\040", " ") == mount:
+                kind = fields[2]
+    return kind
+
+
+def free_bytes(path: Path | str) -> int | None:
+    """Bytes an unprivileged writer may still use on ``path``'s file system."""
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+def size_text(size: int | None) -> str:
+    if size is None:
+        return "?"
+    if size >= 1 << 30:
+        return f"{size / (1 << 30):.1f} GiB"
+    return f"{size / (1 << 20):.1f} MiB"
 
 
 def preflight_stop(preflight: dict | None, diagnosis: Diagnosis) -> Diagnosis | None:

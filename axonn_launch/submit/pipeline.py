@@ -22,12 +22,13 @@ from axonn_launch.common.jobdir import (
     last_job_id,
     read_record_or_empty,
     record_lock,
+    remove_interrupted_saves,
     write_record_file,
 )
 from axonn_launch.common.spec import JobSpec, RuntimeConfig
 from axonn_launch.config.compose import LaunchConfig
 from axonn_launch.config.validate import Resolved, container_warnings, resolve
-from axonn_launch.records import firstfail
+from axonn_launch.records import failures, firstfail
 from axonn_launch.submit import local, rehearse, render, slurm
 from axonn_launch.submit.summary import next_line, preflight_on, summary, wallclock_warnings
 from axonn_launch.submit.task import TrainJob
@@ -237,12 +238,61 @@ def job_record(
 
 
 JOB_WRITTEN_KEYS = ("preflight", "slow_nodes")  # what the running job adds to job.json
+FINAL_STATUSES = ("completed", "failed")  # written once the job's ranks have all ended
 
 
 def write_record(job_dir: Path, record: dict, **updates) -> dict:
     """The launcher's record, keeping what the job itself wrote into job.json for the same
-    job id (its preflight verdict); another job's (a reused job dir) is dropped."""
+    job id (its preflight verdict); another job's (a reused job dir) is dropped.
+
+    Never raises OSError: a record that cannot be written (a full disk) is reported in one
+    line (``record_write_failed``), and a final one is retried."""
     record.update(updates)
+    try:
+        _write_record(job_dir, record)
+    except OSError as error:
+        record_write_failed(job_dir, record, error)
+    return record
+
+
+def record_write_failed(job_dir: Path, record: dict, error: OSError) -> None:
+    """One line naming job.json and the error. A failed job's record gets the storage
+    class (``failure``, and ``record_error`` for ``jobs status``); a final record is
+    written once more (``retry_final_record``)."""
+    path = JobPaths(job_dir).record
+    said = f"[Errno {error.errno}] {error.strerror}" if error.errno else str(error)
+    failure = failures.storage_failure(error)
+    if failure:  # the job dir's log file fails alike: no logging tracebacks on the console
+        logging.raiseExceptions = False
+    status = record.get("status")
+    if status == "failed" and failure:
+        record.update(failure=failure, record_error=f"{path}: {said}")
+    freed = retry_final_record(job_dir, record) if status in FINAL_STATUSES else None
+    if freed is not None:
+        line = f"error: writing {path} failed once ({said}); written{freed}: {status}"
+    else:
+        old = read_record_or_empty(job_dir).get("status")
+        says = f"it still says {old}" if old else "there is none"
+        line = f"error: cannot write {path} ({said}): {says}, not {status}"
+    if failure and status == "failed":
+        line += f" ({failure}: see python -m axonn_launch.jobs status {job_dir})"
+    print(line, file=sys.stderr, flush=True)
+    log.error("%s", line)
+
+
+def retry_final_record(job_dir: Path, record: dict) -> str | None:
+    """Write a final record again, after removing the leftovers of an interrupted checkpoint
+    save: no rank runs any more, a resume would remove them anyway, and on a full disk they
+    are the room. What was freed, as words for the line; None when the write fails again."""
+    removed = remove_interrupted_saves(job_dir)
+    try:
+        _write_record(job_dir, record)
+    except OSError:
+        return None
+    return f" after removing {removed} interrupted checkpoint save(s)" if removed else ""
+
+
+def _write_record(job_dir: Path, record: dict) -> None:
     with record_lock(job_dir):
         on_disk = read_record_or_empty(job_dir)
         preflight = on_disk.get("preflight")
@@ -250,7 +300,6 @@ def write_record(job_dir: Path, record: dict, **updates) -> dict:
         if job_id and isinstance(preflight, dict) and preflight.get("job_id") == job_id:
             record.update({k: on_disk[k] for k in JOB_WRITTEN_KEYS if k in on_disk})
         write_record_file(job_dir, record)
-    return record
 
 
 def run_local(cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict) -> Outcome:

@@ -30,6 +30,22 @@ def rank_log_path(job_dir: str | Path, rank: int) -> Path:
     return Path(job_dir) / "logs" / f"rank_{rank}.log"
 
 
+class RankFileHandler(logging.FileHandler):
+    """The rank's file; a write that fails (a full disk) is said once in one line on stderr,
+    not as logging's traceback after every record (rank 0's stderr is the console)."""
+
+    failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            super().handleError(record)
+            return
+        if not self.failed:
+            self.failed = True
+            print(f"logging: cannot write {self.baseFilename}: {error}", file=sys.stderr)
+
+
 def setup_logging(rank: int, job_dir: str | Path) -> logging.Logger:
     """Send this process's ``axonn_launch.*`` records to its rank file (and rank 0's to
     stdout), formatted with rank and host; returns the ``axonn_launch`` logger."""
@@ -39,7 +55,7 @@ def setup_logging(rank: int, job_dir: str | Path) -> logging.Logger:
         handler.close()
     path = rank_log_path(job_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handlers: list[logging.Handler] = [logging.FileHandler(path, mode="a")]
+    handlers: list[logging.Handler] = [RankFileHandler(path, mode="a")]
     if rank == 0:
         console = logging.StreamHandler(sys.stdout)
         console.setLevel(logging.INFO)
