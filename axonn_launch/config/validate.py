@@ -17,7 +17,8 @@ from axonn_launch.common.machine import MachineProfile
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import GenerateConfig, MemorizationConfig, TrainConfig
 from axonn_launch.config import edf
-from axonn_launch.config.compose import ConfigError, GridRequest, LaunchConfig
+from axonn_launch.config.compose import AUTO_KEYS, ConfigError, GridRequest, LaunchConfig
+from axonn_launch.cost.goodput import Checkpointing, predict
 from axonn_launch.cost.memory import MemoryEstimate, estimate_memory, fit_micro_batch
 
 BUILTIN_DATA = ("shakespeare", "synthetic")
@@ -33,9 +34,13 @@ class Resolved:
     nodes: int
     tasks_per_node: int
     memory: MemoryEstimate
-    train: TrainConfig  # with the micro_batch to run: as given, or chosen (rules.py)
+    # with the micro_batch to run (as given, or chosen: rules.py) and the checkpoint interval
+    # (as given, or auto's: cost/goodput.py)
+    train: TrainConfig
     planned: bool = False
     warnings: list[str] = field(default_factory=list)
+    # the interval's expected goodput; None when the machine knows no failure rate
+    checkpointing: Checkpointing | None = None
 
 
 def resolve(cfg: LaunchConfig) -> Resolved:
@@ -53,6 +58,7 @@ def resolve(cfg: LaunchConfig) -> Resolved:
     train, memory = choose_micro_batch(cfg.model, grid, train, cfg.machine)
     if train.cache_layers is None:
         train, memory = choose_cache_layers(cfg.model, grid, train, cfg.machine)
+    train, checkpointing = choose_checkpoint_every(cfg, grid, nodes, train)
     warnings = data_warnings(cfg) + missing_user_keys(cfg.machine, dry_run=cfg.dry_run)
     warnings += placement_warnings(cfg.machine, grid) + account_warnings(cfg.machine)
     warnings += broadcast_warnings(cfg, nodes)
@@ -64,6 +70,7 @@ def resolve(cfg: LaunchConfig) -> Resolved:
         train=train,
         planned=planned,
         warnings=warnings,
+        checkpointing=checkpointing,
     )
 
 
@@ -101,9 +108,10 @@ def check_train(train: TrainConfig, model: ModelSpec) -> None:
     for key in ("lr", "beta1", "beta2"):
         if not getattr(train, key) > 0:
             raise ConfigError(f"train.{key}={getattr(train, key)}: must be > 0")
-    for key in ("min_lr", "weight_decay", "grad_clip", "warmup_steps", "checkpoint_every",
-                "log_every_s", "threads"):  # fmt: skip
+    for key in ("min_lr", "weight_decay", "grad_clip", "warmup_steps", "log_every_s",
+                "threads"):  # fmt: skip
         _non_negative(f"train.{key}", getattr(train, key))
+    check_checkpoint_every(train.checkpoint_every)
     if train.min_lr > train.lr:
         raise ConfigError(f"train.min_lr={train.min_lr}: must not exceed train.lr={train.lr}")
     _one_of("train.schedule", train.schedule, ("cosine", "constant"))
@@ -111,6 +119,13 @@ def check_train(train: TrainConfig, model: ModelSpec) -> None:
     _fail(rules.seq_len_problem(model, train))
     _fail(rules.throughput_problem(model, train))
     check_data(train.data, model)
+
+
+def check_checkpoint_every(every: int | None) -> None:
+    """A number of steps >= 0, or None (``auto``)."""
+    key = "train.checkpoint_every"
+    if every is not None and every < 0:
+        raise ConfigError(f"{key}={every}: expected {AUTO_KEYS[key]}")
 
 
 def check_generation(
@@ -261,6 +276,38 @@ def choose_cache_layers(
     cache = planner.resolve_cache_layers(machine.hardware, model, train, grid)
     train = replace(train, cache_layers=cache)
     return train, estimate_memory(model=model, grid=grid, train=train)
+
+
+def choose_checkpoint_every(
+    cfg: LaunchConfig, grid: Grid, nodes: int, train: TrainConfig
+) -> tuple[TrainConfig, Checkpointing | None]:
+    """``train`` with the checkpoint interval to run (``auto``: Daly's interval over the
+    predicted step time, ``cost/goodput.py``) and that interval's expected goodput; no
+    prediction (None) where the machine knows no failure rate or step time, and then
+    ``auto`` is an error."""
+    from axonn_launch.cost.perf import step_time
+
+    machine, model, every = cfg.machine, cfg.model, train.checkpoint_every
+    auto = "train.checkpoint_every=auto"
+    if machine.reliability.node_mtbf_hours <= 0:
+        if every is None:
+            raise ConfigError(
+                f"{auto}: machine={machine.name} knows no failure rate"
+                " (machine.reliability.node_mtbf_hours=0); set machine.reliability.node_mtbf_hours="
+                "<mean hours between failures of one node>, or train.checkpoint_every=<steps>"
+            )
+        return train, None
+    try:
+        step = step_time(hardware=machine.hardware, model=model, train=train, grid=grid).total
+    except ValueError as exc:  # a profile without the numbers the step time needs
+        if every is None:
+            problem = f"{auto}: no predicted step time to count the interval in ({exc})"
+            raise ConfigError(problem) from exc
+        return train, None
+    checkpointing = predict(
+        machine=machine, model=model, nodes=nodes, step_s=step, steps=train.steps, every=every
+    )
+    return replace(train, checkpoint_every=checkpointing.every), checkpointing
 
 
 def container_warnings(cfg: LaunchConfig, job_dir: str) -> list[str]:
