@@ -5,7 +5,9 @@ CLI (login node, no torch):
         [train.global_batch=2048] [train.micro_batch=8] [calibration=cal.json] [output=json]
 Everything but ``top``, ``output`` and ``calibration`` is a Hydra override, composed as the
 launcher composes it: ``machine.hardware.*``, ``model.*`` and ``train.*`` can be changed
-too. ``calibration=`` is a file from ``axonn_launch.calibrate``.
+too. ``calibration=`` is a file from ``axonn_launch.calibrate``. Below the table: the best
+grid's checkpoint interval (``train.checkpoint_every=auto``, Young/Daly) and expected goodput
+(``cost/goodput.py``), also under ``checkpointing`` in ``output=json``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from axonn_launch.common.grid import Grid
 from axonn_launch.common.machine import Hardware, MachineProfile
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import TrainConfig
+from axonn_launch.cost import goodput
 from axonn_launch.cost.jobcost import job_cost
 from axonn_launch.cost.perf import (
     COMM_AXES,
@@ -149,7 +152,7 @@ def format_table(rows: list[PlanRow], peak: float) -> str:
         line = [str(r.rank), f"({g.data},{g.x},{g.y},{g.z})", str(r.micro_batch)]
         line += [str(r.cache_layers)]
         line += [f"{r.step_time_s:.4g}", f"{r.tflops_per_gpu:.4g}", pct, f"{r.memory_gib:.1f}"]
-        line += [f"{r.compute_s:.4g}"] + [f"{r.comm_s[a]:.4g}" for a in COMM_AXES]
+        line += [f"{r.compute_s:.4g}"] + [f"{r.comm_s[a]:.3g}" for a in COMM_AXES]  # <= 120 wide
         lines.append(line)
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     return "\n".join(
@@ -187,7 +190,8 @@ def plan_report(args: PlanArgs) -> tuple[str, bool]:
     if not rows:
         return f"{header}\n{why}", False
     table = format_table(rows, hw.peak_tflops_per_gpu)
-    lines = [header, table, job_start_line(args, rows[0].grid), legend(hw)]
+    lines = [header, table, job_start_line(args, rows[0].grid)]
+    lines += checkpoint_lines(checkpointing(args, rows[0], nodes)) + [legend(hw)]
     lines += [calibration_note(args), *launch_lines(args, rows[0], nodes)]
     return "\n".join(lines), True
 
@@ -283,6 +287,37 @@ def job_start_line(args: PlanArgs, grid: Grid) -> str:
     return f"job start, save and resume on {grid.describe()}: {cost.describe()}"
 
 
+def checkpointing(args: PlanArgs, row: PlanRow, nodes: int) -> goodput.Checkpointing | None:
+    """The checkpoint interval and expected goodput of ``row`` (``cost/goodput.py``): auto's
+    (Young/Daly) and, unless auto was asked for, the composed ``train.checkpoint_every``'s."""
+    return goodput.predict(
+        machine=args.machine,
+        model=args.model,
+        nodes=nodes,
+        step_s=row.step_time_s,
+        steps=args.train.steps,
+        every=args.train.checkpoint_every,
+    )
+
+
+def checkpoint_lines(ck: goodput.Checkpointing | None) -> list[str]:
+    """Two lines: the interval and goodput of the best grid, then what they rest on."""
+    if ck is None:
+        return [
+            "checkpoints: no failure rate in the machine profile"
+            " (machine.reliability.node_mtbf_hours=0): no interval or goodput predicted"
+        ]
+    composed = f"; with train.checkpoint_every={ck.every} (as composed): {ck.goodput:.1%}"
+    return [
+        f"checkpoints of rank 1 (Young/Daly): every {ck.auto_steps:,} steps ="
+        f" {ck.optimal_s:.0f} s at {ck.step_s:.4g} s/step (train.checkpoint_every=auto);"
+        f" expected goodput {ck.auto_goodput:.1%}{'' if ck.auto else composed}",
+        f"  from: job MTBF {ck.mtbf_s / 3600:.3g} h ({ck.node_mtbf_hours:,.4g} h per node /"
+        f" {ck.nodes:,} nodes), a save {ck.save_s:.3g} s ({ck.checkpoint_gb:,.4g} GB at"
+        f" {ck.write_gbps:,.4g} GB/s), restart {ck.restart_s:.0f} s (cost/goodput.py)",
+    ]
+
+
 def _why(args: PlanArgs, nodes: int) -> str:
     return why_nothing_fits(
         machine=args.machine,
@@ -316,9 +351,15 @@ def plan_json(args: PlanArgs, nodes: int, ranking: Ranking, rows: list[PlanRow],
         "rejected": ranking.rejected,
         "plans": [r.as_dict() for r in rows],
         **({"job_start": job_start_line(args, rows[0].grid)} if rows else {}),
+        **({"checkpointing": _checkpointing_json(args, rows[0], nodes)} if rows else {}),
         **({"launch_command": launch_command(args, rows[0], nodes)} if rows else {}),
         **({"why_none": why} if why else {}),
     }
+
+
+def _checkpointing_json(args: PlanArgs, row: PlanRow, nodes: int) -> dict | None:
+    ck = checkpointing(args, row, nodes)
+    return None if ck is None else ck.as_dict()
 
 
 def main(argv: list[str] | None = None) -> int:

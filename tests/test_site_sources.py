@@ -4,7 +4,8 @@ A profile's ``sources`` maps each fact it sets to a page or file (``MachineProfi
 ``env.NAME``, ``multinode_env.NAME``, ``task_env.NAME``; ``slurm.FIELD`` for each Slurm
 setting the profile changes from ``SlurmSettings``' default (``slurm.extra_sbatch.KEY`` for
 extra flags); ``srun_args[ARG]`` with ARG as the composed profile has it (interpolations
-resolved, as in the batch script); ``modules``; ``setup[N]`` (1-based); ``container.FIELD``.
+resolved, as in the batch script); ``modules``; ``setup[N]`` (1-based); ``container.FIELD``;
+``broadcast.FIELD`` and ``reliability.FIELD`` (failure rate, write bandwidth) where set.
 Keys the profile lists in ``required`` (the user's own, e.g. the account) need none.
 A citation starts with a URL or ``owner/repo:path``; a note may follow.
 """
@@ -16,7 +17,13 @@ import re
 
 import pytest
 
-from axonn_launch.common.machine import Broadcast, Container, MachineProfile, SlurmSettings
+from axonn_launch.common.machine import (
+    Broadcast,
+    Container,
+    MachineProfile,
+    Reliability,
+    SlurmSettings,
+)
 from axonn_launch.config.compose import load
 from axonn_launch.submit.render import setup_lines
 
@@ -54,6 +61,7 @@ def facts(machine: MachineProfile) -> set[str]:
     keys |= {f"setup[{n}]" for n in range(1, len(machine.setup) + 1)}
     keys |= changed_fields(machine.container, Container(), "container")
     keys |= changed_fields(machine.broadcast, Broadcast(), "broadcast")
+    keys |= changed_fields(machine.reliability, Reliability(), "reliability")
     return keys - set(machine.required)
 
 

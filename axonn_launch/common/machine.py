@@ -69,6 +69,40 @@ class Broadcast:
     constraint: str = ""  # an sbatch constraint that storage needs (Frontier: nvme)
 
 
+# Restart after a failure, besides reading the checkpoint back (cost/goodput.py): a default
+# stated as one, not a measurement. A surviving rank may wait out the job's collective timeout
+# (600 s, train/bootstrap.py init_distributed) before it ends; then the allocation is requeued
+# and the ranks start again (about 300 s assumed). A profile or machine.reliability.restart_s=
+# changes it.
+DEFAULT_RESTART_S = 900.0
+# Filesystem write bandwidth per node of a job when a profile names none: a conservative default
+# stated as one, below the fair shares of the three site profiles' filesystems (0.27-1.03 GB/s).
+DEFAULT_WRITE_GBPS_PER_NODE = 0.25
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """How often a node fails and what a checkpoint costs: the inputs of the checkpoint
+    interval (``train.checkpoint_every=auto``) and of the predicted goodput
+    (``cost/goodput.py``). Site profiles cite each value they set (``sources``)."""
+
+    # mean hours between job-ending failures of one node; 0 = unknown (no prediction, no auto)
+    node_mtbf_hours: float = 0.0
+    # checkpoint write bandwidth of the shared filesystem per node of the job, GB/s
+    write_gbps_per_node: float = DEFAULT_WRITE_GBPS_PER_NODE
+    restart_s: float = DEFAULT_RESTART_S  # failure to training again, besides the read-back
+
+    def __post_init__(self) -> None:
+        for name in ("node_mtbf_hours", "restart_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"machine.reliability.{name}={getattr(self, name)}: must be >= 0")
+        if not self.write_gbps_per_node > 0:
+            raise ValueError(
+                f"machine.reliability.write_gbps_per_node={self.write_gbps_per_node}: must be > 0"
+                " (GB/s the filesystem takes per node of the job)"
+            )
+
+
 ON_SLOW = ("stop", "warn")
 GEMM_DTYPES = ("bf16", "fp32")
 
@@ -167,11 +201,13 @@ class MachineProfile:
     # from broadcast.min_nodes nodes on)
     python_broadcast: bool | None = None
     broadcast: Broadcast = field(default_factory=Broadcast)
+    reliability: Reliability = field(default_factory=Reliability)
     # where each site fact comes from: "env.NAME", "multinode_env.NAME", "task_env.NAME",
     # "slurm.KEY" (a field changed from SlurmSettings' default; "slurm.extra_sbatch.KEY"),
     # "srun_args[ARG]" (ARG as composed, interpolations resolved), "modules", "setup[N]"
-    # (1-based), "container.KEY" -> a URL or owner/repo:path, then any note
-    # (tests/test_site_sources.py checks that every flag and variable of a site profile has one)
+    # (1-based), "container.KEY", "broadcast.KEY", "reliability.KEY" -> a URL or
+    # owner/repo:path, then any note (tests/test_site_sources.py checks that every flag,
+    # variable and reliability figure of a site profile has one)
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -94,7 +94,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 1234
     dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
-    checkpoint_every: int = 0  # steps; 0 = only at the end and on a requeue signal
+    # steps; 0 = only at the end and on a requeue signal; None = auto (``auto`` in the config):
+    # the launcher picks Daly's interval (cost/goodput.py) and the job always gets a number
+    checkpoint_every: int | None = 0
     keep_checkpoints: int = 2
     data: str = "shakespeare"  # shakespeare | synthetic | path to a uint16/uint32 .bin token file
     activation_checkpointing: bool = False

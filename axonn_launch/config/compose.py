@@ -187,11 +187,20 @@ def build(cls: type, raw: Any, path: str) -> Any:
         raise ConfigError(str(exc)) from exc
 
 
+# Keys whose ``auto`` is None in the dataclass (the launcher resolves it), with what is valid
+AUTO_KEYS = {
+    "train.checkpoint_every": "a number of steps >= 0 (0: only at the end and on a requeue"
+    " signal) or auto (Young/Daly's interval, cost/goodput.py)",
+}
+
+
 def convert(kind: Any, value: Any, path: str) -> Any:
     origin, args = typing.get_origin(kind), typing.get_args(kind)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        if path in AUTO_KEYS:
+            return convert_auto(value, path)
         (inner,) = [a for a in args if a is not type(None)]
         return convert(inner, value, path)
     if dataclasses.is_dataclass(kind):
@@ -205,6 +214,15 @@ def convert(kind: Any, value: Any, path: str) -> Any:
             raise ConfigError(f"{path}={value!r}: expected a mapping")
         return {str(k): convert(args[1], v, f"{path}.{k}") for k, v in value.items()}
     return convert_scalar(kind, value, path)
+
+
+def convert_auto(value: Any, path: str) -> int | None:
+    """An integer, or ``auto`` (None: the launcher resolves it), for a key of ``AUTO_KEYS``."""
+    if value == "auto":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ConfigError(f"{path}={value!r}: expected {AUTO_KEYS[path]}")
 
 
 def convert_scalar(kind: type, value: Any, path: str) -> Any:

@@ -20,7 +20,8 @@ from axonn_launch.common.machine import SCHEDULERS, MachineProfile
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import GenerateConfig, MemorizationConfig, TrainConfig
 from axonn_launch.config import edf
-from axonn_launch.config.compose import ConfigError, GridRequest, LaunchConfig
+from axonn_launch.config.compose import AUTO_KEYS, ConfigError, GridRequest, LaunchConfig
+from axonn_launch.cost.goodput import Checkpointing, predict
 from axonn_launch.cost.memory import MemoryEstimate, estimate_memory, fit_micro_batch
 from axonn_launch.cost.perf import StepTime, step_time
 
@@ -39,10 +40,14 @@ class Resolved:
     nodes: int
     tasks_per_node: int
     memory: MemoryEstimate
-    train: TrainConfig  # with the micro_batch to run: as given, or chosen (rules.py)
+    # with the micro_batch to run (as given, or chosen: rules.py) and the checkpoint interval
+    # (as given, or auto's: cost/goodput.py)
+    train: TrainConfig
     step_time: StepTime | None = None  # the planner's prediction (cost/perf.py)
     planned: bool = False
     warnings: list[str] = field(default_factory=list)
+    # the interval's expected goodput; None when the machine knows no failure rate
+    checkpointing: Checkpointing | None = None
 
 
 # Within one launch (``launch_scope``) the CLI's pre-flight and the pipeline ask for the
@@ -88,6 +93,8 @@ def _resolve(cfg: LaunchConfig) -> Resolved:
     train, memory = choose_micro_batch(cfg.model, grid, train, cfg.machine)
     if train.cache_layers is None:
         train, memory = choose_cache_layers(cfg.model, grid, train, cfg.machine)
+    step = predicted_step(cfg, grid, train)
+    train, checkpointing = choose_checkpoint_every(cfg, nodes, train, step)
     warnings = data_warnings(cfg) + missing_user_keys(cfg.machine, dry_run=cfg.dry_run)
     warnings += placement_warnings(cfg.machine, grid) + account_warnings(cfg.machine)
     warnings += broadcast_warnings(cfg, nodes)
@@ -97,9 +104,10 @@ def _resolve(cfg: LaunchConfig) -> Resolved:
         tasks_per_node=per_node,
         memory=memory,
         train=train,
-        step_time=predicted_step(cfg, grid, train),
+        step_time=step,
         planned=planned,
         warnings=warnings,
+        checkpointing=checkpointing,
     )
 
 
@@ -146,9 +154,10 @@ def check_train(train: TrainConfig, model: ModelSpec) -> None:
     for key in ("lr", "beta1", "beta2"):
         if not getattr(train, key) > 0:
             raise ConfigError(f"train.{key}={getattr(train, key)}: must be > 0")
-    for key in ("min_lr", "weight_decay", "grad_clip", "warmup_steps", "checkpoint_every",
-                "log_every_s", "threads"):  # fmt: skip
+    for key in ("min_lr", "weight_decay", "grad_clip", "warmup_steps", "log_every_s",
+                "threads"):  # fmt: skip
         _non_negative(f"train.{key}", getattr(train, key))
+    check_checkpoint_every(train.checkpoint_every)
     if train.min_lr > train.lr:
         raise ConfigError(f"train.min_lr={train.min_lr}: must not exceed train.lr={train.lr}")
     _one_of("train.schedule", train.schedule, ("cosine", "constant"))
@@ -156,6 +165,13 @@ def check_train(train: TrainConfig, model: ModelSpec) -> None:
     _fail(rules.seq_len_problem(model, train))
     _fail(rules.throughput_problem(model, train))
     check_data(train.data, model)
+
+
+def check_checkpoint_every(every: int | None) -> None:
+    """A number of steps >= 0, or None (``auto``)."""
+    key = "train.checkpoint_every"
+    if every is not None and every < 0:
+        raise ConfigError(f"{key}={every}: expected {AUTO_KEYS[key]}")
 
 
 def check_generation(
@@ -307,6 +323,41 @@ def choose_cache_layers(
     train = replace(train, cache_layers=cache)
     gpu = machine.hardware.runs_on_gpu
     return train, estimate_memory(model=model, grid=grid, train=train, on_gpu=gpu)
+
+
+def choose_checkpoint_every(
+    cfg: LaunchConfig, nodes: int, train: TrainConfig, step: StepTime | None
+) -> tuple[TrainConfig, Checkpointing | None]:
+    """``train`` with the checkpoint interval to run (``auto``: Daly's interval over the
+    predicted step time, ``cost/goodput.py``) and that interval's expected goodput; no
+    prediction (None) where the machine knows no failure rate or step time, and then
+    ``auto`` is an error."""
+    machine, model, every = cfg.machine, cfg.model, train.checkpoint_every
+    auto = "train.checkpoint_every=auto"
+    if machine.reliability.node_mtbf_hours <= 0:
+        if every is None:
+            raise ConfigError(
+                f"{auto}: machine={machine.name} knows no failure rate"
+                " (machine.reliability.node_mtbf_hours=0); set machine.reliability.node_mtbf_hours="
+                "<mean hours between failures of one node>, or train.checkpoint_every=<steps>"
+            )
+        return train, None
+    if step is None:  # a profile without the numbers the step time needs
+        if every is None:
+            raise ConfigError(
+                f"{auto}: no predicted step time to count the interval in"
+                " (machine.hardware has no bandwidth figures)"
+            )
+        return train, None
+    checkpointing = predict(
+        machine=machine,
+        model=model,
+        nodes=nodes,
+        step_s=step.total,
+        steps=train.steps,
+        every=every,
+    )
+    return replace(train, checkpoint_every=checkpointing.every), checkpointing
 
 
 def container_warnings(cfg: LaunchConfig, job_dir: str) -> list[str]:

@@ -104,7 +104,8 @@ def launch(
 
 
 def resolved_yaml(config: dict, resolved: Resolved) -> str:
-    """The composed config with what validation fixed: grid, nodes, planner's micro-batch."""
+    """The composed config with what validation fixed: grid, nodes, planner's micro-batch,
+    the checkpoint interval."""
     from omegaconf import OmegaConf
 
     config = dict(config)
@@ -114,6 +115,7 @@ def resolved_yaml(config: dict, resolved: Resolved) -> str:
         **config.get("train", {}),
         "micro_batch": resolved.train.micro_batch,
         "cache_layers": resolved.train.cache_layers,
+        "checkpoint_every": resolved.train.checkpoint_every,  # auto's interval (cost/goodput.py)
     }
     return OmegaConf.to_yaml(OmegaConf.create(config))
 

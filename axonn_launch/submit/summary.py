@@ -1,7 +1,9 @@
 """The launch summary: what will run, where, for how long, and why these nodes.
 
 Printed on every launch and dry run (``launch.launch``) and written to the job dir's
-``axonn_launch.log``. On Slurm machines it also shows the account and the wall-clock:
+``axonn_launch.log``. Where the machine knows a failure rate it states the checkpoint interval
+(``train.checkpoint_every``, or auto's: Young/Daly) and its expected goodput
+(``cost/goodput.py``). On Slurm machines it also shows the account and the wall-clock:
 the time limit of one allocation, how many requeues follow it (``max_requeue``), and the
 planner's predicted step time times the steps (``perf.step_time``, the same prediction
 ``plan`` ranks grids by, with nominal hardware numbers: no calibration file). A run that
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from axonn_launch.config.compose import LaunchConfig
 from axonn_launch.config.validate import Resolved, placeholder
+from axonn_launch.cost.goodput import Checkpointing
 from axonn_launch.cost.memory import GIB
 
 
@@ -45,6 +48,8 @@ def summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
     ]
     if cfg.machine.scheduler == "slurm":
         lines += slurm_lines(cfg, run_time(cfg, resolved))
+    if resolved.checkpointing is not None:
+        lines += checkpoint_lines(resolved.checkpointing)
     lines += [f"preflight  {preflight_words(cfg)}", f"job dir    {job_dir}"]
     return "\n".join(lines)
 
@@ -124,6 +129,35 @@ def slurm_lines(cfg: LaunchConfig, rt: RunTime) -> list[str]:
         f"predicted  {rt.step_s:.4g} s/step (planner, uncalibrated) x {rt.steps:,} steps"
         f" = {duration(rt.total_s)}: {takes}",
     ]
+
+
+def checkpoint_lines(ck: Checkpointing) -> list[str]:
+    """The checkpoint interval the job runs and its expected goodput (``cost/goodput.py``)."""
+    daly = f"Daly's {duration(ck.optimal_s)} over {ck.step_s:.3g} s/step"
+    given = f"train.checkpoint_every={ck.every}"
+    if ck.auto:
+        interval = f"every {plural(ck.every, 'step')} (auto: {daly})"
+    elif ck.every:
+        interval = f"every {plural(ck.every, 'step')} ({given}); auto: {ck.auto_steps:,} ({daly})"
+    else:
+        interval = f"only at the end and on a requeue signal ({given}); auto: {ck.auto_steps:,}"
+    written = f"{size_words(ck.checkpoint_gb * 1e9)} at {ck.write_gbps:,.4g} GB/s"
+    auto = "" if ck.auto else f" ({ck.auto_goodput:.1%} with train.checkpoint_every=auto)"
+    return [
+        f"checkpoint {interval}; a save {duration(ck.save_s)}"
+        f" ({'measured' if ck.save_measured else written})",
+        f"goodput    {ck.goodput:.1%} expected{auto}: job MTBF {duration(ck.mtbf_s)}"
+        f" ({ck.node_mtbf_hours:,.4g} h per node / {plural(ck.nodes, 'node')}), restart"
+        f" {duration(ck.restart_s)}",
+    ]
+
+
+def size_words(nbytes: float) -> str:
+    """Bytes in the decimal unit a person would use."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:,.3g} {unit}"
+    return f"{nbytes / 1e3:,.3g} kB"
 
 
 def plural(n: int, word: str) -> str:
