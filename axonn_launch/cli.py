@@ -37,7 +37,7 @@ from axonn_launch.config.compose import (
     to_launch_config,
 )
 from axonn_launch.config.validate import container_warnings, launch_scope, resolve
-from axonn_launch.submit import rehearse
+from axonn_launch.submit import chain, rehearse
 from axonn_launch.submit.pipeline import EXIT_BAD_INPUT, launch
 from axonn_launch.submit.sweep import (
     PointOutcome,
@@ -207,6 +207,7 @@ def check_run(tree: DictConfig, cfg: LaunchConfig, run_dir: str = "") -> None:
         rehearse.prepare(cfg, run_dir)
         cfg = rehearse.site_config(cfg)
     resolve(cfg)
+    chain.settings_problem(cfg)
     container_warnings(cfg, run_dir)
 
 

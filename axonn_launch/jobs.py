@@ -25,8 +25,10 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from axonn_launch.common.jobdir import JobPaths
 from axonn_launch.records import failures
 from axonn_launch.records.status import DEFAULT_ROOT, JOB_DIR_HINT, JobStatus, NotAJobPath, collect
+from axonn_launch.submit import chain
 from axonn_launch.submit.resubmit import resubmit_one
 from axonn_launch.usage import run_tool
 
@@ -105,6 +107,14 @@ def after_training_notes(row: JobStatus) -> list[str]:
     return lines
 
 
+def stop_main(args: argparse.Namespace) -> int:
+    for path in args.paths:
+        if not JobPaths(path).record.is_file():
+            raise NotAJobPath(f"{path}: not a job dir; {JOB_DIR_HINT}")
+        print(chain.stop(Path(path)), flush=True)
+    return 0
+
+
 def resubmit_main(args: argparse.Namespace) -> int:
     bad = [c for c in args.only or [] if c not in failures.CLASSES]
     if bad:
@@ -155,7 +165,7 @@ def parser() -> argparse.ArgumentParser:
         epilog=_examples(STATUS_EXAMPLES + RESUBMIT_EXAMPLES),
         formatter_class=raw,
     )
-    commands = top.add_subparsers(dest="command", required=True, metavar="{status,resubmit}")
+    commands = top.add_subparsers(dest="command", required=True, metavar="{status,resubmit,stop}")
     status = commands.add_parser(
         "status", help="one row per job", epilog=_examples(STATUS_EXAMPLES), formatter_class=raw
     )
@@ -186,7 +196,12 @@ def parser() -> argparse.ArgumentParser:
     again.add_argument(
         "--max-attempts", type=int, default=5, metavar="N", help="attempts per job, all told"
     )
-    for sub in (top, status, again):
+    halt = commands.add_parser(
+        "stop",
+        help="end a run that recovers itself: its attempt and recovery job, nothing more submitted",
+    )
+    halt.add_argument("paths", nargs="+", help="the run's job dir (or any of its attempts)")
+    for sub in (top, status, again, halt):
         sub.add_argument("--debug", action="store_true", help="show tracebacks")
     return top
 
@@ -202,10 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     rest, overrides = split_overrides(argv)
     args = parser().parse_args(rest)
     args.overrides = overrides
-    if args.command == "status" and overrides:
-        print(f"error: status takes no overrides: {' '.join(overrides)}", file=sys.stderr)
+    if args.command in ("status", "stop") and overrides:
+        print(f"error: {args.command} takes no overrides: {' '.join(overrides)}", file=sys.stderr)
         return 2
-    run = status_main if args.command == "status" else resubmit_main
+    run = {"status": status_main, "resubmit": resubmit_main, "stop": stop_main}[args.command]
     return run_tool(lambda _: run(args), argv, (NotAJobPath,))
 
 

@@ -8,6 +8,7 @@ serves its executor and the submitted process). Layout::
                                hold the record lock and replace it atomically
       spec.json                what the job runs (common/spec.py's JobSpec)
       submission.sh            the batch script (site_submission.sh: a rehearsal's original)
+      recovery.sh              the recovery job chained to a Slurm attempt (submit/recovery.py)
       preflight_expected.json  the launcher's expectations for the job's preflight
       preflight.json           the job's preflight verdict (rank 0)
       metrics.jsonl            one row per logged step (rank 0)
@@ -38,6 +39,7 @@ RECORD = "job.json"
 SPEC = "spec.json"
 SUBMISSION = "submission.sh"
 SITE_SUBMISSION = "site_submission.sh"
+RECOVERY_SCRIPT = "recovery.sh"
 PREFLIGHT = "preflight.json"
 PREFLIGHT_EXPECTED = "preflight_expected.json"
 METRICS = "metrics.jsonl"
@@ -65,6 +67,7 @@ class JobPaths:
     spec = property(lambda self: self.folder / SPEC)
     submission = property(lambda self: self.folder / SUBMISSION)
     site_submission = property(lambda self: self.folder / SITE_SUBMISSION)
+    recovery_script = property(lambda self: self.folder / RECOVERY_SCRIPT)
     preflight = property(lambda self: self.folder / PREFLIGHT)
     preflight_expected = property(lambda self: self.folder / PREFLIGHT_EXPECTED)
     metrics = property(lambda self: self.folder / METRICS)

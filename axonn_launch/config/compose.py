@@ -48,6 +48,20 @@ class Site:
 
 
 @dataclass(frozen=True)
+class RecoveryConfig:
+    """How a failed attempt is brought back (conf/recovery/, submit/recovery.py)."""
+
+    mode: str = "auto"  # auto: on for Slurm machines; off
+    policy: dict[str, str] = field(default_factory=dict)  # class -> resume|resume_exclude|stop
+    max_attempts: int = 5
+    max_same_class: int = 3
+    backoff_s: float = 30.0
+    budget_h: float = 0.0  # 0: no wall-clock budget
+    on_fewer_nodes: str = "shrink"  # shrink | wait | stop
+    notify: str = ""  # a command: <notify> <run dir> <state>
+
+
+@dataclass(frozen=True)
 class LaunchConfig:
     name: str
     machine: MachineProfile
@@ -67,12 +81,13 @@ class LaunchConfig:
     memorization: MemorizationConfig = field(default_factory=MemorizationConfig)
     # run this site machine's batch script on the local Slurm cluster (rehearse.py)
     rehearse: bool = False
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
 
 
 # Overrides that a point's name leaves out: already in the name, or not about the run.
 UNNAMED_KEYS = (
     "machine", "model", "name", "dry_run", "wait", "nodes", "objective", "preflight", "study",
-    "scale", "rehearse",
+    "scale", "rehearse", "recovery",
 )  # fmt: skip
 NAME_MAX = 80
 

@@ -29,7 +29,7 @@ from axonn_launch.common.spec import JobSpec, RuntimeConfig
 from axonn_launch.config.compose import LaunchConfig
 from axonn_launch.config.validate import Resolved, container_warnings, resolve
 from axonn_launch.records import failures, firstfail
-from axonn_launch.submit import local, rehearse, render, slurm
+from axonn_launch.submit import chain, local, rehearse, render, slurm
 from axonn_launch.submit.summary import next_line, preflight_on, summary, wallclock_warnings
 from axonn_launch.submit.task import TrainJob
 
@@ -231,6 +231,9 @@ def job_record(
         "lineage": [],
         "command_line": command_line,
         "dry_run": cfg.dry_run,
+        "partition": cfg.machine.slurm.partition,
+        "submitted_at": time.time(),
+        **chain.record_fields(cfg),
         # what submitit.SlurmJob(folder, job_id, tasks=range(tasks)) needs to reattach
         "submitit": {
             "folder": str(slurm_folder(job_dir)),
@@ -378,6 +381,10 @@ def submit_slurm(
     write_record(job_dir, record, job_ids=[job.job_id], status="submitted")
     nodes = f"{resolved.nodes} node" + ("s" if resolved.nodes != 1 else "")
     print(f"submitted job {job.job_id} ({nodes}); job dir {job_dir}", file=out)
+    if chain.enabled(cfg):
+        recovery_job = chain.submit_recovery_job(cfg, job_dir, job.job_id)
+        write_record(job_dir, record, recovery_job=recovery_job)
+        print(recovery_line(recovery_job, job.job_id), file=out)
     log.info("submitted Slurm job %s (%d nodes)", job.job_id, resolved.nodes)
     if not cfg.wait:
         print(next_line(job_dir, ran=False), file=out)
@@ -388,8 +395,16 @@ def submit_slurm(
     if status == "failed":
         report_first_failure(job_dir)
     write_record(job_dir, record, status=status, slurm_state=state)
+    if status == "failed" and chain.enabled(cfg) and record.get("recovery_job"):
+        status = "completed" if chain.follow(job_dir, out) == chain.DONE else "failed"
     print(next_line(job_dir, ran=True), file=out)
     return Outcome(status, str(job_dir), job.job_id, resolved.nodes, state)
+
+
+def recovery_line(recovery_job: str, job_id: str) -> str:
+    if not recovery_job:
+        return "recovery: sbatch refused the recovery job (job.json: recovery_error)"
+    return f"recovery: job {recovery_job} starts if job {job_id} fails (recovery=off: none)"
 
 
 def start_local(

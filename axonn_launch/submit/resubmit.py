@@ -52,6 +52,8 @@ def refusal(status: JobStatus, record: dict, args: argparse.Namespace) -> str | 
         return f"{status.failure}: not in --only {' '.join(args.only)}"
     if status.attempt >= args.max_attempts:
         return f"attempt {status.attempt} reached --max-attempts {args.max_attempts}"
+    if getattr(args, "decided", False):
+        return None  # the recovery policy chose to resume this class (submit/recovery.py)
     if status.action == failures.RETRY_WITH_NEW_GRID and not reshapes(args.overrides):
         return f"{status.failure}: would fail again; resubmit with a new grid or node count"
     if status.action not in RETRIABLE + (failures.RETRY_WITH_NEW_GRID,):

@@ -1,0 +1,237 @@
+"""Runs that heal themselves: when an attempt of a Slurm job fails, classify it and act on
+its class, with no person in the loop. This module chains the recovery jobs, keeps the
+run's record and stops a run; ``submit/recovery.py`` is the recovery step itself.
+
+How it runs without the user's login session: each attempt is submitted with a small
+*recovery job* chained to it (``sbatch --dependency=afternotok:<attempt>
+--kill-on-invalid-dep=yes``). Slurm starts it only when the attempt ends in a failed
+state (a non-zero exit, a node failure, a time limit past its requeues, a cancellation)
+and cancels it when the attempt completes. It runs ``python -m axonn_launch.recover
+<attempt dir>`` on one task: classify (``records/status.py``, the same classes as ``jobs
+status``), apply the policy and the limits, then resubmit (``submit/resubmit.py``), which
+chains the next recovery job. So it works under ``wait=false``, and after the login node
+that launched it has gone away. Time limits and preemption are requeued in place first
+(submitit's requeue, ``max_requeue``); the chain takes over when those run out. An
+in-script requeue alone could not replace a node or change the grid, and a watcher on
+the login node would die with the login session: hence a Slurm job.
+
+The run is the first attempt's directory (the *root*); its ``job.json`` holds the chain:
+``chain.state`` (running, recovering, done, stopped), ``chain.attempts`` (one entry per
+ended attempt: its class and action) and, once stopped, ``chain.stop`` (which limit or
+class stopped it, and why).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from axonn_launch.common.jobdir import (
+    JobPaths,
+    read_record,
+    read_record_or_empty,
+    record_lock,
+    update_record,
+    write_record_file,
+)
+from axonn_launch.config.compose import ConfigError, LaunchConfig, RecoveryConfig, build
+from axonn_launch.records import failures
+
+RESUME, RESUME_EXCLUDE, STOP = "resume", "resume_exclude", "stop"
+POLICY_ACTIONS = (RESUME, RESUME_EXCLUDE, STOP)
+# Resume what a fresh start cures; leave out the nodes that failed; never loop on a bug.
+DEFAULT_POLICY = {
+    failures.TIMEOUT: RESUME,
+    failures.PREEMPTED: RESUME,
+    failures.RANK_KILLED: RESUME,
+    failures.COLLECTIVE_FAILURE: RESUME,
+    failures.NODE_FAILURE: RESUME_EXCLUDE,
+    failures.CANCELLED: STOP,  # a person (or jobs stop) ended it
+    failures.HOST_OOM: STOP,
+    failures.GPU_OOM: STOP,
+    failures.CODE_ERROR: STOP,
+    failures.STORAGE_FULL: STOP,
+    failures.STORAGE_ERROR: STOP,
+    failures.UNKNOWN: STOP,
+}
+FEWER_NODES = ("shrink", "wait", "stop")
+MODES = ("auto", "off")
+RUNNING, RECOVERING, DONE, STOPPED = "running", "recovering", "done", "stopped"
+RECOVERY_TIME_MIN = 10
+NOTIFY_TIMEOUT_S = 60
+
+
+# --- the settings -------------------------------------------------------------------------
+
+
+def problem(settings: RecoveryConfig) -> str | None:
+    """Why these recovery settings are invalid (one line), or None."""
+    if settings.mode not in MODES:
+        return f"recovery.mode={settings.mode!r}: valid: {', '.join(MODES)}"
+    for name, action in settings.policy.items():
+        if name not in DEFAULT_POLICY:
+            return (
+                f"recovery.policy.{name}: not a failure class; valid: {', '.join(DEFAULT_POLICY)}"
+            )
+        if action not in POLICY_ACTIONS:
+            return f"recovery.policy.{name}={action!r}: valid: {', '.join(POLICY_ACTIONS)}"
+    for key in ("max_attempts", "max_same_class"):
+        if getattr(settings, key) < 1:
+            return f"recovery.{key}={getattr(settings, key)}: must be at least 1"
+    for key in ("backoff_s", "budget_h"):
+        if getattr(settings, key) < 0:
+            return f"recovery.{key}={getattr(settings, key)}: must be 0 or more"
+    if settings.on_fewer_nodes not in FEWER_NODES:
+        return (
+            f"recovery.on_fewer_nodes={settings.on_fewer_nodes!r}: valid: {', '.join(FEWER_NODES)}"
+        )
+    return None
+
+
+def enabled(cfg: LaunchConfig) -> bool:
+    """Slurm jobs recover unless ``recovery=off``; a local job has its supervisor."""
+    return cfg.recovery.mode != "off" and cfg.machine.scheduler == "slurm"
+
+
+def policy_of(settings: RecoveryConfig, failure: str) -> str:
+    return settings.policy.get(failure) or DEFAULT_POLICY.get(failure, STOP)
+
+
+def settings_of(record: dict) -> RecoveryConfig:
+    return build(RecoveryConfig, dict(record.get("recovery") or {}), "recovery")
+
+
+# --- chaining a recovery job to an attempt --------------------------------------------------
+
+
+def recovery_script(cfg: LaunchConfig, job_dir: Path) -> str:
+    """The recovery job's batch script: one task that runs the recovery step."""
+    slurm = cfg.machine.slurm
+    options = {
+        "job-name": f"{cfg.name}-recovery",
+        "nodes": "1",
+        "ntasks": "1",
+        "time": str(RECOVERY_TIME_MIN),
+        "output": str(JobPaths(job_dir).logs / "recovery_%j.log"),
+        "partition": slurm.partition,
+        "account": slurm.account,
+        "qos": slurm.qos,
+        "constraint": slurm.constraint,
+    }
+    lines = ["#!/bin/bash"]
+    lines += [f"#SBATCH --{k}={shlex.quote(v)}" for k, v in options.items() if v]
+    command = [sys.executable, "-m", "axonn_launch.recover", str(job_dir)]
+    lines.append("exec " + " ".join(shlex.quote(word) for word in command))
+    return "\n".join(lines) + "\n"
+
+
+def submit_recovery_job(cfg: LaunchConfig, job_dir: Path, job_id: str) -> str:
+    """Submit the recovery job of attempt ``job_id``; its Slurm id ('' when sbatch said no,
+    which is recorded: the attempt still runs, it only lacks its recovery)."""
+    paths = JobPaths(job_dir)
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    paths.recovery_script.write_text(recovery_script(cfg, job_dir))
+    command = ["sbatch", "--parsable", f"--dependency=afternotok:{job_id}",
+               "--kill-on-invalid-dep=yes", str(paths.recovery_script)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        error = (done.stderr.strip().splitlines() or ["sbatch failed"])[-1]
+        update_record(job_dir, recovery_error=error)
+        return ""
+    return done.stdout.strip().split(";")[0]
+
+
+# --- the chain's record (in the run's root dir) ----------------------------------------------
+
+
+def run_root(job_dir: Path, record: dict) -> Path:
+    """The run's first attempt: where the chain is recorded."""
+    lineage = record.get("lineage") or []
+    return Path(lineage[0]["job_dir"]) if lineage else Path(job_dir)
+
+
+def chain_of(root: Path) -> dict:
+    return dict(read_record_or_empty(root).get("chain") or {})
+
+
+def set_chain(root: Path, settings: RecoveryConfig, **updates) -> dict:
+    """Update the chain record; a new state is announced to ``recovery.notify``."""
+    with record_lock(root):
+        record = read_record(root)
+        before = dict(record.get("chain") or {})
+        record["chain"] = {**before, **updates, "updated_at": time.time()}
+        write_record_file(root, record)
+    if "state" in updates and updates["state"] != before.get("state"):
+        notify(settings, root, updates["state"])
+    return record["chain"]
+
+
+def notify(settings: RecoveryConfig, root: Path, state: str) -> None:
+    """Run the user's command with the run dir and the new state; its failure is logged in
+    the chain record, never raised (a broken notifier must not stop a recovery)."""
+    if not settings.notify:
+        return
+    try:
+        subprocess.run([*shlex.split(settings.notify), str(root), state],
+                       timeout=NOTIFY_TIMEOUT_S, check=True, capture_output=True)  # fmt: skip
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        update_record(root, notify_error=f"{settings.notify}: {exc}")
+
+
+# --- following and stopping a chain ---------------------------------------------------------
+
+
+def follow(root: Path, out, poll_s: float = 5.0) -> str:
+    """Wait until the run is done or stopped (a launch with wait=true); its final state."""
+    shown = ""
+    while True:
+        state = chain_of(root).get("state", RUNNING)
+        if state != shown:
+            print(f"recovery: {state}", file=out, flush=True)
+            shown = state
+        if state in (DONE, STOPPED):
+            return state
+        time.sleep(poll_s)
+
+
+def attempts_of(root: Path) -> list[Path]:
+    """The run's attempt dirs in order, following each ``resubmitted_as``."""
+    chain, seen = [Path(root)], {str(root)}
+    while True:
+        nxt = read_record_or_empty(chain[-1]).get("resubmitted_as")
+        if not nxt or nxt in seen:
+            return chain
+        chain.append(Path(nxt))
+        seen.add(nxt)
+
+
+def stop(job_dir: Path) -> str:
+    """End the run cleanly: mark it stopped (a recovery step that starts now does nothing),
+    then cancel its newest attempt's jobs and recovery job."""
+    job_dir = Path(job_dir).resolve()
+    root = run_root(job_dir, read_record(job_dir))
+    settings = settings_of(read_record(root))
+    set_chain(root, settings, state=STOPPED, stop={"reason": "jobs stop", "class": ""})
+    newest = attempts_of(root)[-1]
+    record = read_record_or_empty(newest)
+    ids = [str(i) for i in record.get("job_ids", [])] + [str(record.get("recovery_job") or "")]
+    ids = [i for i in ids if i and not i.startswith("local-")]
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True, check=False)
+    return f"stopped {root}" + (f": cancelled {' '.join(ids)}" if ids else "")
+
+
+def settings_problem(cfg: LaunchConfig) -> None:
+    """The login node's check of ``recovery.*`` (raises ConfigError)."""
+    why = problem(cfg.recovery)
+    if why:
+        raise ConfigError(why)
+
+
+def record_fields(cfg: LaunchConfig) -> dict:
+    """What an attempt's job.json keeps of the recovery settings."""
+    return {"recovery": dataclasses.asdict(cfg.recovery)} if enabled(cfg) else {}
