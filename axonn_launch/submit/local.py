@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -173,7 +174,7 @@ class Ending:
         stopped = f": stopped rank{'s' if len(others) != 1 else ''} {ranks_text(others)}"
         tail = stopped if others else ""
         if self.cause is None:
-            return f"{self.stopped_by}: stopped ranks {ranks_text(list(range(len(self.codes))))}"
+            return f"{self.stopped_by}: stopped ranks {ranks_text(others)}"
         return f"{rank_end(self.cause, pids[self.cause], self.failed[self.cause])}{tail}"
 
 
@@ -276,6 +277,9 @@ def passing_stop_signals(supervisor: subprocess.Popen) -> Iterator[None]:
         with contextlib.suppress(ProcessLookupError):
             supervisor.send_signal(signum)
 
+    if threading.current_thread() is not threading.main_thread():  # only it gets signals
+        yield
+        return
     previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
     try:
         yield
