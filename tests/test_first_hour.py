@@ -299,7 +299,8 @@ def test_a_resubmitted_local_job_that_finished_shows_as_completed(tmp_path):
     deadline = time.monotonic() + 240
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(1)
-    assert json.loads((attempt / "job.json").read_text())["status"] == "running"  # unwaited
+    # unwaited, yet final: the attempt's supervisor wrote its end
+    assert json.loads((attempt / "job.json").read_text())["status"] == "completed"
     status = run("axonn_launch.jobs", "status", "--json", "jobs", cwd=tmp_path)
     rows = {Path(r["job_dir"]).name: r for r in json.loads(status.stdout)}
     assert (rows["first_attempt2"]["state"], rows["first_attempt2"]["failure"]) == (

@@ -305,20 +305,7 @@ def evidence(
     if base == "COMPLETED" and finished_by_itself(job_dir, record):
         return Evidence(state=state, exit_code=info.exit_code if info else "")
     if job_id.startswith("local-"):
-        state = local_state(record)
-        if state == "RUNNING":
-            return Evidence(state=state)
-        results: tuple[tuple[str, str], ...] = ()
-        status = record.get("status")  # a failed one is explained from its logs (diagnose)
-        done = status == "completed" or (status != "failed" and finished_by_itself(job_dir, record))
-        if done:
-            results = tuple(("success", "") for _ in range(expected))
-        exit_code = str(record.get("exit_code", ""))
-        if done:
-            return Evidence(state="", exit_code=exit_code, results=results)
-        logs = task_logs(job_dir, job_id, {})
-        records = storage_evidence(job_dir, record)
-        return Evidence(state="", exit_code=exit_code, logs=logs, records=records)
+        return local_evidence(job_dir, record, expected)
     nodelist = failures.expand_nodelist(info.nodelist if info else "")
     files = slurm_task_files(job_dir, job_id)
     results = read_results(files["result.pkl"])
@@ -364,6 +351,39 @@ def attempt_start(record: dict) -> float:
         return 0.0
 
 
+def local_evidence(job_dir: Path, record: dict, expected: int) -> Evidence:
+    """machine=local: the supervisor's record (``submit/supervise.py``), then the logs.
+
+    A job its supervisor stopped on a signal (the user's Ctrl-C or SIGTERM) is cancelled,
+    as ``scancel`` is on Slurm. A rank killed by a signal is explained by its own log
+    alone: its peers' lost connections are the symptom (what srun's "task N: Killed" line
+    tells on Slurm)."""
+    job_id = last_job_id(record)
+    if local_state(record) == "RUNNING":
+        return Evidence(state="RUNNING")
+    status = record.get("status")  # a failed one is explained from its logs (diagnose)
+    done = status == "completed" or (status != "failed" and finished_by_itself(job_dir, record))
+    exit_code = str(record.get("exit_code", ""))
+    if done:
+        results = tuple(("success", "") for _ in range(expected))
+        return Evidence(exit_code=exit_code, results=results)
+    ended_by = supervisor_cause(record)
+    if ended_by.get("rank") is None and ended_by.get("signal"):
+        return Evidence(state=f"CANCELLED by {ended_by['signal']}", exit_code=exit_code)
+    logs = task_logs(job_dir, job_id, {})
+    if ended_by.get("signal"):
+        logs = {ended_by["rank"]: logs.get(ended_by["rank"], "")}
+    return Evidence(exit_code=exit_code, logs=logs, records=storage_evidence(job_dir, record))
+
+
+def supervisor_cause(record: dict) -> dict:
+    """What ended a local job, as its supervisor saw it: ``rank`` (the rank that failed or was
+    killed first), ``signal`` (that killed it, or that stopped the job), ``line``; {} if
+    no supervisor said (a job that completed, or a record from before supervisors)."""
+    found = record.get("ended_by") if last_job_id(record).startswith("local-") else None
+    return found if isinstance(found, dict) else {}
+
+
 def finished_by_itself(job_dir: Path, record: dict) -> bool:
     """The attempt's own word: rank 0 writes summary.json after the last step (also when
     nobody waited for the job, so job.json may still say "running")."""
@@ -386,7 +406,8 @@ def settled_status(record: dict, info: SchedulerInfo | None, row: JobStatus) -> 
 
 
 def local_state(record: dict) -> str:
-    """machine=local: the record's status, checking that a "running" job's process lives."""
+    """machine=local: the record's status, checking that a "running" job's process lives:
+    ``local-<pid>`` names the job's supervisor (before supervisors: its rank 0)."""
     if record.get("status") != "running":
         return ""
     pid = int(last_job_id(record).split("-", 1)[1])
@@ -396,7 +417,17 @@ def local_state(record: dict) -> str:
         return ""
     except PermissionError:
         pass
-    return "RUNNING"
+    return "RUNNING" if runs_axonn_launch(pid) else ""
+
+
+def runs_axonn_launch(pid: int) -> bool:
+    """Whether process ``pid`` is one of ours, not another that reuses the number (True
+    where /proc cannot tell)."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+    return b"axonn_launch" in command
 
 
 def diagnose(
@@ -417,12 +448,15 @@ def diagnose(
         diagnosis = failures.classify(ev)
     if diagnosis.failure not in (failures.COMPLETED, failures.RUNNING):
         first = None
+        cause = supervisor_cause(record)
         if diagnosis.failure in failures.STORAGE_CLASSES:  # which file system, how much room
             diagnosis = replace(diagnosis, reason=storage_reason(job_dir, diagnosis))
-        else:
+        elif not cause.get("signal"):
             first = firstfail.first_failure(job_dir)
         if first is not None:  # the rank that failed first says why, in its own words
             diagnosis = replace(diagnosis, reason=firstfail.headline(first))
+        elif cause.get("line"):  # killed or stopped: the supervisor saw it happen
+            diagnosis = replace(diagnosis, reason=str(cause["line"]))
         if finished_by_itself(job_dir, record):  # what failed came after the training
             why = f"training finished, then the job ended ({diagnosis.failure}): {diagnosis.reason}"
             return "COMPLETED", Diagnosis(failures.COMPLETED, why)

@@ -1,18 +1,38 @@
-"""machine=local: start one process per rank on this computer, torchrun-style."""
+"""machine=local: one process per rank on this computer, torchrun-style, owned by a
+supervisor (``axonn_launch.submit.supervise``) whether the launcher waits or not.
+
+The launcher starts the supervisor in a session of its own, names it in job.json
+(``local-<supervisor pid>``), then lets it start the ranks. The supervisor stops every
+rank when one fails or when it is asked to (SIGINT, SIGTERM or SIGHUP, which a waiting
+launcher passes on), and writes job.json's final state. Each rank dies with the
+supervisor (Linux's parent-death signal), so no rank outlives its owner.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib.util
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from axonn_launch.common.jobdir import JobPaths
+
+SUPERVISOR = "axonn_launch.submit.supervise"
+GO = b"go\n"  # the launcher's word that job.json names the supervisor: start the ranks
+GRACE_S = 10.0  # SIGTERM, then SIGKILL after this: every rank is gone well within 30 s
+POLL_S = 0.05  # the first rank to end is told from the others by this
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+PR_SET_PDEATHSIG = 1
+FINAL_STATES = ("completed", "failed")  # what job.json says once the supervisor ended
 
 
 def free_port() -> int:
@@ -44,11 +64,12 @@ def rank_env(
     return env
 
 
-def starting_line(world_size: int) -> str:
+def starting_line(world_size: int, *, detached: bool = False) -> str:
     """Printed as the ranks start: until rank 0 logs, seconds pass (a minute and more on
     a run whose Python has no compiled bytecode yet: the first after a plain install)."""
     wait = "" if bytecode_cached() else "; the first run compiles Python: up to a minute"
-    return f"starting {world_size} ranks (rank 0 logs here, the others to logs/rank_<N>.log){wait}"
+    where = "each logs to" if detached else "rank 0 logs here, the others to"
+    return f"starting {world_size} ranks ({where} logs/rank_<N>.log){wait}"
 
 
 def bytecode_cached(modules: tuple[str, ...] = ("torch", "axonn_launch.train")) -> bool:
@@ -65,51 +86,208 @@ def bytecode_cached(modules: tuple[str, ...] = ("torch", "axonn_launch.train")) 
     return True
 
 
-def start_ranks(*, job_dir: Path, world_size: int, env: dict[str, str]) -> list[subprocess.Popen]:
-    """Rank 0 keeps this terminal; the others' output goes to <job_dir>/logs/rank_<N>.log,
-    opened for appending: each rank's logging (train/logs.py) appends its lines there too."""
+# --- the supervisor's side: the ranks ------------------------------------------------------
+
+
+def start_ranks(
+    *, job_dir: Path, world_size: int, env: Mapping[str, str] | None = None
+) -> list[subprocess.Popen]:
+    """Start every rank; each dies with this process (the supervisor).
+
+    Rank 0 keeps this process's output: the launcher's terminal when it waits, the console
+    file of a detached job (``start_supervisor``). The others' output goes to
+    <job_dir>/logs/rank_<N>.log, opened for appending: each rank's logging (train/logs.py)
+    appends its lines there too.
+    """
     paths = JobPaths(job_dir)
     paths.logs.mkdir(parents=True, exist_ok=True)
     port = free_port()
     command = [sys.executable, "-m", "axonn_launch.train", str(job_dir)]
     procs = []
     for rank in range(world_size):
-        out = None if rank == 0 else open(paths.rank_log(rank), "a")  # noqa: SIM115
-        procs.append(
-            subprocess.Popen(
-                command,
-                env=rank_env(rank=rank, world_size=world_size, port=port, extra=env),
-                stdout=out,
-                stderr=subprocess.STDOUT if out else None,
+        with contextlib.ExitStack() as files:
+            out = None if rank == 0 else files.enter_context(open(paths.rank_log(rank), "a"))
+            procs.append(
+                subprocess.Popen(
+                    command,
+                    env=rank_env(rank=rank, world_size=world_size, port=port, extra=env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT if out else None,
+                    preexec_fn=die_with(os.getpid()),
+                )
             )
-        )
     return procs
 
 
-def wait_ranks(procs: list[subprocess.Popen]) -> int:
-    """Wait for all ranks; when one fails, stop the rest (as srun --kill-on-bad-exit)."""
+def die_with(parent: int) -> Callable[[], None]:
+    """A Popen ``preexec_fn``: the child gets SIGKILL when ``parent`` ends (Linux), and ends
+    at once if ``parent`` is already gone."""
+    libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+    def preexec() -> None:
+        if libc is not None:
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How the ranks ended.
+
+    ``codes``: each rank's return code (negative: killed by that signal); ``failed``: the
+    ranks that had failed when the supervisor saw the first failure, with their codes then
+    (the others were still running, or had exited 0); ``stopped_by``: the signal that asked
+    the supervisor to stop them ("" when none did).
+    """
+
+    codes: tuple[int, ...]
+    failed: dict[int, int] = field(default_factory=dict)
+    stopped_by: str = ""
+
+    @property
+    def cause(self) -> int | None:
+        """The rank whose end ended the job: one killed by a signal before the others
+        (its peers then fail on lost connections), else the first to fail; None if none."""
+        killed = sorted(
+            (rank for rank, code in self.failed.items() if code < 0),
+            key=lambda rank: self.failed[rank] != -signal.SIGKILL,  # kill -9, the OOM killer
+        )
+        return (killed or list(self.failed) or [None])[0]
+
+    @property
+    def exit_code(self) -> int:
+        """The job's: 0; the cause's code (128+N for signal N, as a shell says it); or
+        128+N when signal N stopped the job."""
+        if self.cause is not None:
+            return shell_code(self.failed[self.cause])
+        if self.stopped_by:
+            return 128 + int(signal.Signals[self.stopped_by])
+        return shell_code(next((c for c in self.codes if c), 0))
+
+    def describe(self, pids: list[int]) -> str:
+        """One line: what ended the job, and what the supervisor did about it."""
+        others = [r for r, c in enumerate(self.codes) if r not in self.failed and c != 0]
+        stopped = f": stopped rank{'s' if len(others) != 1 else ''} {ranks_text(others)}"
+        tail = stopped if others else ""
+        if self.cause is None:
+            return f"{self.stopped_by}: stopped ranks {ranks_text(others)}"
+        return f"{rank_end(self.cause, pids[self.cause], self.failed[self.cause])}{tail}"
+
+
+def shell_code(code: int) -> int:
+    return code if code >= 0 else 128 - code
+
+
+def rank_end(rank: int, pid: int, code: int) -> str:
+    """``rank 2 (pid 41) was killed by SIGKILL`` or ``rank 1 (pid 40) exited with code 1``."""
+    if code < 0:
+        return f"rank {rank} (pid {pid}) was killed by {signal_name(-code)}"
+    return f"rank {rank} (pid {pid}) exited with code {code}"
+
+
+def signal_name(number: int) -> str:
     try:
-        while True:
-            codes = [p.poll() for p in procs]
-            failed = [c for c in codes if c not in (None, 0)]
-            if failed:
-                stop(procs)
-                return failed[0] if failed[0] > 0 else 128 - failed[0]
-            if all(c == 0 for c in codes):
-                return 0
-            time.sleep(0.1)
-    except KeyboardInterrupt:
-        stop(procs)
-        return 130
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
-def stop(procs: list[subprocess.Popen]) -> None:
+def ranks_text(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks)
+
+
+def wait_ranks(procs: list[subprocess.Popen], stop_requested: Callable[[], str]) -> Ending:
+    """Wait for all ranks; when one fails, or ``stop_requested()`` names a signal, stop the
+    rest (as srun --kill-on-bad-exit does)."""
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = {r: c for r, c in enumerate(codes) if c not in (None, 0)}
+        asked = stop_requested()
+        if failed or asked:
+            stop(procs)
+            return Ending(tuple(p.returncode for p in procs), failed, "" if failed else asked)
+        if all(c == 0 for c in codes):
+            return Ending(tuple(codes))
+        time.sleep(POLL_S)
+
+
+def stop(procs: list[subprocess.Popen], grace_s: float = GRACE_S) -> None:
+    """SIGTERM to every rank still running, SIGKILL to those left after ``grace_s``; all
+    are reaped before this returns."""
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
-    deadline = time.time() + 10
+    deadline = time.monotonic() + grace_s
     for p in procs:
         try:
-            p.wait(timeout=max(0.1, deadline - time.time()))
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             p.kill()
+            p.wait()
+
+
+# --- the launcher's side: the supervisor ---------------------------------------------------
+
+
+def start_supervisor(
+    *,
+    job_dir: Path,
+    world_size: int,
+    env: Mapping[str, str],
+    console: Path | None = None,
+) -> subprocess.Popen:
+    """The supervisor of one local job, in a session of its own (a Ctrl-C or a closed
+    terminal reaches the launcher, which passes it on, never the ranks directly). It waits
+    for ``release`` before it starts the ranks. ``console``: the file that gets its output
+    and rank 0's (a detached job: nobody reads the terminal); None: this terminal."""
+    command = [sys.executable, "-m", SUPERVISOR, str(job_dir), str(world_size)]
+    with contextlib.ExitStack() as files:
+        out = None
+        if console is not None:
+            console.parent.mkdir(parents=True, exist_ok=True)
+            out = files.enter_context(open(console, "a"))
+        return subprocess.Popen(
+            command,
+            env={**os.environ, **env},
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            start_new_session=True,
+        )
+
+
+def release(supervisor: subprocess.Popen) -> None:
+    """Let the supervisor start the ranks: job.json names it now."""
+    assert supervisor.stdin is not None
+    with contextlib.suppress(BrokenPipeError):
+        supervisor.stdin.write(GO)
+        supervisor.stdin.close()
+
+
+@contextlib.contextmanager
+def passing_stop_signals(supervisor: subprocess.Popen) -> Iterator[None]:
+    """While inside, SIGINT, SIGTERM and SIGHUP to this process go to the supervisor, which
+    stops the ranks, records the job and ends."""
+
+    def forward(signum: int, _frame) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            supervisor.send_signal(signum)
+
+    if threading.current_thread() is not threading.main_thread():  # only it gets signals
+        yield
+        return
+    previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def wait_supervisor(supervisor: subprocess.Popen) -> int:
+    """The job's exit code, as the supervisor returns it (128+N if signal N killed it)."""
+    return shell_code(supervisor.wait())

@@ -55,9 +55,16 @@ class Outcome:
 
 
 def launch(
-    cfg: LaunchConfig, *, job_dir: Path, config: dict, command_line: list[str], out=sys.stdout
+    cfg: LaunchConfig,
+    *,
+    job_dir: Path,
+    config: dict,
+    command_line: list[str],
+    out=sys.stdout,
+    record_extra: dict | None = None,
 ) -> Outcome:
-    """Validate, write the job directory, then dry-run, run locally or submit."""
+    """Validate, write the job directory, then dry-run, run locally or submit.
+    ``record_extra``: more of job.json from the start (a resubmission's attempt, lineage)."""
     rehearsal = rehearse.prepare(cfg, str(job_dir.resolve())) if cfg.rehearse else None
     site_cfg = cfg
     if rehearsal:  # the site's script, run on the local cluster
@@ -84,7 +91,7 @@ def launch(
         JobPaths(job_dir).site_submission.write_text(
             batch_script(site_cfg, resolved, job_dir, None)
         )
-    record = job_record(cfg, resolved, job_dir, command_line)
+    record = {**job_record(cfg, resolved, job_dir, command_line), **(record_extra or {})}
     if rehearsal:
         record.update(rehearsal.record())
     report = summary(cfg, resolved, job_dir)
@@ -308,24 +315,54 @@ def _write_record(job_dir: Path, record: dict) -> None:
 
 
 def run_local(cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict) -> Outcome:
-    print(local.starting_line(resolved.grid.world_size), flush=True)
-    procs = local.start_ranks(
-        job_dir=job_dir, world_size=resolved.grid.world_size, env=dict(cfg.machine.env)
+    """Start the job's supervisor (``submit/supervise.py``), which owns the ranks and writes
+    job.json's final state; with ``wait``, follow it, passing SIGINT, SIGTERM and SIGHUP
+    on to it (it stops the ranks)."""
+    world_size = resolved.grid.world_size
+    detached = cfg.wait is False
+    print(local.starting_line(world_size, detached=detached), flush=True)
+    supervisor = local.start_supervisor(
+        job_dir=job_dir,
+        world_size=world_size,
+        env=dict(cfg.machine.env),
+        console=detached_console(job_dir) if detached else None,
     )
-    job_id = f"local-{procs[0].pid}"
-    write_record(job_dir, record, job_ids=[job_id], status="running")
-    log.info("started %s: %d local rank processes", job_id, len(procs))
-    if cfg.wait is False:
-        print(f"started {job_id}; job dir {job_dir}\n{next_line(job_dir, ran=False)}")
-        return Outcome("submitted", str(job_dir), job_id, resolved.nodes)
-    code = local.wait_ranks(procs)
-    status = "completed" if code == 0 else "failed"
+    job_id = f"local-{supervisor.pid}"
+    with contextlib.nullcontext() if detached else local.passing_stop_signals(supervisor):
+        write_record(job_dir, record, job_ids=[job_id], status="running")
+        local.release(supervisor)
+        log.info("started %s: %d local rank processes", job_id, world_size)
+        if detached:
+            print(f"started {job_id}; job dir {job_dir}\n{next_line(job_dir, ran=False)}")
+            return Outcome("submitted", str(job_dir), job_id, resolved.nodes)
+        code = local.wait_supervisor(supervisor)
+    status = final_local_status(job_dir, record, code)
     log.info("%s %s (exit code %d)", job_id, status, code)
     if code:
         report_first_failure(job_dir)
-    write_record(job_dir, record, status=status, exit_code=code)
     print(next_line(job_dir, ran=True))
     return Outcome(status, str(job_dir), job_id, resolved.nodes, f"exit code {code}")
+
+
+def final_local_status(job_dir: Path, record: dict, code: int) -> str:
+    """job.json's final status, as the supervisor wrote it; written here from its exit
+    code if it could not (it was killed)."""
+    on_disk = read_record_or_empty(job_dir)
+    if last_job_id(on_disk) == last_job_id(record) and on_disk.get("status") in local.FINAL_STATES:
+        record.update(on_disk)
+        return str(on_disk["status"])
+    status = "completed" if code == 0 else "failed"
+    write_record(job_dir, record, status=status, exit_code=code)
+    return status
+
+
+def detached_console(job_dir: Path) -> Path:
+    """Where a detached local job's console goes (its supervisor's lines, rank 0's output):
+    the launch's own log (Hydra's ``<job dir>/axonn_launch.log``), else rank 0's log."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            return Path(handler.baseFilename)
+    return JobPaths(job_dir).rank_log(0)
 
 
 def report_first_failure(job_dir: Path) -> None:

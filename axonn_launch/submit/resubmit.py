@@ -12,6 +12,7 @@ already resubmitted is never submitted again, also when two commands run at once
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -24,6 +25,7 @@ from axonn_launch.common.jobdir import (
     CHECKPOINTS,
     STEP_META,
     JobPaths,
+    checkpointed_step,
     job_lock,
     latest_step_name,
     read_record,
@@ -113,7 +115,8 @@ def _load_yaml(path: Path) -> dict | None:
 
 
 def new_overrides(old: list[str], given: list[str], exclude: tuple[str, ...]) -> list[str]:
-    """Old overrides, replaced key by key by the given ones, plus exclusions and no wait."""
+    """Old overrides, replaced key by key by the given ones, plus exclusions; ``wait=false``
+    unless ``wait=`` is given (the old launch's is never kept)."""
     given_keys = {_key(o) for o in given}
     merged = [o for o in old if _key(o) not in given_keys | {"wait", "dry_run", _key(EXCLUDE_KEY)}]
     previous = [o.split("=", 1)[1].strip("'\"") for o in old if _key(o) == _key(EXCLUDE_KEY)]
@@ -121,7 +124,7 @@ def new_overrides(old: list[str], given: list[str], exclude: tuple[str, ...]) ->
     merged += given
     if nodes and _key(EXCLUDE_KEY) not in given_keys:
         merged.append(f"{EXCLUDE_KEY}={','.join(nodes)}")
-    return [*merged, "wait=false"]
+    return merged if "wait" in given_keys else [*merged, "wait=false"]
 
 
 def _key(override: str) -> str:
@@ -143,7 +146,8 @@ def attempt_dir(job_dir: Path, attempt: int) -> Path:
 
 
 def seed_from_checkpoint(old: Path, new: Path) -> str:
-    """Give the new attempt the old one's latest checkpoint (hard links) and metrics."""
+    """Give the new attempt the old one's latest checkpoint (hard links) and its metrics up
+    to that checkpoint's step."""
     new.mkdir(parents=True, exist_ok=False)
     before, after = JobPaths(old), JobPaths(new)
     name = latest_step_name(old)
@@ -152,9 +156,29 @@ def seed_from_checkpoint(old: Path, new: Path) -> str:
         shutil.copytree(before.step(name), after.step(name), copy_function=_link_or_copy)
         after.latest.write_text(name)
         copied = name
-    if before.metrics.exists():
-        shutil.copyfile(before.metrics, after.metrics)
+    copy_metrics_through(before.metrics, after.metrics, checkpointed_step(new))
     return copied
+
+
+def copy_metrics_through(source: Path, target: Path, step: int) -> None:
+    """The rows of ``source`` up to ``step`` (the new attempt's first step is the next):
+    until the attempt logs a step, the step its metrics show is the one it resumes from,
+    never one of the old run's after its checkpoint. Lines that are not whole rows go."""
+    try:
+        lines = source.read_text().splitlines()
+    except OSError:
+        return
+    kept = [line for line in lines if _row_step(line) is not None and _row_step(line) <= step]
+    target.write_text("".join(line + "\n" for line in kept))
+
+
+def _row_step(line: str) -> int | None:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    step = row.get("step") if isinstance(row, dict) else None
+    return step if isinstance(step, int) else None
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -272,17 +296,26 @@ def resubmit_one(status: JobStatus, args: argparse.Namespace, out) -> str:
             return head + " ".join(overrides) + resumes
         update_record(job_dir, resubmitted_as=str(target))  # the mark comes before the job
         try:
-            new_id = submit_attempt(job_dir, target, record, status, overrides, attempt, out)
+            outcome = submit_attempt(job_dir, target, record, status, overrides, attempt, out)
         except BaseException:
             update_record(job_dir, resubmitted_as="")
             shutil.rmtree(target, ignore_errors=True)
             raise
         update_record(
-            job_dir, resubmitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), resubmitted_job=new_id
+            job_dir,
+            resubmitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            resubmitted_job=outcome.job_id,
         )
-        return f"resubmitted {status.job_id} ({status.failure}) as job {new_id} in {target}" + (
-            resumes
+        return f"resubmitted {status.job_id} ({status.failure}) as job {outcome.job_id} in" + (
+            f" {target}{resumes}{ended(outcome)}"
         )
+
+
+def ended(outcome) -> str:
+    """How a waited attempt ended (nothing for one that was only submitted)."""
+    if outcome.status in ("submitted", "dry_run"):
+        return ""
+    return f"\n  the attempt ended {outcome.status} ({outcome.message})"
 
 
 def submit_attempt(
@@ -293,7 +326,10 @@ def submit_attempt(
     overrides: list[str],
     attempt: int,
     out,
-) -> str:
+):
+    """Launch the new attempt in ``target``; its job.json names its attempt, parent and
+    lineage from the start (a waited attempt is followed to its end). Returns the launch's
+    ``Outcome``."""
     from omegaconf import OmegaConf
 
     from axonn_launch.config.compose import compose, to_launch_config
@@ -305,13 +341,6 @@ def submit_attempt(
     resolve(cfg)  # a bad override fails here, before anything is written
     resumed_from = seed_from_checkpoint(job_dir, target)
     argv0 = (record.get("command_line") or ["axonn_launch"])[0]
-    outcome = launch(
-        cfg,
-        job_dir=target,
-        config=OmegaConf.to_container(composed, resolve=True),
-        command_line=[argv0, *overrides],
-        out=out,
-    )
     lineage = [
         *record.get("lineage", []),
         {
@@ -323,12 +352,17 @@ def submit_attempt(
             "step": status.step,
         },
     ]
-    update_record(
-        target,
-        attempt=attempt,
-        parent=str(job_dir),
-        lineage=lineage,
-        resumed_from=resumed_from,
-        excluded_nodes=list(dict.fromkeys(status.bad_nodes + status.slow_nodes)),
+    return launch(
+        cfg,
+        job_dir=target,
+        config=OmegaConf.to_container(composed, resolve=True),
+        command_line=[argv0, *overrides],
+        out=out,
+        record_extra={
+            "attempt": attempt,
+            "parent": str(job_dir),
+            "lineage": lineage,
+            "resumed_from": resumed_from,
+            "excluded_nodes": list(dict.fromkeys(status.bad_nodes + status.slow_nodes)),
+        },
     )
-    return outcome.job_id

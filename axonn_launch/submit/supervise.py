@@ -1,0 +1,150 @@
+"""``python -m axonn_launch.submit.supervise <job_dir> <world_size>``: the
+owner of a local job's rank processes, started by the launcher (``submit/local.py``)
+whether it waits for the job or not.
+
+It starts the ranks once the launcher says job.json names it (``local-<its pid>``),
+stops every rank when one fails or when it gets SIGINT, SIGTERM or SIGHUP (SIGTERM, then
+SIGKILL after a grace period), and writes job.json's final state: ``status``,
+``exit_code``, each rank's ``rank_exit_codes``, what ended the job (``ended_by``: the
+rank that failed or was killed, or the signal that stopped it), and the failure class
+that ``jobs status`` gives it (``failure``, ``failure_reason``). Its own exit code is the
+job's.
+
+Login-node code: never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from axonn_launch.common.jobdir import (
+    last_job_id,
+    read_record_or_empty,
+    record_lock,
+    write_record_file,
+)
+from axonn_launch.submit import local
+
+
+class StopRequest:
+    """The first stop signal this process got (its name), set by a signal handler."""
+
+    def __init__(self) -> None:
+        self.signal = ""
+
+    def install(self) -> None:
+        for sig in local.STOP_SIGNALS:
+            signal.signal(sig, self.handle)
+
+    def handle(self, signum: int, _frame) -> None:
+        self.signal = self.signal or signal.Signals(signum).name
+
+    def __call__(self) -> str:
+        return self.signal
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {local.SUPERVISOR}")
+    parser.add_argument("job_dir", type=Path)
+    parser.add_argument("world_size", type=int)
+    args = parser.parse_args(argv)
+    stop = StopRequest()
+    stop.install()
+    job_id = f"local-{os.getpid()}"
+    if sys.stdin.buffer.readline() != local.GO or stop():
+        return abandon(args.job_dir, job_id, stop())
+    return supervise(args.job_dir, args.world_size, job_id, stop)
+
+
+def supervise(job_dir: Path, world_size: int, job_id: str, stop: StopRequest) -> int:
+    """Start the ranks, wait for them (stopping the rest when one fails), record the end."""
+    procs = local.start_ranks(job_dir=job_dir, world_size=world_size)
+    pids = [p.pid for p in procs]
+    update_ours(job_dir, job_id, rank_pids=pids)
+    ending = local.wait_ranks(procs, stop)
+    if ending.exit_code:
+        say(ending.describe(pids))
+    record_end(job_dir, job_id, ending, pids)
+    return ending.exit_code
+
+
+def abandon(job_dir: Path, job_id: str, stopped_by: str) -> int:
+    """The launcher ended, or asked to stop, before the ranks started: none is started."""
+    why = f"{stopped_by} before the ranks started" if stopped_by else "the launcher ended first"
+    code = 128 + int(signal.Signals[stopped_by]) if stopped_by else 1
+    update_ours(job_dir, job_id, status="failed", exit_code=code, ended_by=why, ended=now())
+    return code
+
+
+def record_end(job_dir: Path, job_id: str, ending: local.Ending, pids: list[int]) -> None:
+    """Final state first (so job.json is final even if classifying fails), then the class
+    that ``jobs status`` gives the job."""
+    ended_by: dict = {}
+    if ending.cause is not None:
+        code = ending.failed[ending.cause]
+        ended_by = {"rank": ending.cause, "pid": pids[ending.cause], "returncode": code}
+        if code < 0:
+            ended_by["signal"] = local.signal_name(-code)
+    elif ending.stopped_by:
+        ended_by = {"signal": ending.stopped_by}
+    if ended_by:
+        ended_by["line"] = ending.describe(pids)
+    record = update_ours(
+        job_dir,
+        job_id,
+        status="completed" if ending.exit_code == 0 else "failed",
+        exit_code=ending.exit_code,
+        rank_exit_codes=list(ending.codes),
+        ended=now(),
+        **({"ended_by": ended_by} if ended_by else {}),
+    )
+    if record is not None:
+        record_class(job_dir, job_id, record)
+
+
+def record_class(job_dir: Path, job_id: str, record: dict) -> None:
+    """``failure`` and ``failure_reason`` as ``jobs status`` classifies the ended job; a job
+    whose training finished is ``completed`` whatever failed after it (as status settles)."""
+    from axonn_launch.records import failures
+    from axonn_launch.records.status import job_status, preflight_of
+
+    try:
+        row = job_status(job_dir, record, None, preflight_of(job_dir, record))
+    except Exception as exc:  # the record is final already; the class can wait for status
+        say(f"cannot classify the job's end: {type(exc).__name__}: {exc}")
+        return
+    status = "completed" if row.failure == failures.COMPLETED else record["status"]
+    update_ours(job_dir, job_id, status=status, failure=row.failure, failure_reason=row.reason)
+
+
+def update_ours(job_dir: Path, job_id: str, **updates) -> dict | None:
+    """Update job.json while it names this job (a reused job dir names another); None when
+    it does not, or when it cannot be written (said in one line)."""
+    try:
+        with record_lock(job_dir):
+            record = read_record_or_empty(job_dir)
+            if last_job_id(record) != job_id:
+                return None
+            record.update(updates)
+            write_record_file(job_dir, record)
+            return record
+    except OSError as exc:
+        say(f"cannot write {job_dir}/job.json: {exc}")
+        return None
+
+
+def say(line: str) -> None:
+    print(f"supervisor: {line}", file=sys.stderr, flush=True)
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
