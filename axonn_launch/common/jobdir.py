@@ -159,6 +159,14 @@ def update_record(job_dir: str | Path, **updates) -> dict:
     return record
 
 
+def attempt_number(job_dir: str | Path) -> int:
+    """Which attempt of its run this job dir holds (1: the launch itself)."""
+    try:
+        return int(read_record_or_empty(job_dir).get("attempt") or 1)
+    except (TypeError, ValueError):
+        return 1
+
+
 def last_job_id(record: dict) -> str:
     """The scheduler's id of the record's newest job ('' before submission)."""
     ids = record.get("job_ids") or []

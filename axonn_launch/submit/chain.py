@@ -34,6 +34,7 @@ from axonn_launch.common.jobdir import (
     JobPaths,
     read_record,
     read_record_or_empty,
+    read_summary,
     record_lock,
     update_record,
     write_record_file,
@@ -93,8 +94,9 @@ def problem(settings: RecoveryConfig) -> str | None:
 
 
 def enabled(cfg: LaunchConfig) -> bool:
-    """Slurm jobs recover unless ``recovery=off``; a local job has its supervisor."""
-    return cfg.recovery.mode != "off" and cfg.machine.scheduler == "slurm"
+    """Slurm jobs recover unless ``recovery=off``; a local job has its supervisor, and a
+    rehearsal runs once (its site's partitions do not exist here)."""
+    return cfg.recovery.mode != "off" and cfg.machine.scheduler == "slurm" and not cfg.rehearse
 
 
 def policy_of(settings: RecoveryConfig, failure: str) -> str:
@@ -185,11 +187,25 @@ def notify(settings: RecoveryConfig, root: Path, state: str) -> None:
 # --- following and stopping a chain ---------------------------------------------------------
 
 
+def run_state(root: Path) -> str:
+    """The run's state now: the chain's word, or done once its newest attempt finished
+    training (no recovery step runs after a success: Slurm cancels it)."""
+    chain = chain_of(root)
+    state = chain.get("state", RUNNING)
+    if state in (RUNNING, RECOVERING):
+        current = Path(chain.get("current") or root)
+        summary = read_summary(current)
+        steps = int(read_record_or_empty(current).get("steps") or 1)
+        if summary is not None and int(summary.get("steps", 0)) >= steps:
+            return DONE
+    return state
+
+
 def follow(root: Path, out, poll_s: float = 5.0) -> str:
     """Wait until the run is done or stopped (a launch with wait=true); its final state."""
     shown = ""
     while True:
-        state = chain_of(root).get("state", RUNNING)
+        state = run_state(root)
         if state != shown:
             print(f"recovery: {state}", file=out, flush=True)
             shown = state

@@ -23,7 +23,7 @@ from typing import Any
 
 from submitit.helpers import Checkpointable, DelayedSubmission
 
-from axonn_launch.common.jobdir import JobPaths, checkpointed_step
+from axonn_launch.common.jobdir import JobPaths, attempt_number, checkpointed_step
 
 REQUEUE_WAIT_S = 300  # how long ranks other than 0 wait to be stopped by the requeue
 
@@ -46,7 +46,8 @@ class TrainJob(Checkpointable):
         submitit_handler = signal.getsignal(signal.SIGUSR2)
         signal.signal(signal.SIGUSR2, stop.request)
         rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
-        hook = step_hook(stop, rank=rank, start_step=checkpointed_step(self.job_dir))
+        start, attempt = checkpointed_step(self.job_dir), attempt_number(self.job_dir)
+        hook = step_hook(stop, rank=rank, start_step=start, attempt=attempt)
         spec = JobSpec.load(JobPaths(self.job_dir).spec)
         summary = run_job(spec, should_stop=hook)
         unfinished = summary.get("stopped") and summary["steps"] < spec.train.steps

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from axonn_launch.common.jobdir import JobPaths, checkpointed_step
+from axonn_launch.common.jobdir import JobPaths, attempt_number, checkpointed_step
 from axonn_launch.common.spec import JobSpec
 
 # Where this process's rank is, in bootstrap's order (MPI before Slurm: mpirun inside an
@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     from axonn_launch.train.faults import step_hook
 
     rank = int(next((os.environ[k] for k in RANK_VARS if os.environ.get(k)), "0"))
-    hook = step_hook(lambda: False, rank=rank, start_step=checkpointed_step(str(args.job_dir)))
+    start, attempt = checkpointed_step(args.job_dir), attempt_number(args.job_dir)
+    hook = step_hook(lambda: False, rank=rank, start_step=start, attempt=attempt)
     run_job(JobSpec.load(JobPaths(args.job_dir).spec), should_stop=hook)
     return 0
 

@@ -14,6 +14,11 @@ for ``pause`` and ``slow``, rank 0 otherwise):
 - ``slow``: sleep SECONDS (default 1) after step N and after every later step, so that a
   short job reaches its time limit
 - ``exit``: end the process at once with ``os._exit(SECONDS or 1)`` (a crash outside Python)
+- ``kill``: the process sends itself SIGKILL (what the kernel's OOM killer or ``kill -9`` does)
+
+A fault ending in ``:attemptA`` fires only in attempt A of a run (``job.json``'s
+``attempt``: 1 for the launch, then one more per resubmission or recovery); without it, in
+every attempt that trains past step N.
 
 ``slow@preflight[:rankR|:node=NODE][:FACTOR]`` makes the preflight's GEMMs on rank R (or
 on every rank of node NODE; default: every rank) do FACTOR times the work (default 8), as
@@ -35,13 +40,14 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 ENV_VAR = "AXONN_FAULT"
-KINDS = ("collective", "gpu_oom", "code", "pause", "slow", "exit")
+KINDS = ("collective", "gpu_oom", "code", "pause", "slow", "exit", "kill")
 EVERY_RANK = ("pause", "slow")
 STEP, PREFLIGHT = "step", "preflight"  # when a fault fires
 PREFLIGHT_KINDS = ("slow",)
@@ -49,8 +55,12 @@ DEFAULT_SLOWDOWN = 8
 _FAULT = re.compile(
     r"(?P<kind>\w+)@(?:step(?P<step>\d+)|(?P<preflight>preflight))"
     r"(?::rank(?P<rank>\d+)|:node=(?P<node>[A-Za-z0-9][\w.-]*))?(?::(?P<arg>\d+))?"
+    r"(?::attempt(?P<attempt>\d+))?"
 )
-SYNTAX = "KIND@stepN[:rankR|:node=NODE][:SECONDS] or slow@preflight[:rankR|:node=NODE][:FACTOR]"
+SYNTAX = (
+    "KIND@stepN[:rankR|:node=NODE][:SECONDS][:attemptA]"
+    " or slow@preflight[:rankR|:node=NODE][:FACTOR]"
+)
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,7 @@ class Fault:
     arg: int | None = None
     when: str = STEP  # STEP | PREFLIGHT
     node: str | None = None  # fires on every rank of this node
+    attempt: int | None = None  # fires only in this attempt of the run (None: in each)
 
     def fires_on(self, rank: int, node: str | None = None) -> bool:
         if self.node is not None:
@@ -92,6 +103,7 @@ def parse(text: str) -> list[Fault]:
                 arg=int(found["arg"]) if found["arg"] else None,
                 when=PREFLIGHT if preflight else STEP,
                 node=found["node"],
+                attempt=int(found["attempt"]) if found["attempt"] else None,
             )
         )
     return faults
@@ -116,7 +128,12 @@ def preflight_slowdown(*, rank: int, node: str, environ=os.environ) -> int:
 
 
 def step_hook(
-    should_stop: Callable[[], bool], *, rank: int, start_step: int, environ=os.environ
+    should_stop: Callable[[], bool],
+    *,
+    rank: int,
+    start_step: int,
+    attempt: int = 1,
+    environ=os.environ,
 ) -> Callable[[], bool]:
     """Wrap the loop's per-step ``should_stop`` so that the configured faults fire.
 
@@ -130,7 +147,7 @@ def step_hook(
         node = node_name(environ)
     else:
         node = None
-    faults = [f for f in faults if f.fires_on(rank, node)]
+    faults = [f for f in faults if f.fires_on(rank, node) and f.attempt in (None, attempt)]
     if not faults or not _first_run(environ):
         return should_stop
     calls = [start_step]
@@ -156,6 +173,9 @@ def inject(fault: Fault, rank: int) -> None:
     if fault.kind == "exit":
         sys.stdout.flush()
         os._exit(fault.arg or 1)
+    if fault.kind == "kill":
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
     raise make_error(fault.kind, rank)
 
 

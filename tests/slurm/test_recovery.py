@@ -1,0 +1,141 @@
+"""Runs that heal themselves, on the real local cluster, with no command typed after the
+launch: each attempt's chained recovery job (``submit/chain.py``, ``submit/recovery.py``)
+classifies the failure and acts by policy.
+
+All runs are submitted at once by one fixture (``wait=false``) and run side by side; each
+test then follows its own run's chain record in the first attempt's ``job.json``.
+Faults: ``kill`` (SIGKILL) and ``code`` (a ValueError) from ``AXONN_FAULT``, pinned to an
+attempt with ``:attemptA`` where a fault must not repeat.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from axonn_launch.common.jobdir import JobPaths, read_record
+from axonn_launch.submit.chain import DONE, STOPPED, attempts_of, run_state
+from tests.conftest import run_launcher
+from tests.slurm.test_faults import jobs_cli, sacct_state, wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+STEPS = 12
+BASE = [
+    "machine=slurm_local",
+    f"train.steps={STEPS}",
+    "train.sample_tokens=0",
+    "train.checkpoint_every=2",
+    "recovery.backoff_s=1",
+    "wait=false",
+]
+TWO_NODES = ["grid.x=2", "grid.z=2", "nodes=2"]
+ONE_NODE = ["grid.x=2", "nodes=1"]
+RUNS = {
+    # name: (AXONN_FAULT, overrides)
+    "reference": ("", [*TWO_NODES, "recovery=off"]),
+    "healed": ("kill@step5:rank1:attempt1,kill@step9:rank1:attempt2", TWO_NODES),
+    "code": ("code@step3", ONE_NODE),
+    "repeats": ("kill@step3:rank1", [*ONE_NODE, "recovery.max_same_class=2"]),
+    "queued": ("", [*ONE_NODE, "+machine.slurm.extra_sbatch.begin=now+3600"]),
+}
+
+
+def launch(name: str, root: Path) -> Path:
+    fault, overrides = RUNS[name]
+    job_dir = root / name
+    result = run_launcher(
+        [*BASE, *overrides, f"hydra.run.dir={job_dir}"],
+        cwd=root,
+        env={"AXONN_FAULT": fault},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return job_dir
+
+
+@pytest.fixture(scope="module")
+def runs(slurm_cluster, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("recovery")
+    return {name: launch(name, root) for name in RUNS}
+
+
+def ended(root: Path, timeout_s: float = 900) -> str:
+    return wait_until(
+        lambda: (state := run_state(root)) in (DONE, STOPPED) and state, timeout_s, f"{root}"
+    )
+
+
+def final_loss(job_dir: Path) -> float:
+    return json.loads(JobPaths(job_dir).summary.read_text())["final_loss"]
+
+
+def reference_loss(root: Path) -> float:
+    job_id = read_record(root)["job_ids"][0]
+    wait_until(lambda: sacct_state(job_id)[0] == "COMPLETED", 900, "the reference run")
+    return final_loss(root)
+
+
+def chain(root: Path) -> dict:
+    return read_record(root)["chain"]
+
+
+def no_job_left(root: Path) -> bool:
+    """Nothing of the run is queued or running: attempts and recovery jobs all ended."""
+    ids = []
+    for attempt in attempts_of(root):
+        record = read_record(attempt)
+        ids += [str(i) for i in record.get("job_ids", [])] + [str(record.get("recovery_job"))]
+    states = [sacct_state(i)[0] for i in ids if i and i != "None"]
+    return all(s.split(" ")[0] not in ("PENDING", "RUNNING", "REQUEUED", "") for s in states)
+
+
+def test_two_faults_in_a_row_are_healed(runs):
+    root = runs["healed"]
+    assert ended(root) == DONE
+    attempts = attempts_of(root)
+    assert len(attempts) == 3, attempts
+    history = chain(root)["attempts"]
+    assert [a["class"] for a in history] == ["rank_killed", "rank_killed"]
+    assert [a["action"] for a in history] == ["resume", "resume"]
+    assert final_loss(attempts[-1]) == reference_loss(runs["reference"])
+    wait_until(lambda: no_job_left(root), 120, "the last recovery job to be cancelled")
+
+
+def test_a_code_error_is_not_retried(runs):
+    root = runs["code"]
+    assert ended(root) == STOPPED
+    stop = chain(root)["stop"]
+    assert stop["class"] == "code_error" and "policy stop" in stop["reason"]
+    assert attempts_of(root) == [root]  # one attempt only
+    status = jobs_cli("status", str(root), cwd=root.parent)
+    assert "ValueError" in status.stdout, status.stdout  # the failing rank's exception
+
+
+def test_a_repeating_fault_stops_at_the_class_cap(runs):
+    root = runs["repeats"]
+    assert ended(root) == STOPPED
+    stop = chain(root)["stop"]
+    assert stop["reason"] == "recovery.max_same_class=2: rank_killed 2 times in a row"
+    assert len(attempts_of(root)) == 2
+
+
+def test_jobs_stop_ends_a_queued_chain(runs):
+    root = runs["queued"]
+    record = read_record(root)
+    job_id, recovery_job = record["job_ids"][0], record["recovery_job"]
+    assert sacct_state(job_id)[0] == "PENDING"
+    result = jobs_cli("stop", str(root), cwd=root.parent)
+    assert result.returncode == 0, result.stderr
+    assert f"cancelled {job_id} {recovery_job}" in result.stdout
+    wait_until(lambda: no_job_left(root), 60, "the chain's jobs to end")
+    assert sacct_state(job_id)[0].startswith("CANCELLED")
+    assert run_state(root) == STOPPED
+    time.sleep(5)  # a recovery step would have resubmitted by now
+    assert attempts_of(root) == [root]
+    names = subprocess.run(["squeue", "-h", "-o", "%j"], capture_output=True, text=True).stdout
+    assert "queued" not in names
