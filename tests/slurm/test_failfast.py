@@ -38,6 +38,7 @@ def test_failing_setup_line_fails_the_job_with_its_text_and_no_srun_step(
     result = run_launcher(
         [
             "machine=slurm_local",
+            "recovery=off",
             "grid.x=2",
             "grid.z=2",
             "train.steps=2",

@@ -34,6 +34,7 @@ TRAIN = [
     f"train.steps={STEPS}",
     "train.sample_tokens=0",
     "train.checkpoint_every=4",
+    "recovery=off",  # each scenario is brought back by hand here (test_recovery.py: by itself)
 ]
 PAUSED = "pause@step9:600"
 NODE_SH = REPO / "machines" / "slurm_local" / "node.sh"

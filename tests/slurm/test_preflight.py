@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 STEPS = 4
 TRAIN = ["machine=slurm_local", "grid.x=2", "grid.z=2", f"train.steps={STEPS}",
-         "train.sample_tokens=0"]  # fmt: skip
+         "train.sample_tokens=0", "recovery=off"]  # fmt: skip
 
 
 def excluded_nodes(job_id: str) -> str:
