@@ -27,7 +27,14 @@ from pathlib import Path
 
 from axonn_launch.common.jobdir import JobPaths
 from axonn_launch.records import failures
-from axonn_launch.records.status import DEFAULT_ROOT, JOB_DIR_HINT, JobStatus, NotAJobPath, collect
+from axonn_launch.records.status import (
+    DEFAULT_ROOT,
+    JOB_DIR_HINT,
+    JobStatus,
+    NotAJobPath,
+    collect,
+    runs,
+)
 from axonn_launch.submit import chain
 from axonn_launch.submit.resubmit import resubmit_one
 from axonn_launch.usage import run_tool
@@ -45,6 +52,7 @@ COLUMNS = (
     ("LOSS", lambda s: f"{s.loss:.4g}" if s.loss is not None else "-"),
     ("TOK/S", lambda s: f"{s.tokens_per_s:.0f}" if s.tokens_per_s is not None else "-"),
     ("CLASS", lambda s: s.failure or "-"),
+    ("RUN", lambda s: f"{s.run_state or '-'}" + (f" x{s.attempts}" if s.attempts > 1 else "")),
     ("DIR", lambda s: shown_dir(s.job_dir)),
 )
 
@@ -72,6 +80,8 @@ def format_table(rows: list[JobStatus]) -> str:
 
 def status_main(args: argparse.Namespace) -> int:
     rows = collect(args.paths or [DEFAULT_ROOT])
+    if not args.attempts:
+        rows = runs(rows)  # a run that recovered itself is one row (--attempts: the chain)
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=2))
         return 0
@@ -92,6 +102,10 @@ def notes(row: JobStatus) -> list[str]:
         lines.append(f"{row.reason} (action: {row.action})")
     elif row.failure == failures.COMPLETED:
         lines += after_training_notes(row)
+    if row.stop_reason:
+        lines.append(f"run stopped: {row.stop_reason}")
+    if row.excluded:
+        lines.append(f"excluded nodes: {', '.join(row.excluded)}")
     if row.slow_nodes and not any("slow nodes" in line for line in lines):
         lines.append(f"preflight named slow nodes: {', '.join(row.slow_nodes)}")
     return lines
@@ -173,6 +187,9 @@ def parser() -> argparse.ArgumentParser:
         "paths", nargs="*", help=f"job dirs or folders of them (default {DEFAULT_ROOT}/)"
     )
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument(
+        "--attempts", action="store_true", help="one row per attempt of a run, not per run"
+    )
     again = commands.add_parser(
         "resubmit",
         help="resubmit the failed jobs whose failure class allows it",

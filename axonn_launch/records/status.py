@@ -34,6 +34,7 @@ from axonn_launch.common.jobdir import (
     latest_step_name,
     read_failures,
     read_record,
+    read_record_or_empty,
     read_summary,
     update_record,
 )
@@ -77,6 +78,63 @@ class JobStatus:
     slow_nodes: list[str] = field(default_factory=list)  # named by this attempt's preflight
     # what ran after the training (sample, memorization): "done", "failed: ..." or "pending"
     after_training: dict[str, str] = field(default_factory=dict)
+    run_dir: str = ""  # the run's first attempt (its own dir for a run of one attempt)
+    # a run that recovers itself (submit/chain.py): running, waiting, recovering, done, stopped
+    run_state: str = ""
+    attempts: int = 1  # attempts of the run so far
+    excluded: list[str] = field(default_factory=list)  # nodes its newest attempt leaves out
+    stop_reason: str = ""
+
+
+RUN_RUNNING, RUN_WAITING, RUN_RECOVERING, RUN_DONE, RUN_STOPPED = (
+    "running", "waiting", "recovering", "done", "stopped",
+)  # fmt: skip
+
+
+def run_root_of(job_dir: Path, record: dict) -> Path:
+    """The run's first attempt: where its chain is recorded (``submit/chain.py``)."""
+    lineage = record.get("lineage") or []
+    return Path(lineage[0]["job_dir"]) if lineage else Path(job_dir)
+
+
+def run_state(root: Path) -> str:
+    """A self-recovering run's state now: the chain's word, or done once its newest attempt
+    finished training (no recovery step runs after a success: Slurm cancels it); '' for
+    a run without recovery."""
+    chain = dict(read_record_or_empty(root).get("chain") or {})
+    if not chain and "recovery" not in read_record_or_empty(root):
+        return ""
+    state = chain.get("state", RUN_RUNNING)
+    if state in (RUN_RUNNING, RUN_RECOVERING):
+        current = Path(chain.get("current") or root)
+        summary = read_summary(current)
+        steps = int(read_record_or_empty(current).get("steps") or 1)
+        if summary is not None and int(summary.get("steps", 0)) >= steps:
+            return RUN_DONE
+    return state
+
+
+def runs(rows: list[JobStatus]) -> list[JobStatus]:
+    """One row per run: its newest attempt, with the run's attempts, state, last class,
+    excluded nodes and (once stopped) why. A run of one attempt keeps its row."""
+    grouped: dict[str, list[JobStatus]] = {}
+    for row in rows:
+        grouped.setdefault(str(Path(row.run_dir or row.job_dir).resolve()), []).append(row)
+    shown = []
+    for root, group in grouped.items():
+        newest = max(group, key=lambda r: r.attempt)
+        chain = dict(read_record_or_empty(Path(root)).get("chain") or {})
+        state = run_state(Path(root))
+        if state == RUN_RUNNING and newest.state.startswith("PENDING"):
+            state = RUN_WAITING
+        history = chain.get("attempts") or []
+        last = history[-1]["class"] if history and newest.failure in ("", "running") else ""
+        shown.append(replace(
+            newest, run_state=state, attempts=max(len(group), newest.attempt),
+            failure=newest.failure or last,
+            stop_reason=str((chain.get("stop") or {}).get("reason", "")),
+        ))  # fmt: skip
+    return shown
 
 
 # --- finding and reading job directories -------------------------------------------------
@@ -124,7 +182,7 @@ DRY_RUN_STATE = "DRY_RUN"
 DRY_RUN_WORDS = "is a dry run: nothing was trained; launch it without dry_run=true"
 
 
-def is_drycommand_output(record: dict) -> bool:
+def is_dry_run(record: dict) -> bool:
     """The launch only rendered and recorded the job (``dry_run=true``): nothing ran."""
     return bool(record.get("dry_run")) or record.get("status") == "dry_run"
 
@@ -135,7 +193,7 @@ def dry_run_problem(job_dir: Path | str) -> str | None:
         record = read_record(Path(job_dir))
     except (OSError, ValueError):
         return None
-    if not is_drycommand_output(record):
+    if not is_dry_run(record):
         return None
     return f"{job_dir}: {DRY_RUN_WORDS}"
 
@@ -570,7 +628,7 @@ def _state_from_class(failure: str) -> str:
 def job_status(
     job_dir: Path, record: dict, info: SchedulerInfo | None, preflight: dict | None
 ) -> JobStatus:
-    if is_drycommand_output(record):  # its own state: no failure class, nothing to do about it
+    if is_dry_run(record):  # its own state: no failure class, nothing to do about it
         state, diagnosis = DRY_RUN_STATE, None
     else:
         state, diagnosis = diagnose(job_dir, record, info, preflight)
@@ -599,6 +657,9 @@ def job_status(
         resubmitted_as=str(record.get("resubmitted_as", "")),
         slow_nodes=slow_nodes_of(preflight),
         after_training=after_training_of(job_dir),
+        run_dir=str(run_root_of(job_dir, record)),
+        run_state=run_state(run_root_of(job_dir, record)),
+        excluded=[str(n) for n in record.get("excluded_nodes") or []],
     )
 
 

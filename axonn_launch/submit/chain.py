@@ -34,13 +34,20 @@ from axonn_launch.common.jobdir import (
     JobPaths,
     read_record,
     read_record_or_empty,
-    read_summary,
     record_lock,
     update_record,
     write_record_file,
 )
 from axonn_launch.config.compose import ConfigError, LaunchConfig, RecoveryConfig, build
 from axonn_launch.records import failures
+from axonn_launch.records.status import (
+    RUN_DONE,
+    RUN_RECOVERING,
+    RUN_RUNNING,
+    RUN_STOPPED,
+    run_root_of,
+    run_state,
+)
 
 RESUME, RESUME_EXCLUDE, STOP = "resume", "resume_exclude", "stop"
 POLICY_ACTIONS = (RESUME, RESUME_EXCLUDE, STOP)
@@ -61,7 +68,7 @@ DEFAULT_POLICY = {
 }
 FEWER_NODES = ("shrink", "wait", "stop")
 MODES = ("auto", "off")
-RUNNING, RECOVERING, DONE, STOPPED = "running", "recovering", "done", "stopped"
+RUNNING, RECOVERING, DONE, STOPPED = RUN_RUNNING, RUN_RECOVERING, RUN_DONE, RUN_STOPPED
 RECOVERY_TIME_MIN = 10
 NOTIFY_TIMEOUT_S = 60
 
@@ -150,12 +157,6 @@ def submit_recovery_job(cfg: LaunchConfig, job_dir: Path, job_id: str) -> str:
 # --- the chain's record (in the run's root dir) ----------------------------------------------
 
 
-def run_root(job_dir: Path, record: dict) -> Path:
-    """The run's first attempt: where the chain is recorded."""
-    lineage = record.get("lineage") or []
-    return Path(lineage[0]["job_dir"]) if lineage else Path(job_dir)
-
-
 def chain_of(root: Path) -> dict:
     return dict(read_record_or_empty(root).get("chain") or {})
 
@@ -187,20 +188,6 @@ def notify(settings: RecoveryConfig, root: Path, state: str) -> None:
 # --- following and stopping a chain ---------------------------------------------------------
 
 
-def run_state(root: Path) -> str:
-    """The run's state now: the chain's word, or done once its newest attempt finished
-    training (no recovery step runs after a success: Slurm cancels it)."""
-    chain = chain_of(root)
-    state = chain.get("state", RUNNING)
-    if state in (RUNNING, RECOVERING):
-        current = Path(chain.get("current") or root)
-        summary = read_summary(current)
-        steps = int(read_record_or_empty(current).get("steps") or 1)
-        if summary is not None and int(summary.get("steps", 0)) >= steps:
-            return DONE
-    return state
-
-
 def follow(root: Path, out, poll_s: float = 5.0) -> str:
     """Wait until the run is done or stopped (a launch with wait=true); its final state."""
     shown = ""
@@ -229,7 +216,7 @@ def stop(job_dir: Path) -> str:
     """End the run cleanly: mark it stopped (a recovery step that starts now does nothing),
     then cancel its newest attempt's jobs and recovery job."""
     job_dir = Path(job_dir).resolve()
-    root = run_root(job_dir, read_record(job_dir))
+    root = run_root_of(job_dir, read_record(job_dir))
     settings = settings_of(read_record(root))
     set_chain(root, settings, state=STOPPED, stop={"reason": "jobs stop", "class": ""})
     newest = attempts_of(root)[-1]

@@ -13,7 +13,7 @@ from pathlib import Path
 from axonn_launch.common.jobdir import read_record, read_record_or_empty
 from axonn_launch.config.compose import RecoveryConfig
 from axonn_launch.records import failures
-from axonn_launch.records.status import collect, command_output
+from axonn_launch.records.status import collect, command_output, run_root_of
 from axonn_launch.submit.chain import (
     DONE,
     RECOVERING,
@@ -24,7 +24,6 @@ from axonn_launch.submit.chain import (
     STOPPED,
     chain_of,
     policy_of,
-    run_root,
     set_chain,
     settings_of,
 )
@@ -89,7 +88,7 @@ def recover(job_dir: Path, out=sys.stdout) -> str:
     job_dir = Path(job_dir).resolve()
     record = read_record(job_dir)
     settings = settings_of(record)
-    root = run_root(job_dir, record)
+    root = run_root_of(job_dir, record)
     chain_record = chain_of(root)
     if chain_record.get("state") == STOPPED:
         return f"{root}: stopped ({chain_record.get('stop', {}).get('reason', 'jobs stop')})"
