@@ -71,8 +71,10 @@ def shown_dir(job_dir: str) -> str:
 
 
 def format_table(rows: list[JobStatus]) -> str:
-    cells = [[name for name, _ in COLUMNS]] + [[get(r) for _, get in COLUMNS] for r in rows]
-    widths = [max(len(row[c]) for row in cells) for c in range(len(COLUMNS) - 1)]
+    """The table; the RUN column only when a run recovers itself (room for long dirs)."""
+    shown = [c for c in COLUMNS if c[0] != "RUN" or any(r.run_state for r in rows)]
+    cells = [[name for name, _ in shown]] + [[get(r) for _, get in shown] for r in rows]
+    widths = [max(len(row[c]) for row in cells) for c in range(len(shown) - 1)]
     return "\n".join(
         "  ".join([c.ljust(w) for c, w in zip(row, widths)] + [row[-1]]) for row in cells
     )

@@ -62,7 +62,8 @@ def test_a_detached_submission_says_what_is_next(tmp_path, fake_sbatch):
                         cwd=tmp_path, path_prefix=bindir)  # fmt: skip
     assert proc.returncode == 0 and marker.exists(), proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[-2].startswith("submitted job 1 ")
+    assert lines[-3].startswith("submitted job 1 ")
+    assert lines[-2].startswith("recovery: job 1 starts if job 1 fails")  # the fake sbatch's id
     assert re.fullmatch(
         r"next: (\S+) -m axonn_launch\.jobs status jobs/detached"
         r"  \(once it ran: \1 -m axonn_launch\.report jobs/detached\)",

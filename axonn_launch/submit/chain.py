@@ -24,6 +24,7 @@ class stopped it, and why).
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 import subprocess
 import sys
@@ -151,7 +152,8 @@ def submit_recovery_job(cfg: LaunchConfig, job_dir: Path, job_id: str) -> str:
         error = (done.stderr.strip().splitlines() or ["sbatch failed"])[-1]
         update_record(job_dir, recovery_error=error)
         return ""
-    return done.stdout.strip().split(";")[0]
+    found = re.search(r"(\d+)(?:;\S*)?\s*$", done.stdout)  # --parsable: <id>[;<cluster>]
+    return found.group(1) if found else ""
 
 
 # --- the chain's record (in the run's root dir) ----------------------------------------------

@@ -104,6 +104,17 @@ def test_two_faults_in_a_row_are_healed(runs):
     assert [a["action"] for a in history] == ["resume", "resume"]
     assert final_loss(attempts[-1]) == reference_loss(runs["reference"])
     wait_until(lambda: no_job_left(root), 120, "the last recovery job to be cancelled")
+    one_row = json.loads(jobs_cli("status", str(root.parent), "--json", cwd=root.parent).stdout)
+    (run,) = [r for r in one_row if r["run_dir"] == str(root)]
+    assert (run["job_dir"], run["run_state"], run["attempts"]) == (str(attempts[-1]), DONE, 3)
+    chain_rows = jobs_cli("status", str(root.parent), "--json", "--attempts", cwd=root.parent)
+    mine = [r for r in json.loads(chain_rows.stdout) if r["run_dir"] == str(root)]
+    assert sorted(r["attempt"] for r in mine) == [1, 2, 3]
+    assert [r["failure"] for r in sorted(mine, key=lambda r: r["attempt"])] == [
+        "rank_killed",
+        "rank_killed",
+        "completed",
+    ]
 
 
 def test_a_code_error_is_not_retried(runs):
