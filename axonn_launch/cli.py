@@ -233,8 +233,29 @@ def main() -> None:
             raise SystemExit(EXIT_BAD_INPUT) from None
         register_help_resolver()  # --help names the other commands (conf/config.yaml)
         register_resolvers()  # sweep points' names (conf/config.yaml)
-        with composition_errors_in_one_line(split_argv(sys.argv[1:])[0]):
+        with composition_errors_in_one_line(split_argv(sys.argv[1:])[0]), mode_told(sys.argv[1:]):
             hydra_entry()
+
+
+@contextlib.contextmanager
+def mode_told(argv: list[str]) -> Iterator[None]:
+    """Hydra (1.3) composes a run's whole config once only to read ``hydra.mode``, then
+    again to run it. Without ``-m``, another config dir or a ``hydra.mode`` override, the
+    mode is RUN, which Hydra also assumes when that probe says nothing: so it is skipped."""
+    from hydra._internal.hydra import Hydra
+
+    overrides, valued, bare = split_argv(argv)
+    told = not bare & {"-m", "--multirun"} and not set(valued) & {"--config-dir", "-cd"}
+    told = told and not any(o.lstrip("+~").startswith("hydra.mode") for o in overrides)
+    probe = getattr(Hydra, "get_mode", None)
+    if not told or probe is None:
+        yield
+        return
+    Hydra.get_mode = lambda self, config_name, overrides: None
+    try:
+        yield
+    finally:
+        Hydra.get_mode = probe
 
 
 @contextlib.contextmanager
