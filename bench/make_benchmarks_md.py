@@ -22,6 +22,7 @@ ORDER = [
     ("validation_80b.md", "Planner"),
     ("bench_ztraffic.md", "Planner"),
     ("bench_status.md", "Failures"),
+    ("bench_recovery.md", "Failures"),
     ("bench_generation.md", "Generation"),
     ("bench_hf_import.md", "Hugging Face import"),
     ("memorization_study.md", "Memorization"),
