@@ -205,6 +205,28 @@ def last_metrics(job_dir: str | Path) -> dict | None:
     return None
 
 
+def metrics_row(line: str) -> dict | None:
+    """One metrics.jsonl row, or None when ``line`` is not a whole row (a line cut off when
+    the disk filled mid-write)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) and isinstance(row.get("step"), int) else None
+
+
+def metrics_through(path: Path, step: int) -> tuple[list[str], int]:
+    """The whole rows of the metrics file ``path`` up to ``step`` (what a resume from that
+    step keeps), and how many lines were not whole rows."""
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+    except OSError:
+        return [], 0
+    rows = [(line, metrics_row(line)) for line in lines]
+    kept = [line for line, row in rows if row is not None and row["step"] <= step]
+    return kept, sum(1 for _, row in rows if row is None)
+
+
 def record_failure(job_dir: str | Path, rank: int, error: BaseException) -> None:
     """Called by a rank that is about to die of ``error``; never raises itself.
 

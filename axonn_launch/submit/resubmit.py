@@ -12,7 +12,6 @@ already resubmitted is never submitted again, also when two commands run at once
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -28,6 +27,7 @@ from axonn_launch.common.jobdir import (
     checkpointed_step,
     job_lock,
     latest_step_name,
+    metrics_through,
     read_record,
     read_step_meta,
     update_record,
@@ -164,21 +164,9 @@ def copy_metrics_through(source: Path, target: Path, step: int) -> None:
     """The rows of ``source`` up to ``step`` (the new attempt's first step is the next):
     until the attempt logs a step, the step its metrics show is the one it resumes from,
     never one of the old run's after its checkpoint. Lines that are not whole rows go."""
-    try:
-        lines = source.read_text().splitlines()
-    except OSError:
-        return
-    kept = [line for line in lines if _row_step(line) is not None and _row_step(line) <= step]
-    target.write_text("".join(line + "\n" for line in kept))
-
-
-def _row_step(line: str) -> int | None:
-    try:
-        row = json.loads(line)
-    except ValueError:
-        return None
-    step = row.get("step") if isinstance(row, dict) else None
-    return step if isinstance(step, int) else None
+    if source.exists():
+        kept, _ = metrics_through(source, step)
+        target.write_text("".join(line + "\n" for line in kept))
 
 
 def _link_or_copy(src: str, dst: str) -> None:

@@ -8,7 +8,6 @@ and a summary (also written to ``<job_dir>/summary.json`` by rank 0).
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
 from collections.abc import Callable
@@ -342,22 +341,10 @@ def truncate_metrics(path: Path, start_step: int) -> None:
     rows that are not whole JSON (a line cut off when the disk filled mid-write)."""
     if not path.exists():
         return
-    rows = [line for line in path.read_text().splitlines() if line.strip()]
-    parsed = [(line, metrics_row(line)) for line in rows]
-    cut = sum(1 for _, row in parsed if row is None)
+    kept, cut = jobdir.metrics_through(path, start_step)
     if cut:
         log.warning("%s: dropped %d line(s) cut off mid-write", path.name, cut)
-    kept = [line for line, row in parsed if row is not None and row["step"] <= start_step]
     path.write_text("".join(line + "\n" for line in kept))
-
-
-def metrics_row(line: str) -> dict | None:
-    """One metrics.jsonl row, or None when ``line`` is not a whole row."""
-    try:
-        row = json.loads(line)
-    except ValueError:
-        return None
-    return row if isinstance(row, dict) and isinstance(row.get("step"), int) else None
 
 
 def print_sample(spec: JobSpec, env: DistEnv, model: GPT, device: torch.device) -> str:
