@@ -60,12 +60,18 @@ class PlanRow:
     compute_s: float
     tflops_per_gpu: float
     fraction_of_peak: float
-    memory_gib: float
+    memory: MemoryEstimate  # of the micro-batch and cache chosen
     comm_s: dict[str, float]  # exposed communication per axis (x, y, z, data, xy)
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory.total / GIB
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["grid"] = self.grid.as_dict()
+        del out["memory"]
+        out["memory_gib"] = self.memory_gib
         return out
 
 
@@ -155,7 +161,7 @@ def evaluate_grid(
         compute_s=st.compute,
         tflops_per_gpu=st.tflops_per_gpu,
         fraction_of_peak=st.fraction_of_peak,
-        memory_gib=memory.total / GIB,
+        memory=memory,
         comm_s=st.comm,
     )
 
