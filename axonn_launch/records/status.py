@@ -97,12 +97,13 @@ def run_root_of(job_dir: Path, record: dict) -> Path:
     return Path(lineage[0]["job_dir"]) if lineage else Path(job_dir)
 
 
-def run_state(root: Path) -> str:
+def run_state(root: Path, root_record: dict | None = None) -> str:
     """A self-recovering run's state now: the chain's word, or done once its newest attempt
     finished training (no recovery step runs after a success: Slurm cancels it); '' for
-    a run without recovery."""
-    chain = dict(read_record_or_empty(root).get("chain") or {})
-    if not chain and "recovery" not in read_record_or_empty(root):
+    a run without recovery. ``root_record``: the root's job.json when already read."""
+    record = read_record_or_empty(root) if root_record is None else root_record
+    chain = dict(record.get("chain") or {})
+    if not chain and "recovery" not in record:
         return ""
     state = chain.get("state", RUN_RUNNING)
     if state in (RUN_RUNNING, RUN_RECOVERING):
@@ -123,8 +124,12 @@ def runs(rows: list[JobStatus]) -> list[JobStatus]:
     shown = []
     for root, group in grouped.items():
         newest = max(group, key=lambda r: r.attempt)
-        chain = dict(read_record_or_empty(Path(root)).get("chain") or {})
-        state = run_state(Path(root))
+        if len(group) == 1 and not newest.run_state:
+            shown.append(newest)  # a run of one attempt, without recovery: its row as it is
+            continue
+        record = read_record_or_empty(Path(root))
+        chain = dict(record.get("chain") or {})
+        state = run_state(Path(root), record)
         if state == RUN_RUNNING and newest.state.startswith("PENDING"):
             state = RUN_WAITING
         history = chain.get("attempts") or []
@@ -635,6 +640,7 @@ def job_status(
     metrics = last_metrics(job_dir)
     results = run_results(job_dir, metrics)
     grid = record.get("grid") or {}
+    root = run_root_of(job_dir, record)
     return JobStatus(
         job_dir=str(job_dir),
         job_id=last_job_id(record),
@@ -657,8 +663,8 @@ def job_status(
         resubmitted_as=str(record.get("resubmitted_as", "")),
         slow_nodes=slow_nodes_of(preflight),
         after_training=after_training_of(job_dir),
-        run_dir=str(run_root_of(job_dir, record)),
-        run_state=run_state(run_root_of(job_dir, record)),
+        run_dir=str(root),
+        run_state=run_state(root, record if root == Path(job_dir) else None),
         excluded=[str(n) for n in record.get("excluded_nodes") or []],
     )
 
