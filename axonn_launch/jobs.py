@@ -26,7 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from axonn_launch.common.jobdir import JobPaths
-from axonn_launch.records import failures
+from axonn_launch.records import failures, goodput
 from axonn_launch.records.status import (
     DEFAULT_ROOT,
     JOB_DIR_HINT,
@@ -53,6 +53,7 @@ COLUMNS = (
     ("TOK/S", lambda s: f"{s.tokens_per_s:.0f}" if s.tokens_per_s is not None else "-"),
     ("CLASS", lambda s: s.failure or "-"),
     ("RUN", lambda s: f"{s.run_state or '-'}" + (f" x{s.attempts}" if s.attempts > 1 else "")),
+    ("GOODPUT", lambda s: f"{s.goodput['goodput']:.0%}" if s.goodput else "-"),
     ("DIR", lambda s: shown_dir(s.job_dir)),
 )
 
@@ -71,8 +72,10 @@ def shown_dir(job_dir: str) -> str:
 
 
 def format_table(rows: list[JobStatus]) -> str:
-    """The table; the RUN column only when a run recovers itself (room for long dirs)."""
-    shown = [c for c in COLUMNS if c[0] != "RUN" or any(r.run_state for r in rows)]
+    """The table; the RUN column only when a run recovers itself, GOODPUT only when a run
+    has ended (room for long dirs)."""
+    optional = {"RUN": any(r.run_state for r in rows), "GOODPUT": any(r.goodput for r in rows)}
+    shown = [c for c in COLUMNS if optional.get(c[0], True)]
     cells = [[name for name, _ in shown]] + [[get(r) for _, get in shown] for r in rows]
     widths = [max(len(row[c]) for row in cells) for c in range(len(shown) - 1)]
     return "\n".join(
@@ -108,6 +111,8 @@ def notes(row: JobStatus) -> list[str]:
         lines.append(f"run stopped: {row.stop_reason}")
     if row.excluded:
         lines.append(f"excluded nodes: {', '.join(row.excluded)}")
+    if row.goodput and row.attempts > 1:  # where the failures' cost is worth a line
+        lines.append(goodput.describe(row.goodput))
     if row.slow_nodes and not any("slow nodes" in line for line in lines):
         lines.append(f"preflight named slow nodes: {', '.join(row.slow_nodes)}")
     return lines

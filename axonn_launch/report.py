@@ -37,7 +37,16 @@ from pathlib import Path
 from typing import Any
 
 from axonn_launch.common.jobdir import JobPaths, read_summary
-from axonn_launch.records.status import DRY_RUN_WORDS, dry_run_problem, run_results
+from axonn_launch.records import goodput
+from axonn_launch.records.status import (
+    DRY_RUN_WORDS,
+    collect,
+    dry_run_problem,
+    run_results,
+    run_root_of,
+    runs,
+)
+from axonn_launch.submit.chain import attempts_of
 from axonn_launch.usage import raising_parser, run_tool
 
 METRICS = ("final_loss", "val_loss", "tokens_per_s")
@@ -230,8 +239,25 @@ def job_report(job_dir: Path, out: Path) -> list[str]:
     lines += table(["key", "value"], _job_summary(job_dir, record, summary, rows, per_step))
     if not column(rows, "mfu")[0]:
         lines += ["", "No MFU: the machine profile has no peak (a CPU run)."]
+    lines += goodput_section(job_dir)
     lines += [""] + [f"![{p.stem}]({p.name})" for p in images]
     return lines
+
+
+def goodput_section(job_dir: Path) -> list[str]:
+    """Where the run's allocated time went, over all its attempts (records/goodput.py);
+    nothing while an attempt has not ended."""
+    root = run_root_of(job_dir, read_json(JobPaths(job_dir).record))
+    found = runs(collect([str(a) for a in attempts_of(root)]))[0].goodput
+    if not found:
+        return []
+    allocated = found["allocated_s"]
+    parts = [(part, f"{found[f'{part}_s']:.1f}", f"{found[f'{part}_s'] / allocated:.1%}")
+             for part in goodput.PARTS]  # fmt: skip
+    lines = ["", "## Goodput", "", goodput.describe(found), ""]
+    return lines + table(
+        ["part", "seconds", "of allocated"], [*parts, ("allocated", f"{allocated:.1f}", "100%")]
+    )
 
 
 def _loss_plot(rows: list[dict], out: Path, x: str, name: str) -> Path:

@@ -399,6 +399,20 @@ def test_new_overrides_merge_and_exclude():
     ]
 
 
+def test_a_shrink_replaces_the_whole_grid():
+    """The recovery's ``grid=auto`` (a replanned grid) drops every ``grid.*`` of the launch."""
+    old = ["machine=slurm_local", "grid.x=2", "grid.z=2", "nodes=2", "train.steps=12"]
+    merged = resubmit.new_overrides(old, ["nodes=1", "grid=auto"], ("n2",))
+    assert merged == [
+        "machine=slurm_local",
+        "train.steps=12",
+        "nodes=1",
+        "grid=auto",
+        "+machine.slurm.extra_sbatch.exclude=n2",
+        "wait=false",
+    ]
+
+
 # --- fault injection ---------------------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
 """The Slurm text rules: host lists, job states, sacct and squeue output."""
 
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -114,16 +115,21 @@ def test_ended_states_are_not_active(state):
 
 
 def test_parse_sacct_allocation_lines():
-    text = "101|COMPLETED|0:0|n[1-2]\n102|CANCELLED by 0|0:15|n1\n103|PENDING|0:0|None assigned\n"
-    assert parse_sacct(text) == {
-        "101": JobRow("COMPLETED", "0:0", "n[1-2]"),
-        "102": JobRow("CANCELLED by 0", "0:15", "n1"),
-        "103": JobRow("PENDING", "0:0", "None assigned"),
-    }
+    ended = "2026-12-03T06:30:01|2026-12-03T06:30:05|2026-12-03T06:31:05"
+    text = (
+        f"101|COMPLETED|0:0|n[1-2]|{ended}\n"
+        "102|CANCELLED by 0|0:15|n1|2026-12-03T06:30:01|None|2026-12-03T06:30:09\n"
+        "103|PENDING|0:0|None assigned|2026-12-03T06:30:01|Unknown|Unknown\n"
+    )
+    rows = parse_sacct(text)
+    submit = datetime(2026, 12, 3, 6, 30, 1).timestamp()
+    assert rows["101"] == JobRow("COMPLETED", "0:0", "n[1-2]", (submit, submit + 4, submit + 64))
+    assert rows["102"] == JobRow("CANCELLED by 0", "0:15", "n1")  # never started: no times
+    assert rows["103"] == JobRow("PENDING", "0:0", "None assigned")
 
 
 def test_parse_sacct_skips_lines_of_another_shape():
-    assert parse_sacct("\n101|COMPLETED|0:0\nsacct: error: something\n") == {}
+    assert parse_sacct("\n101|COMPLETED|0:0|n1\nsacct: error: something\n") == {}
 
 
 def test_parse_squeue():
@@ -136,6 +142,6 @@ def test_parse_squeue():
 
 def test_sacct_and_squeue_commands_ask_for_what_the_parsers_read():
     command = slurmtext.sacct_command(["1", "2"])
-    assert command[command.index("-o") + 1] == "JobID,State,ExitCode,NodeList"
+    assert command[command.index("-o") + 1] == "JobID,State,ExitCode,NodeList,Submit,Start,End"
     assert command[-2:] == ["-j", "1,2"] and "-P" in command and "-X" in command
     assert slurmtext.squeue_command()[-1] == "%i|%T|%N"

@@ -43,6 +43,7 @@ RECOVERY_SCRIPT = "recovery.sh"
 PREFLIGHT = "preflight.json"
 PREFLIGHT_EXPECTED = "preflight_expected.json"
 METRICS = "metrics.jsonl"
+TIMELINE = "timeline.jsonl"  # one attempt's steps and saves, by wall clock
 SUMMARY = "summary.json"
 MEMORIZATION = "memorization.json"
 CHECKPOINTS = "checkpoints"
@@ -71,6 +72,7 @@ class JobPaths:
     preflight = property(lambda self: self.folder / PREFLIGHT)
     preflight_expected = property(lambda self: self.folder / PREFLIGHT_EXPECTED)
     metrics = property(lambda self: self.folder / METRICS)
+    timeline = property(lambda self: self.folder / TIMELINE)
     summary = property(lambda self: self.folder / SUMMARY)
     memorization = property(lambda self: self.folder / MEMORIZATION)
     checkpoints = property(lambda self: self.folder / CHECKPOINTS)
@@ -225,6 +227,28 @@ def metrics_through(path: Path, step: int) -> tuple[list[str], int]:
     rows = [(line, metrics_row(line)) for line in lines]
     kept = [line for line, row in rows if row is not None and row["step"] <= step]
     return kept, sum(1 for _, row in rows if row is None)
+
+
+def append_timeline(job_dir: str | Path, event: dict) -> None:
+    """One event of this attempt (rank 0): a step or a checkpoint save, with its wall-clock
+    ``start`` and ``end``. Goodput (``records/goodput.py``) is read from these."""
+    with open(JobPaths(job_dir).timeline, "a") as handle:
+        handle.write(json.dumps(event) + "\n")
+
+
+def read_timeline(job_dir: str | Path) -> list[dict]:
+    """The attempt's whole timeline events in order (a line cut off by a crash is left out)."""
+    try:
+        lines = JobPaths(job_dir).timeline.read_text().splitlines()
+    except OSError:
+        return []
+    events = []
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if isinstance(event, dict) and {"start", "end"} <= event.keys():
+                events.append(event)
+    return events
 
 
 def record_failure(job_dir: str | Path, rank: int, error: BaseException) -> None:

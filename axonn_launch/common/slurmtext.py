@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
 
 # States of a job that is not over yet (sacct and squeue spell them alike). A job held
 # after a requeue or a deleted reservation is waiting, not ended.
@@ -31,7 +32,7 @@ ACTIVE_STATES = frozenset(
 # What sacct prints for a job's NodeList before it has nodes.
 NO_NODES = frozenset({"", "None", "None assigned", "(null)"})
 
-SACCT_FIELDS = ("JobID", "State", "ExitCode", "NodeList")
+SACCT_FIELDS = ("JobID", "State", "ExitCode", "NodeList", "Submit", "Start", "End")
 SQUEUE_FORMAT = "%i|%T|%N"  # job id, long state, node list
 
 
@@ -42,6 +43,7 @@ class JobRow:
     state: str = ""
     exit_code: str = ""
     nodelist: str = ""
+    times: tuple[float, float, float] | None = None  # submit, start, end (sacct; unix s)
 
 
 def base_state(state: str) -> str:
@@ -123,13 +125,25 @@ def sacct_command(job_ids: list[str]) -> list[str]:
 
 
 def parse_sacct(text: str) -> dict[str, JobRow]:
-    """Rows of ``sacct -X -n -P -o JobID,State,ExitCode,NodeList`` by job id."""
+    """Rows of ``sacct -X -n -P -o JobID,State,ExitCode,NodeList,Submit,Start,End`` by job
+    id; ``times`` only once the job has ended (sacct says Unknown before)."""
     rows = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
         if len(parts) == len(SACCT_FIELDS) and parts[0]:
-            rows[parts[0]] = JobRow(parts[1], parts[2], parts[3])
+            rows[parts[0]] = JobRow(parts[1], parts[2], parts[3], sacct_times(parts[4:7]))
     return rows
+
+
+def sacct_times(fields: list[str]) -> tuple[float, float, float] | None:
+    """sacct's Submit, Start and End (``2026-12-03T06:30:01``, the local time zone) as unix
+    seconds; None while any is Unknown or None."""
+    try:
+        stamps = [datetime.strptime(f, "%Y-%m-%dT%H:%M:%S").timestamp() for f in fields]
+    except ValueError:
+        return None
+    submit, start, end = stamps
+    return (submit, start, end) if submit <= start <= end else None
 
 
 def squeue_command() -> list[str]:

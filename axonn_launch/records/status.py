@@ -38,7 +38,7 @@ from axonn_launch.common.jobdir import (
     read_summary,
     update_record,
 )
-from axonn_launch.records import failures, firstfail
+from axonn_launch.records import failures, firstfail, goodput
 from axonn_launch.records.failures import Diagnosis, Evidence
 
 DEFAULT_ROOT = "jobs"
@@ -52,6 +52,7 @@ class SchedulerInfo:
     state: str = ""
     exit_code: str = ""
     nodelist: str = ""
+    times: tuple[float, float, float] | None = None  # submit, start, end once ended
 
 
 @dataclass
@@ -84,6 +85,8 @@ class JobStatus:
     attempts: int = 1  # attempts of the run so far
     excluded: list[str] = field(default_factory=list)  # nodes its newest attempt leaves out
     stop_reason: str = ""
+    allocation: list[float] = field(default_factory=list)  # submit, start, end once ended
+    goodput: dict = field(default_factory=dict)  # the run's (records/goodput.py), once ended
 
 
 RUN_RUNNING, RUN_WAITING, RUN_RECOVERING, RUN_DONE, RUN_STOPPED = (
@@ -124,6 +127,7 @@ def runs(rows: list[JobStatus]) -> list[JobStatus]:
     shown = []
     for root, group in grouped.items():
         newest = max(group, key=lambda r: r.attempt)
+        newest = replace(newest, goodput=goodput_of(group))
         if len(group) == 1 and not newest.run_state:
             shown.append(newest)  # a run of one attempt, without recovery: its row as it is
             continue
@@ -140,6 +144,16 @@ def runs(rows: list[JobStatus]) -> list[JobStatus]:
             stop_reason=str((chain.get("stop") or {}).get("reason", "")),
         ))  # fmt: skip
     return shown
+
+
+def goodput_of(group: list[JobStatus]) -> dict:
+    """The run's goodput once all its attempts ended ({} before, or without timelines)."""
+    attempts = sorted(group, key=lambda r: r.attempt)
+    if any(len(r.allocation) != 3 for r in attempts):
+        return {}
+    allocations = [goodput.Allocation(Path(r.job_dir), *r.allocation) for r in attempts]
+    found = goodput.of_run(allocations, finished=attempts[-1].failure == failures.COMPLETED)
+    return found.as_dict() if found else {}
 
 
 # --- finding and reading job directories -------------------------------------------------
@@ -264,7 +278,9 @@ def sacct_states(job_ids: list[str]) -> dict[str, SchedulerInfo] | None:
     if out is None:
         return None
     rows = slurmtext.parse_sacct(out)
-    return {job: SchedulerInfo(r.state, r.exit_code, r.nodelist) for job, r in rows.items()}
+    return {
+        job: SchedulerInfo(r.state, r.exit_code, r.nodelist, r.times) for job, r in rows.items()
+    }
 
 
 def squeue_states(job_ids: list[str]) -> dict[str, SchedulerInfo]:
@@ -666,7 +682,23 @@ def job_status(
         run_dir=str(root),
         run_state=run_state(root, record if root == Path(job_dir) else None),
         excluded=[str(n) for n in record.get("excluded_nodes") or []],
+        allocation=allocation_of(record, info),
     )
+
+
+def allocation_of(record: dict, info: SchedulerInfo | None) -> list[float]:
+    """An ended attempt's submit, start and end (unix seconds): sacct's for a Slurm job; a
+    local job's launch (it starts at once) and its supervisor's end. Empty until it ended."""
+    if info is not None:
+        return list(info.times or ())
+    if not str(record.get("job_ids", [""])[-1]).startswith("local-"):
+        return []
+    try:
+        start = float(record["submitted_at"])
+        end = datetime.strptime(str(record["ended"]), "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except (KeyError, TypeError, ValueError):
+        return []
+    return [start, start, end] if start <= end else []
 
 
 def after_training_of(job_dir: Path) -> dict[str, str]:

@@ -115,16 +115,22 @@ def _load_yaml(path: Path) -> dict | None:
 
 
 def new_overrides(old: list[str], given: list[str], exclude: tuple[str, ...]) -> list[str]:
-    """Old overrides, replaced key by key by the given ones, plus exclusions; ``wait=false``
-    unless ``wait=`` is given (the old launch's is never kept)."""
+    """Old overrides, replaced key by key by the given ones (a given key replaces the keys
+    under it too: ``grid=auto`` drops ``grid.x=2``), plus exclusions; ``wait=false`` unless
+    ``wait=`` is given (the old launch's is never kept)."""
     given_keys = {_key(o) for o in given}
-    merged = [o for o in old if _key(o) not in given_keys | {"wait", "dry_run", _key(EXCLUDE_KEY)}]
+    replaced = given_keys | {"wait", "dry_run", _key(EXCLUDE_KEY)}
+    merged = [o for o in old if not _under_any(_key(o), replaced)]
     previous = [o.split("=", 1)[1].strip("'\"") for o in old if _key(o) == _key(EXCLUDE_KEY)]
     nodes = sorted({n for p in previous for n in p.split(",") if n} | set(exclude))
     merged += given
     if nodes and _key(EXCLUDE_KEY) not in given_keys:
         merged.append(f"{EXCLUDE_KEY}={','.join(nodes)}")
     return merged if "wait" in given_keys else [*merged, "wait=false"]
+
+
+def _under_any(key: str, keys: set[str]) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in keys)
 
 
 def _key(override: str) -> str:

@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from axonn_launch.common.durations import duration
 from axonn_launch.config.compose import LaunchConfig
 from axonn_launch.config.validate import Resolved, placeholder
 from axonn_launch.cost.goodput import Checkpointing
@@ -191,19 +192,6 @@ def wallclock_warnings(cfg: LaunchConfig, resolved: Resolved) -> list[str]:
         f" max_requeue={rt.allocations - 1}, or machine.slurm.time_min={limit_needed} if the"
         f" site allows it{fewer}, or use more nodes (nodes=N)"
     ]
-
-
-def duration(seconds: float) -> str:
-    """A wall-clock span in the unit a person would use."""
-    if seconds < 10:
-        return f"{seconds:.2g} s"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 100 * 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
 
 
 def preflight_on(cfg: LaunchConfig) -> bool:

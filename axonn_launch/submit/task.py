@@ -10,6 +10,10 @@ over to submitit's own handler, which calls ``checkpoint`` (a ``Checkpointable``
 define that method by this name in submitit 1.5.4), writes the new submission and runs
 ``scontrol requeue`` (at most ``max_requeue`` times for time limits); the requeued job
 resumes from the checkpoint.
+
+A job in a recovery chain (``chained``) is submitted with ``--no-requeue`` so that a node
+failure ends it (``submit/chain.py``). Its rank 0 marks it requeueable just before its own
+requeue, and not requeueable again when the requeued allocation starts.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import getpass
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,12 +37,19 @@ REQUEUE_WAIT_S = 300  # how long ranks other than 0 wait to be stopped by the re
 class TrainJob(Checkpointable):
     """Run the training core for the job directory ``job_dir`` (holding spec.json)."""
 
-    def __init__(self, job_dir: str, task_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, job_dir: str, task_env: dict[str, str] | None = None, chained: bool = False
+    ) -> None:
         self.job_dir = job_dir
         self.task_env = dict(task_env or {})
+        self.chained = chained
 
     def __call__(self) -> dict:
         apply_task_env(self.task_env)
+        chained = getattr(self, "chained", False)  # a job pickled before chains existed
+        rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
+        if chained and rank == 0 and int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0:
+            set_requeueable(False)  # this allocation's node failure goes to the chain
         from axonn_launch.common.spec import JobSpec
         from axonn_launch.train import run_job
         from axonn_launch.train.faults import step_hook
@@ -45,13 +58,14 @@ class TrainJob(Checkpointable):
         stop = StopFlag()
         submitit_handler = signal.getsignal(signal.SIGUSR2)
         signal.signal(signal.SIGUSR2, stop.request)
-        rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
         start, attempt = checkpointed_step(self.job_dir), attempt_number(self.job_dir)
         hook = step_hook(stop, rank=rank, start_step=start, attempt=attempt)
         spec = JobSpec.load(JobPaths(self.job_dir).spec)
         summary = run_job(spec, should_stop=hook)
         unfinished = summary.get("stopped") and summary["steps"] < spec.train.steps
         if unfinished and callable(submitit_handler):
+            if chained and rank == 0:
+                set_requeueable(True)
             hand_over_to_requeue(submitit_handler, rank)
         return summary
 
@@ -69,6 +83,24 @@ def hand_over_to_requeue(submitit_handler: Any, rank: int) -> None:
     submitit_handler(signal.SIGUSR2, None)
     if rank != 0:
         time.sleep(REQUEUE_WAIT_S)
+
+
+def set_requeueable(requeueable: bool) -> None:
+    """Let Slurm requeue this job (``scontrol requeue`` needs it) or not (a node failure
+    then ends the job); a failure is logged: the job goes on either way."""
+    job_id = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return
+    command = ["scontrol", "update", f"JobId={job_id}", f"Requeue={int(requeueable)}"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"axonn_launch: {' '.join(command)}: {exc}", file=sys.stderr, flush=True)
+        return
+    if done.returncode != 0:
+        print(
+            f"axonn_launch: {' '.join(command)}: {done.stderr.strip()}", file=sys.stderr, flush=True
+        )
 
 
 def apply_task_env(task_env: dict[str, str]) -> None:

@@ -128,7 +128,7 @@ def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
     )  # fmt: skip
     model.train()
     while step < train.steps:
-        started = time.perf_counter()
+        started, began = time.perf_counter(), time.time()
         lr = learning_rate(step, train)
         local_loss = run_micro_steps(model, ctx.loader.next_step(), ctx.groups, ctx.device, dtype)
         finish_gradients(model, ctx.groups, average=False)
@@ -154,8 +154,11 @@ def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
                 StepStats(step, loss, lr, float(grad_norm), elapsed, ctx.tokens_per_step,
                           val_loss if evaluated else None)
             )  # fmt: skip
+        ctx.logger.mark("step", step, began)
         if stop or step == train.steps or periodic_checkpoint(step, train):
+            saving = time.time()
             ctx.save(step)
+            ctx.logger.mark("checkpoint", step, saving)
         if stop:
             log.info("stopped after step %d on request; checkpoint saved", step)
             stopped = True

@@ -19,7 +19,7 @@ from typing import TextIO
 
 import torch
 
-from axonn_launch.common.jobdir import JobPaths
+from axonn_launch.common.jobdir import JobPaths, append_timeline
 from axonn_launch.common.models import ModelSpec
 
 GIB = 1024**3
@@ -83,6 +83,7 @@ class MetricsLogger:
         self.last_line = float("-inf")
         self.first_step: int | None = None
         self.path = JobPaths(job_dir).metrics
+        self.job_dir = job_dir
         self.start = time.perf_counter()
         self.last: dict | None = None
         self.gemm_choices: dict[str, dict[str, str]] = {}  # rank -> signature -> formulation
@@ -119,6 +120,12 @@ class MetricsLogger:
                 f.write(json.dumps(row) + "\n")
             self.show_progress(row)
         return row
+
+    def mark(self, kind: str, step: int, start: float) -> None:
+        """On rank 0, time the step or checkpoint save ``kind`` that began at ``start``
+        (``time.time()``) and ends now, into the attempt's timeline (goodput)."""
+        if self.enabled:
+            append_timeline(self.job_dir, {kind: step, "start": start, "end": time.time()})
 
     def add_gemm_choices(self, per_rank: dict[str, dict[str, str]], step: int) -> None:
         """GEMM tuner picks (rank -> signature -> formulation) made up to ``step``: all of

@@ -5,13 +5,15 @@ classifies the failure and acts by policy.
 All runs are submitted at once by one fixture (``wait=false``) and run side by side; each
 test then follows its own run's chain record in the first attempt's ``job.json``.
 Faults: ``kill`` (SIGKILL) and ``code`` (a ValueError) from ``AXONN_FAULT``, pinned to an
-attempt with ``:attemptA`` where a fault must not repeat.
+attempt with ``:attemptA`` where a fault must not repeat. The lost-node run comes last, on
+its own: taking n2 down would end the other runs' tasks there too.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import pytest
 from axonn_launch.common.jobdir import JobPaths, read_record
 from axonn_launch.submit.chain import DONE, STOPPED, attempts_of, run_state
 from tests.conftest import run_launcher
-from tests.slurm.test_faults import jobs_cli, sacct_state, wait_until
+from tests.slurm.test_faults import Job, jobs_cli, paused_at_step_9, sacct_state, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -38,7 +40,8 @@ ONE_NODE = ["grid.x=2", "nodes=1"]
 RUNS = {
     # name: (AXONN_FAULT, overrides)
     "reference": ("", [*TWO_NODES, "recovery=off"]),
-    "healed": ("kill@step5:rank1:attempt1,kill@step9:rank1:attempt2", TWO_NODES),
+    # each kill comes one step after a checkpoint's step: a step is lost each time
+    "healed": ("kill@step6:rank1:attempt1,kill@step10:rank1:attempt2", TWO_NODES),
     "code": ("code@step3", ONE_NODE),
     "repeats": ("kill@step3:rank1", [*ONE_NODE, "recovery.max_same_class=2"]),
     "queued": ("", [*ONE_NODE, "+machine.slurm.extra_sbatch.begin=now+3600"]),
@@ -115,6 +118,37 @@ def test_two_faults_in_a_row_are_healed(runs):
         "rank_killed",
         "completed",
     ]
+    check_goodput(run["goodput"], attempts, lost_steps=2)
+    shown = jobs_cli("status", str(root.parent), cwd=root.parent).stdout
+    assert "GOODPUT" in shown and f"goodput {run['goodput']['goodput']:.0%}" in shown, shown
+    report = subprocess.run(
+        [sys.executable, "-m", "axonn_launch.report", str(attempts[-1]), "--out", str(root / "r")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    text = (root / "r" / "report.md").read_text()
+    assert "## Goodput" in text and f"goodput {run['goodput']['goodput']:.0%}" in text
+
+
+def check_goodput(found: dict, attempts: list[Path], lost_steps: int) -> None:
+    """The parts add up to the allocated time that sacct gives, within 5%."""
+    allocated = 0
+    for attempt in attempts:
+        job_id = str(read_record(attempt)["job_ids"][-1])
+        allocated += int(sacct_field(job_id, "ElapsedRaw"))
+    parts = ("useful", "lost", "startup", "checkpoint", "recovery")
+    named = sum(found[f"{p}_s"] for p in parts)
+    assert abs(named - allocated) <= 0.05 * allocated, (found, allocated)
+    assert found["lost_steps"] == lost_steps and (found["lost_s"] > 0) == (lost_steps > 0)
+    assert all(found[f"{p}_s"] > 0 for p in parts if p != "lost"), found
+    assert len(found["ttr_s"]) == len(attempts) - 1
+    assert 0 < found["goodput"] < 1
+
+
+def sacct_field(job_id: str, name: str) -> str:
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", name, "-j", job_id],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return out.strip().splitlines()[-1]
 
 
 def test_a_code_error_is_not_retried(runs):
@@ -150,3 +184,49 @@ def test_jobs_stop_ends_a_queued_chain(runs):
     assert attempts_of(root) == [root]
     names = subprocess.run(["squeue", "-h", "-o", "%j"], capture_output=True, text=True).stdout
     assert "queued" not in names
+
+
+def test_a_lost_node_is_left_out_and_the_grid_shrinks(runs):
+    """n2 goes down mid-training (x=2 z=2 on 2 nodes); the run comes back on n1 alone with a
+    replanned grid, from the same checkpoint resharded, and finishes by itself."""
+    assert ended(runs["healed"]) == DONE  # nothing else of this module runs on n2 now
+    job_dir = runs["reference"].parent / "lost_node"
+    result = run_launcher(
+        [*BASE, *TWO_NODES, f"hydra.run.dir={job_dir}"],
+        cwd=job_dir.parent,
+        env={"AXONN_FAULT": "pause@step9:600:attempt1"},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    first = Job("lost_node", job_dir, read_record(job_dir)["job_ids"][0])
+    assert "#SBATCH --no-requeue" in (job_dir / "submission.sh").read_text()
+    wait_until(lambda: paused_at_step_9(first), 300, "the run to pause after step 9")
+    down = ["scontrol", "update", "nodename=n2", "state=down", "reason=test_recovery"]
+    subprocess.run(down, check=True, timeout=60)
+    try:
+        assert ended(job_dir) == DONE
+    finally:
+        subprocess.run(["scontrol", "update", "nodename=n2", "state=resume"], timeout=60)
+        wait_until(lambda: "n2|idle" in sinfo_nodes() or "n2|mix" in sinfo_nodes(), 120, "n2")
+    assert sacct_state(first.job_id)[0] == "NODE_FAIL"
+    (failed,) = chain(job_dir)["attempts"]
+    assert (failed["class"], failed["action"]) == ("node_failure", "resume_exclude")
+    last = attempts_of(job_dir)[-1]
+    record = read_record(last)
+    assert record["nodes"] == 1 and record["excluded_nodes"] == ["n2"], record
+    assert sacct_state(record["job_ids"][-1])[1] == "n1"
+    world = 1
+    for axis in ("data", "x", "y", "z"):
+        world *= int(record["grid"][axis])
+    assert world == 2, record["grid"]  # the one node's two tasks
+    summary = json.loads(JobPaths(last).summary.read_text())
+    assert summary["resumed_from"] == 8
+    assert summary["final_loss"] == pytest.approx(reference_loss(runs["reference"]), rel=1e-4)
+    (run,) = [r for r in json.loads(jobs_cli("status", str(job_dir), str(last), "--json",
+                                             cwd=job_dir.parent).stdout)]  # fmt: skip
+    check_goodput(run["goodput"], [job_dir, last], lost_steps=0)  # paused before step 9's end
+
+
+def sinfo_nodes() -> str:
+    return subprocess.run(["sinfo", "-h", "-N", "-o", "%N|%t"], capture_output=True,
+                          text=True).stdout  # fmt: skip
