@@ -2,18 +2,21 @@
 seeded schedule, no command typed after the launches.
 
 Five runs (gpt_tiny, x=2 on one node, 12 steps, a checkpoint every 2) each get three faults,
-one per attempt at a later step each time (``AXONN_FAULT=KIND@stepN:rankR:attemptA``): a
-rank killed with SIGKILL or a collective failure, so 20 attempts in all. The collective
-failures resume in place (``recovery.policy.collective_failure=resume``): on a two-node
-cluster, excluding the node of every collective failure would soon leave no node. Node
-downs are not in the schedule: Slurm requeues a NODE_FAIL job itself and it then waits for
-the node (see the stop note of issue 24). A reference run of the same job without faults
-gives the loss every run must end at.
+one per attempt at a later step each time: a rank killed with SIGKILL or a collective
+failure (``AXONN_FAULT=KIND@stepN:rankR:attemptA``), or, at most once per run, its node
+taken down (``scontrol update state=down``) while the attempt is paused after step N. A
+node down ends every task on that node, so other runs fail with it too (unplanned node
+failures, healed like the rest); the node returns to service by itself
+(``ReturnToService=2``) and a later attempt may use it again. The collective failures
+resume in place (``recovery.policy.collective_failure=resume``); the limits are raised
+(``max_attempts=8``) so that the unplanned failures cannot stop a run. A reference run of
+the same job without faults gives the loss every run must end at.
 
-Reported: the median time to recovery (from the failed attempt's end, sacct, to the first
-training step of the next attempt, its rank 0 log), goodput per run (the training steps'
-time, each step counted once, over the allocated time of all its attempts: sacct elapsed x
-nodes), runs lost and final losses that differ.
+Reported, per run and in all, from the launcher's own accounting (``records/goodput.py``,
+as ``jobs status`` shows it): goodput (useful step time over allocated time, sacct Start
+to End of every attempt) and where the rest went; the median time to recovery (from the
+failed attempt's end to the next attempt's first step); runs lost and final losses that
+differ.
 
     python bench/bench_recovery.py [--seed 7]
 """
@@ -24,19 +27,19 @@ import argparse
 import json
 import os
 import random
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from axonn_launch.common.jobdir import JobPaths, read_record  # noqa: E402
+from axonn_launch.records.goodput import PARTS  # noqa: E402
+from axonn_launch.records.status import collect, runs  # noqa: E402
 from axonn_launch.submit.chain import DONE, STOPPED, attempts_of, run_state  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "bench_recovery.md"
@@ -44,19 +47,32 @@ STEPS, EVERY, RUNS, FAULTS = 12, 2, 5, 3
 BASE = ["machine=slurm_local", "grid.x=2", "nodes=1", f"train.steps={STEPS}",
         f"train.checkpoint_every={EVERY}", "train.sample_tokens=0", "preflight=false",
         "recovery.backoff_s=1", "recovery.policy.collective_failure=resume",
-        f"recovery.max_same_class={FAULTS + 1}",  # the soak's faults may repeat a class
+        "recovery.max_attempts=8",
+        f"recovery.max_same_class={FAULTS + 3}",  # the soak's faults may repeat a class
         "wait=false"]  # fmt: skip
-STEP_LINE = re.compile(r"^(\S+ \S+) rank 0 .*train\.metrics: step (\d+)/")
+NODE_DOWN = "nodedown"
 
 
-def schedule(rng: random.Random) -> str:
-    """Three faults, one per attempt, each after the previous one's checkpoint."""
+def schedule(rng: random.Random) -> list[tuple[str, int, int, int]]:
+    """Three faults (kind, step, rank, attempt), one per attempt, each after the previous
+    one's checkpoint; at most one node down."""
     faults, step = [], 2
     for attempt in range(1, FAULTS + 1):
         step = rng.randint(step + 1, step + 3)
-        kind = rng.choice(["kill", "collective"])
-        faults.append(f"{kind}@step{step}:rank{rng.randint(0, 1)}:attempt{attempt}")
-    return ",".join(faults)
+        kinds = ["kill", "collective"] + (
+            [] if any(f[0] == NODE_DOWN for f in faults) else [NODE_DOWN]
+        )
+        faults.append((rng.choice(kinds), step, rng.randint(0, 1), attempt))
+    return faults
+
+
+def fault_text(faults: list[tuple[str, int, int, int]]) -> str:
+    """AXONN_FAULT: a node down is a pause on every rank, during which the node goes down."""
+    return ",".join(
+        f"pause@step{step}:600:attempt{attempt}" if kind == NODE_DOWN
+        else f"{kind}@step{step}:rank{rank}:attempt{attempt}"
+        for kind, step, rank, attempt in faults
+    )  # fmt: skip
 
 
 def launch(root: Path, name: str, fault: str, extra: list[str]) -> Path:
@@ -68,53 +84,33 @@ def launch(root: Path, name: str, fault: str, extra: list[str]) -> Path:
     return job_dir
 
 
-def sacct(job_id: str) -> dict[str, str]:
-    out = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-o", "State,End,Elapsed,NNodes", "-j", job_id],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    state, end, elapsed, nodes = out.strip().splitlines()[-1].split("|")
-    return {"state": state, "end": end, "elapsed": elapsed, "nodes": nodes}
-
-
-def seconds(elapsed: str) -> float:
-    parts = [int(p) for p in re.split(r"[-:]", elapsed)]
-    while len(parts) < 4:
-        parts.insert(0, 0)
-    days, hours, minutes, secs = parts
-    return ((days * 24 + hours) * 60 + minutes) * 60 + secs
-
-
-def first_step_time(job_dir: Path, after_step: int) -> float | None:
-    """When the attempt's rank 0 logged its first step past the checkpoint it resumed from."""
-    for line in JobPaths(job_dir).rank_log(0).read_text().splitlines():
-        found = STEP_LINE.match(line)
-        if found and int(found.group(2)) > after_step:
-            return datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-    return None
+def take_paused_nodes_down(roots: dict[str, Path], done: set[str]) -> None:
+    """Take down the node of each attempt paused by the schedule (once per attempt)."""
+    for root in roots.values():
+        attempt = attempts_of(root)[-1]
+        record = read_record(attempt)
+        job_id = str(record.get("job_ids", [""])[-1])
+        if not job_id or job_id in done:
+            continue
+        log = attempt / "slurm" / job_id / f"{job_id}_0_log.out"
+        if log.exists() and "injecting pause after step" in log.read_text(errors="replace"):
+            node = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True,
+                                  text=True).stdout.strip()  # fmt: skip
+            if node:
+                subprocess.run(["scontrol", "update", f"nodename={node}", "state=down",
+                                "reason=bench_recovery"], check=True)  # fmt: skip
+                print(f"took {node} down under job {job_id} ({root.name})", flush=True)
+            done.add(job_id)
 
 
 def measure(root: Path) -> dict:
     attempts = attempts_of(root)
-    ttr, allocated = [], 0.0
-    for before, after in zip(attempts, attempts[1:]):
-        ended = sacct(str(read_record(before)["job_ids"][-1]))
-        end = datetime.strptime(ended["end"], "%Y-%m-%dT%H:%M:%S").timestamp()
-        resumed = int(str(read_record(after).get("resumed_from") or "step_0").rsplit("_", 1)[-1])
-        first = first_step_time(after, resumed)
-        if first is not None:
-            ttr.append(first - end)
-    for attempt in attempts:
-        info = sacct(str(read_record(attempt)["job_ids"][-1]))
-        allocated += seconds(info["elapsed"]) * int(info["nodes"])
-    rows = [json.loads(line) for line in JobPaths(attempts[-1]).metrics.read_text().splitlines()]
-    useful = sum({r["step"]: r["step_time_s"] for r in rows}.values())
+    (row,) = runs(collect([str(a) for a in attempts]))
+    history = (read_record(root).get("chain") or {}).get("attempts") or []
     done = run_state(root) == DONE
     loss = json.loads(JobPaths(attempts[-1]).summary.read_text())["final_loss"] if done else None
-    return {"attempts": len(attempts), "ttr": ttr, "goodput": useful / allocated if done else 0.0,
-            "loss": loss, "state": run_state(root)}  # fmt: skip
+    return {"attempts": len(attempts), "goodput": row.goodput, "loss": loss,
+            "state": run_state(root), "classes": [a["class"] for a in history]}  # fmt: skip
 
 
 def main() -> None:
@@ -123,37 +119,62 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     plan = {f"run{i}": schedule(rng) for i in range(RUNS)}
+    started = time.time()
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/tmp")) as tmp:
         root = Path(tmp)
         print(f"runs in {root}", flush=True)
         reference = launch(root, "reference", "", ["recovery=off"])
-        roots = {name: launch(root, name, fault, []) for name, fault in plan.items()}
-        deadline = time.time() + 3600
-        while any(run_state(r) not in (DONE, STOPPED) for r in roots.values()):
-            assert time.time() < deadline, "the soak did not end within an hour"
-            time.sleep(5)
+        roots = {name: launch(root, name, fault_text(f), []) for name, f in plan.items()}
+        deadline, downed = time.time() + 3600, set()
+        try:
+            while any(run_state(r) not in (DONE, STOPPED) for r in roots.values()):
+                assert time.time() < deadline, "the soak did not end within an hour"
+                take_paused_nodes_down(roots, downed)
+                time.sleep(3)
+        finally:
+            for node in ("n1", "n2"):
+                subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"],
+                               capture_output=True)  # fmt: skip
         while not JobPaths(reference).summary.exists():
             time.sleep(2)
         expected = json.loads(JobPaths(reference).summary.read_text())["final_loss"]
         results = {name: measure(r) for name, r in roots.items()}
-    ttr = [t for r in results.values() for t in r["ttr"]]
+    write_results(args.seed, plan, results, expected, time.time() - started)
+
+
+def write_results(seed: int, plan: dict, results: dict, expected: float, wall_s: float) -> None:
+    ttr = [t for r in results.values() for t in r["goodput"].get("ttr_s", [])]
     lost = sum(r["state"] != DONE for r in results.values())
     differ = sum(r["loss"] != expected for r in results.values())
+    total = {part: sum(r["goodput"].get(f"{part}_s", 0.0) for r in results.values())
+             for part in ("allocated", *PARTS)}  # fmt: skip
     lines = [
         "## Recovery soak on the local Slurm cluster",
         "",
-        f"Command: `python bench/bench_recovery.py --seed {args.seed}` ({RUNS} runs, "
-        f"{sum(r['attempts'] for r in results.values())} attempts, faults from the seeded "
-        "schedule below; gpt_tiny x=2 on one node, 12 steps, a checkpoint every 2)",
+        f"Command: `python bench/bench_recovery.py --seed {seed}` ({RUNS} runs, "
+        f"{sum(r['attempts'] for r in results.values())} attempts, {wall_s / 60:.0f} min; "
+        "faults from the seeded schedule below, node downs included; gpt_tiny x=2 on one "
+        "node, 12 steps, a checkpoint every 2)",
         "",
-        "| run | faults (AXONN_FAULT) | attempts | goodput | final loss |",
-        "|---|---|---|---|---|",
+        "| run | scheduled faults | failures healed (class) | attempts | goodput | final loss |",
+        "|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         loss = f"{r['loss']:.6f}" if r["loss"] is not None else f"none ({r['state']})"
-        lines.append(f"| {name} | `{plan[name]}` | {r['attempts']} | {r['goodput']:.1%} "
-                     f"| {loss} |")  # fmt: skip
+        faults = ", ".join(f"{k}@{s}" + (f":rank{q}" if k != NODE_DOWN else "") + f" (a{a})"
+                           for k, s, q, a in plan[name])  # fmt: skip
+        good = r["goodput"].get("goodput")
+        lines.append(f"| {name} | {faults} | {', '.join(r['classes'])} | {r['attempts']} "
+                     f"| {good:.1%} | {loss} |" if good is not None else
+                     f"| {name} | {faults} | {', '.join(r['classes'])} | {r['attempts']} "
+                     f"| - | {loss} |")  # fmt: skip
+    allocated = total["allocated"] or 1.0
+    shares = ", ".join(f"{part} {total[part] / allocated:.1%}" for part in PARTS)
     lines += [
+        "",
+        f"All runs: goodput **{total['useful'] / allocated:.1%}** of "
+        f"{allocated / 60:.1f} min allocated ({shares}; the parts sum to "
+        f"{sum(total[p] for p in PARTS) / allocated:.1%} of it).",
         "",
         f"Median time to recovery (failed attempt's end to the next attempt's first step): "
         f"**{statistics.median(ttr):.1f} s** (min {min(ttr):.1f}, max {max(ttr):.1f}, "

@@ -51,7 +51,7 @@ class Site:
 class RecoveryConfig:
     """How a failed attempt is brought back (conf/recovery/, submit/recovery.py)."""
 
-    mode: str = "auto"  # auto: on for Slurm machines; off
+    mode: str = "auto"  # auto: on for Slurm machines, off for local; on: every machine; off
     policy: dict[str, str] = field(default_factory=dict)  # class -> resume|resume_exclude|stop
     max_attempts: int = 5
     max_same_class: int = 3

@@ -15,10 +15,23 @@ that launched it has gone away. Time limits and preemption are requeued in place
 in-script requeue alone could not replace a node or change the grid, and a watcher on
 the login node would die with the login session: hence a Slurm job.
 
+A node failure must reach the chain too, but Slurm requeues a requeueable batch job hit
+by one (``JobRequeue=1``, the usual site default): the job pends again for the very nodes
+it lost, and ``afternotok`` never fires. So a chained attempt is submitted with
+``--no-requeue``, and only its own in-place requeue (a time limit or a preemption,
+``submit/task.py``) turns requeueing back on for the moment it requeues, and off again
+when the requeued allocation starts.
+
 The run is the first attempt's directory (the *root*); its ``job.json`` holds the chain:
 ``chain.state`` (running, recovering, done, stopped), ``chain.attempts`` (one entry per
 ended attempt: its class and action) and, once stopped, ``chain.stop`` (which limit or
 class stopped it, and why).
+
+A local job (machine=local) recovers only with ``recovery=on`` (``auto``: Slurm only): its
+supervisor (``submit/supervise.py``) runs the recovery step itself once it has recorded
+the attempt's failed end, and the next attempt gets a detached supervisor of its own, so
+no login session is needed there either. A job a person stopped with a signal is never
+resumed: its run is marked stopped.
 """
 
 from __future__ import annotations
@@ -68,7 +81,7 @@ DEFAULT_POLICY = {
     failures.UNKNOWN: STOP,
 }
 FEWER_NODES = ("shrink", "wait", "stop")
-MODES = ("auto", "off")
+MODES = ("auto", "on", "off")  # auto: Slurm only; on: local jobs too
 RUNNING, RECOVERING, DONE, STOPPED = RUN_RUNNING, RUN_RECOVERING, RUN_DONE, RUN_STOPPED
 RECOVERY_TIME_MIN = 10
 NOTIFY_TIMEOUT_S = 60
@@ -102,9 +115,12 @@ def problem(settings: RecoveryConfig) -> str | None:
 
 
 def enabled(cfg: LaunchConfig) -> bool:
-    """Slurm jobs recover unless ``recovery=off``; a local job has its supervisor, and a
-    rehearsal runs once (its site's partitions do not exist here)."""
-    return cfg.recovery.mode != "off" and cfg.machine.scheduler == "slurm" and not cfg.rehearse
+    """Slurm jobs recover unless ``recovery=off``; local jobs only with ``recovery=on``
+    (their supervisor runs the recovery step); a rehearsal never (it runs once: its site's
+    partitions do not exist here)."""
+    if cfg.rehearse or cfg.recovery.mode == "off":
+        return False
+    return cfg.recovery.mode == "on" or cfg.machine.scheduler == "slurm"
 
 
 def policy_of(settings: RecoveryConfig, failure: str) -> str:
@@ -116,6 +132,15 @@ def settings_of(record: dict) -> RecoveryConfig:
 
 
 # --- chaining a recovery job to an attempt --------------------------------------------------
+
+
+def attempt_parameters(cfg: LaunchConfig, params: dict) -> dict:
+    """submitit's parameters for a chained attempt: not requeued by Slurm itself, so that
+    a node failure ends it and its recovery job starts."""
+    if not enabled(cfg):
+        return params
+    extra = {**params.get("additional_parameters", {}), "no-requeue": True}
+    return {**params, "additional_parameters": extra}
 
 
 def recovery_script(cfg: LaunchConfig, job_dir: Path) -> str:

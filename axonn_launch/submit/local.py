@@ -5,7 +5,9 @@ The launcher starts the supervisor in a session of its own, names it in job.json
 (``local-<supervisor pid>``), then lets it start the ranks. The supervisor stops every
 rank when one fails or when it is asked to (SIGINT, SIGTERM or SIGHUP, which a waiting
 launcher passes on), and writes job.json's final state. Each rank dies with the
-supervisor (Linux's parent-death signal), so no rank outlives its owner.
+supervisor (Linux's parent-death signal), so no rank outlives its owner. With recovery
+on (``recovery=on``), the supervisor of a failed attempt starts the next one, and a
+waiting launcher follows the run, passing those signals on to its attempts' supervisors.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from axonn_launch.common.jobdir import JobPaths
+from axonn_launch.common.jobdir import JobPaths, last_job_id, read_record_or_empty
 
 SUPERVISOR = "axonn_launch.submit.supervise"
 GO = b"go\n"  # the launcher's word that job.json names the supervisor: start the ranks
@@ -268,19 +270,63 @@ def release(supervisor: subprocess.Popen) -> None:
         supervisor.stdin.close()
 
 
-@contextlib.contextmanager
-def passing_stop_signals(supervisor: subprocess.Popen) -> Iterator[None]:
+def passing_stop_signals(supervisor: subprocess.Popen) -> contextlib.AbstractContextManager:
     """While inside, SIGINT, SIGTERM and SIGHUP to this process go to the supervisor, which
     stops the ranks, records the job and ends."""
+    return forwarding_stop_signals(supervisor.send_signal)
+
+
+def passing_stop_signals_to_run(
+    attempts: Callable[[], list[Path]],
+) -> contextlib.AbstractContextManager:
+    """While inside, SIGINT, SIGTERM and SIGHUP to this process go to every live supervisor
+    of a run's ``attempts()`` (a waiting launcher following a run with recovery on): the
+    one at work stops its ranks, or its recovery step, and the run (``supervise.py``)."""
+
+    def send(signum: int) -> bool:
+        pids = live_supervisors(attempts())
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        return bool(pids)
+
+    return forwarding_stop_signals(send)
+
+
+def live_supervisors(job_dirs: list[Path]) -> list[int]:
+    """The pids of the supervisors still running for these job dirs (job.json's
+    ``local-<pid>``, checked in /proc: a pid reused by another process is not one)."""
+    pids = []
+    for job_dir in job_dirs:
+        job_id = last_job_id(read_record_or_empty(job_dir))
+        if not job_id.startswith("local-"):
+            continue
+        pid = job_id.removeprefix("local-")
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if SUPERVISOR in argv and str(Path(job_dir).resolve()) in argv:
+            pids.append(int(pid))
+    return pids
+
+
+@contextlib.contextmanager
+def forwarding_stop_signals(send: Callable[[int], bool | None]) -> Iterator[None]:
+    """While inside, SIGINT, SIGTERM and SIGHUP to this process are given to ``send``; one
+    it says False to (nobody to pass it to) acts as it would outside."""
+    previous: dict[int, object] = {}
 
     def forward(signum: int, _frame) -> None:
         with contextlib.suppress(ProcessLookupError):
-            supervisor.send_signal(signum)
+            if send(signum) is False:
+                signal.signal(signum, previous[signum] or signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
 
     if threading.current_thread() is not threading.main_thread():  # only it gets signals
         yield
         return
-    previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
+    previous.update({sig: signal.signal(sig, forward) for sig in STOP_SIGNALS})
     try:
         yield
     finally:

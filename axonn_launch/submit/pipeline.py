@@ -202,7 +202,7 @@ def slurm_params(
         copy=python_copy(cfg, resolved, job_dir),
     )
     if rehearsal is None:
-        return params
+        return chain.attempt_parameters(cfg, params)
     return rehearse.substitute(params, rehearsal, cfg.machine, resolved.tasks_per_node)
 
 
@@ -317,7 +317,9 @@ def _write_record(job_dir: Path, record: dict) -> None:
 def run_local(cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict) -> Outcome:
     """Start the job's supervisor (``submit/supervise.py``), which owns the ranks and writes
     job.json's final state; with ``wait``, follow it, passing SIGINT, SIGTERM and SIGHUP
-    on to it (it stops the ranks)."""
+    on to it (it stops the ranks). With recovery on, a failed job's supervisor starts the
+    next attempt: ``wait`` then follows the run to its end, passing those signals on to
+    the supervisors of its attempts, and the outcome is the run's."""
     world_size = resolved.grid.world_size
     detached = cfg.wait is False
     print(local.starting_line(world_size, detached=detached), flush=True)
@@ -340,8 +342,24 @@ def run_local(cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict
     log.info("%s %s (exit code %d)", job_id, status, code)
     if code:
         report_first_failure(job_dir)
+    message = f"exit code {code}"
+    root = chain.run_root_of(job_dir, record)
+    if status == "failed" and chain.enabled(cfg) and chain.chain_of(root):
+        state = follow_local_run(job_dir, root)
+        status, message = ("completed" if state == chain.DONE else "failed"), f"run {state}"
     print(next_line(job_dir, ran=True))
-    return Outcome(status, str(job_dir), job_id, resolved.nodes, f"exit code {code}")
+    return Outcome(status, str(job_dir), job_id, resolved.nodes, message)
+
+
+def follow_local_run(job_dir: Path, root: Path) -> str:
+    """Follow a local run with recovery on, which its supervisors carry on (the chain is
+    recorded: this attempt's supervisor ran the recovery step), to its end; its state."""
+    with local.passing_stop_signals_to_run(lambda: chain.attempts_of(root)):
+        state = chain.follow(root, sys.stdout)
+    newest = chain.attempts_of(root)[-1].resolve()
+    if state != chain.DONE and newest != job_dir:
+        report_first_failure(newest)  # this attempt's was reported as it ended
+    return state
 
 
 def final_local_status(job_dir: Path, record: dict, code: int) -> str:
@@ -409,7 +427,7 @@ def submit_slurm(
             job = slurm.submit(
                 folder=slurm_folder(job_dir),
                 params=params,
-                job=TrainJob(str(job_dir), cfg.machine.task_env),
+                job=TrainJob(str(job_dir), cfg.machine.task_env, chained=chain.enabled(cfg)),
                 max_requeue=cfg.max_requeue,
                 python=tasks_python(cfg, resolved, job_dir),
             )

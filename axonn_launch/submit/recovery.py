@@ -27,7 +27,12 @@ from axonn_launch.submit.chain import (
     set_chain,
     settings_of,
 )
-from axonn_launch.submit.resubmit import resubmit_one
+from axonn_launch.submit.resubmit import (
+    EXCLUDE_KEY,
+    excluded_nodes,
+    original_overrides,
+    resubmit_one,
+)
 
 DOWN_STATES = ("down", "drain", "drng", "fail", "failg", "maint", "unk", "no_respond")
 
@@ -70,7 +75,10 @@ def fewer_nodes_overrides(
     """(overrides, reason to stop) when excluding ``excluded`` leaves too few nodes: a
     replanned grid on the nodes left (the global batch is kept; the checkpoint is
     resharded), or waiting for the nodes, or stopping, as ``recovery.on_fewer_nodes``
-    says."""
+    says. Only Slurm jobs: sinfo knows nothing of the computer a local job runs on (and
+    may answer for a cluster that has nothing to do with it)."""
+    if record.get("scheduler", "slurm") != "slurm":
+        return [], ""
     needed = int(record.get("nodes") or 0)
     up = usable_nodes(str(record.get("partition") or ""))
     if not needed or up is None:
@@ -81,6 +89,22 @@ def fewer_nodes_overrides(
     if settings.on_fewer_nodes == "stop" or not left:
         return [], f"recovery.on_fewer_nodes=stop: {len(left)} of {needed} nodes left"
     return [f"nodes={len(left)}", "grid=auto"], ""
+
+
+def exclusion(job_dir: Path, record: dict, failed: list[str]) -> tuple[list[str], list[str]]:
+    """The nodes the next attempt leaves out: this failure's, and those excluded before that
+    are still down; and the override that says so when an excluded node is back in
+    service (it is used again; otherwise the exclusions of earlier attempts carry over)."""
+    new = list(dict.fromkeys(failed))
+    earlier = [n for n in excluded_nodes(original_overrides(job_dir, record)) if n not in new]
+    if not earlier or record.get("scheduler", "slurm") != "slurm":
+        return new + earlier, []
+    up = usable_nodes(str(record.get("partition") or ""))
+    still_down = [n for n in earlier if up is None or n not in up]
+    if still_down == earlier:
+        return new + earlier, []
+    kept = new + still_down
+    return kept, [f"{EXCLUDE_KEY}={','.join(kept)}"]
 
 
 def recover(job_dir: Path, out=sys.stdout) -> str:
@@ -106,8 +130,9 @@ def recover(job_dir: Path, out=sys.stdout) -> str:
     started = float(chain_record.get("started_at") or record.get("submitted_at") or time.time())
     why = f"{status.failure}: policy {action}" if action == STOP else ""
     why = why or limit_reached(settings, attempts, started)
-    excluded = list(dict.fromkeys(status.bad_nodes + status.slow_nodes))
+    excluded, readmit = exclusion(job_dir, record, status.bad_nodes + status.slow_nodes)
     overrides, fewer = fewer_nodes_overrides(settings, record, excluded)
+    overrides += readmit
     why = why or fewer
     if why:
         stop = {"reason": why, "class": status.failure, "attempt": len(attempts)}

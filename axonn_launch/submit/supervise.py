@@ -10,6 +10,13 @@ rank that failed or was killed, or the signal that stopped it), and the failure 
 that ``jobs status`` gives it (``failure``, ``failure_reason``). Its own exit code is the
 job's.
 
+With recovery on (``recovery=on``: job.json has ``recovery``), a failed attempt's
+supervisor then runs the recovery step itself (``submit/recovery.py``), as a Slurm run's
+recovery job does: the next attempt starts detached, with a supervisor of its own that
+recovers it in turn. A job stopped by a signal is a person's choice, never resumed: its
+run is marked stopped, and so is an attempt started while the signal waited for the
+recovery step to end.
+
 Login-node code: never imports torch.
 """
 
@@ -70,6 +77,7 @@ def supervise(job_dir: Path, world_size: int, job_id: str, stop: StopRequest) ->
     if ending.exit_code:
         say(ending.describe(pids))
     record_end(job_dir, job_id, ending, pids)
+    recover_run(job_dir, job_id, stop)
     return ending.exit_code
 
 
@@ -120,6 +128,45 @@ def record_class(job_dir: Path, job_id: str, record: dict) -> None:
         return
     status = "completed" if row.failure == failures.COMPLETED else record["status"]
     update_ours(job_dir, job_id, status=status, failure=row.failure, failure_reason=row.reason)
+
+
+def recover_run(job_dir: Path, job_id: str, stop: StopRequest) -> None:
+    """The recovery step of a failed attempt with recovery on, or the run's stop when a
+    signal stopped the job (or came during the step: it waits for the step to end, so that
+    no attempt is left half started). Its one line is said; nothing is raised."""
+    record = read_record_or_empty(job_dir)
+    failed = record.get("status") == "failed" and last_job_id(record) == job_id
+    if not failed or "recovery" not in record:
+        return
+    from axonn_launch.submit.recovery import recover  # composes configs: only when needed
+
+    line = why = ""
+    try:
+        line = "" if stop() else recover(job_dir)
+    except Exception as exc:  # the run must not stay "recovering" with nobody at work
+        why = f"the recovery step failed: {type(exc).__name__}: {exc}"
+    why = f"{stop()}: the job was stopped" if stop() else why
+    try:
+        line = stop_run(job_dir, record, why) if why else line
+    except OSError as exc:
+        line = f"{why}; cannot record that the run stopped: {exc}"
+    say(line)
+
+
+def stop_run(job_dir: Path, record: dict, why: str) -> str:
+    """Mark the run stopped; an attempt the recovery step started gets SIGTERM (its
+    supervisor stops its ranks). The line to say."""
+    from axonn_launch.records.status import run_root_of
+    from axonn_launch.submit import chain
+
+    root = run_root_of(job_dir, record)
+    stop = {"reason": why, "class": str(record.get("failure", ""))}
+    chain.set_chain(root, chain.settings_of(record), state=chain.STOPPED, stop=stop)
+    newest = chain.attempts_of(root)[-1]
+    started = [] if newest.resolve() == job_dir.resolve() else local.live_supervisors([newest])
+    for pid in started:
+        os.kill(pid, signal.SIGTERM)
+    return f"{root}: stop: {why}" + (f"; stopped {newest}" if started else "")
 
 
 def update_ours(job_dir: Path, job_id: str, **updates) -> dict | None:

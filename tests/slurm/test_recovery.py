@@ -21,6 +21,7 @@ import pytest
 
 from axonn_launch.common.jobdir import JobPaths, read_record
 from axonn_launch.submit.chain import DONE, STOPPED, attempts_of, run_state
+from axonn_launch.submit.recovery import exclusion
 from tests.conftest import run_launcher
 from tests.slurm.test_faults import Job, jobs_cli, paused_at_step_9, sacct_state, wait_until
 
@@ -186,6 +187,25 @@ def test_jobs_stop_ends_a_queued_chain(runs):
     assert "queued" not in names
 
 
+def test_an_excluded_node_back_in_service_is_used_again(slurm_cluster, tmp_path):
+    """n2, left out by an earlier attempt, is up again: only this failure's n1 is left out.
+    A node sinfo does not show as up stays out."""
+    line = ["axonn_launch", "machine=slurm_local", "+machine.slurm.extra_sbatch.exclude=n2"]
+    record = {"command_line": line, "partition": slurm_cluster.partition, "scheduler": "slurm"}
+    assert "n2|idle" in sinfo_nodes() or "n2|mix" in sinfo_nodes()
+    assert exclusion(tmp_path, record, ["n1"]) == (
+        ["n1"],
+        ["+machine.slurm.extra_sbatch.exclude=n1"],
+    )
+    record["command_line"] = [*line[:2], "+machine.slurm.extra_sbatch.exclude='n2,n9'"]
+    assert exclusion(tmp_path, record, ["n1"]) == (
+        ["n1", "n9"],
+        ["+machine.slurm.extra_sbatch.exclude=n1,n9"],
+    )
+    record["command_line"] = [*line[:2], "+machine.slurm.extra_sbatch.exclude=n9"]
+    assert exclusion(tmp_path, record, ["n1"]) == (["n1", "n9"], [])  # carried over as is
+
+
 def test_a_lost_node_is_left_out_and_the_grid_shrinks(runs):
     """n2 goes down mid-training (x=2 z=2 on 2 nodes); the run comes back on n1 alone with a
     replanned grid, from the same checkpoint resharded, and finishes by itself."""
@@ -206,7 +226,8 @@ def test_a_lost_node_is_left_out_and_the_grid_shrinks(runs):
     try:
         assert ended(job_dir) == DONE
     finally:
-        subprocess.run(["scontrol", "update", "nodename=n2", "state=resume"], timeout=60)
+        back = ["scontrol", "update", "nodename=n2", "state=resume"]
+        subprocess.run(back, capture_output=True, timeout=60)  # an error if n2 is back already
         wait_until(lambda: "n2|idle" in sinfo_nodes() or "n2|mix" in sinfo_nodes(), 120, "n2")
     assert sacct_state(first.job_id)[0] == "NODE_FAIL"
     (failed,) = chain(job_dir)["attempts"]
@@ -222,6 +243,7 @@ def test_a_lost_node_is_left_out_and_the_grid_shrinks(runs):
     summary = json.loads(JobPaths(last).summary.read_text())
     assert summary["resumed_from"] == 8
     assert summary["final_loss"] == pytest.approx(reference_loss(runs["reference"]), rel=1e-4)
+    wait_until(lambda: no_job_left(job_dir), 120, "the run's jobs to end in sacct")
     (run,) = [r for r in json.loads(jobs_cli("status", str(job_dir), str(last), "--json",
                                              cwd=job_dir.parent).stdout)]  # fmt: skip
     check_goodput(run["goodput"], [job_dir, last], lost_steps=0)  # paused before step 9's end

@@ -1,0 +1,122 @@
+"""Local runs that heal themselves: with ``recovery=on`` a machine=local job's supervisor
+(``submit/supervise.py``) runs the recovery step itself when its attempt fails, and the
+next attempt gets a detached supervisor of its own, so the run needs nobody logged in.
+Real 2-rank gloo jobs of gpt_tiny through the launcher, faults from ``AXONN_FAULT``;
+``recovery.backoff_s=0`` so that nothing waits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from axonn_launch.common.jobdir import read_record, read_summary
+from axonn_launch.submit import chain
+from tests.conftest import run_launcher
+from tests.test_local_supervisor import poll, rank_pids_under, reap  # noqa: F401 (a fixture)
+
+SMALL = ["machine=local", "model=gpt_tiny", "grid.x=2", "train.steps=8",
+         "train.checkpoint_every=2", "train.warmup_steps=0", "train.sample_tokens=0",
+         "train.progress=false"]  # fmt: skip
+RECOVERY_ON = ["recovery=on", "recovery.backoff_s=0"]
+RUN_ENDS_S = 300
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("reap")]  # ends what a failure leaves
+
+
+def ended(root: Path) -> str:
+    """The run's state once it is done or stopped ('' before)."""
+    state = chain.run_state(root)
+    return state if state in (chain.DONE, chain.STOPPED) else ""
+
+
+def test_a_killed_rank_of_a_detached_run_is_resumed_to_the_uninterrupted_loss(tmp_path):
+    """Rank 1 is killed after step 5 of attempt 1 (its checkpoint: step 4); attempt 2
+    resumes from step 4 and ends with the loss of a run that was never interrupted."""
+    root, reference = tmp_path / "run", tmp_path / "reference"
+    launched = run_launcher(
+        [*SMALL, *RECOVERY_ON, "wait=false", f"hydra.run.dir={root}"], cwd=tmp_path,
+        env={"AXONN_FAULT": "kill@step5:rank1:attempt1"}, timeout=120,
+    )  # fmt: skip
+    assert launched.returncode == 0, launched.stdout[-2000:] + launched.stderr[-2000:]
+    assert f"started {read_record(root)['job_ids'][0]}" in launched.stdout  # returned at once
+    # the uninterrupted run, while the other runs by itself
+    plain = run_launcher([*SMALL, "recovery=off", f"hydra.run.dir={reference}"], cwd=tmp_path,
+                         timeout=RUN_ENDS_S)  # fmt: skip
+    assert plain.returncode == 0, plain.stderr[-2000:]
+
+    assert poll(lambda: ended(root), RUN_ENDS_S, "the run done or stopped") == chain.DONE
+    poll(lambda: not rank_pids_under(tmp_path), 60, "no process of the run left")
+    attempts = chain.attempts_of(root)
+    history = chain.chain_of(root)["attempts"]
+    assert len(attempts) == 2, history
+    assert [(a["class"], a["action"]) for a in history] == [("rank_killed", "resume")]
+    first, second = read_record(attempts[0]), read_record(attempts[1])
+    assert (first["status"], first["failure"]) == ("failed", "rank_killed")
+    assert first["ended_by"]["rank"] == 1 and first["ended_by"]["signal"] == "SIGKILL"
+    assert (second["attempt"], second["status"]) == (2, "completed")
+    assert second["job_ids"][0].startswith("local-") and "recovery" in second
+    last = read_summary(attempts[-1])
+    assert last["resumed_from"] == 4  # from the checkpoint, not from scratch
+    assert last["final_loss"] == read_summary(reference)["final_loss"]
+    supervisor = (attempts[0] / "axonn_launch.log").read_text()  # a detached job's console
+    assert f"supervisor: resubmitted {first['job_ids'][0]} (rank_killed)" in supervisor
+
+
+def test_a_code_error_of_a_waited_run_stops_it_after_one_attempt(tmp_path):
+    root = tmp_path / "run"
+    result = run_launcher(
+        [*SMALL, *RECOVERY_ON, f"hydra.run.dir={root}"], cwd=tmp_path,
+        env={"AXONN_FAULT": "code@step3:rank1"}, timeout=RUN_ENDS_S,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert chain.attempts_of(root) == [root]
+    assert not (tmp_path / "run_attempt2").exists()
+    run = chain.chain_of(root)
+    assert run["state"] == chain.STOPPED
+    assert run["stop"] == {"reason": "code_error: policy stop", "class": "code_error",
+                           "attempt": 1}  # fmt: skip
+    assert f"supervisor: {root}: stop: code_error: policy stop" in result.stderr
+    assert result.stdout.splitlines()[-2] == "recovery: stopped"
+
+
+def test_sigterm_to_a_launcher_following_its_run_stops_the_run_not_resumed(tmp_path):
+    """Attempt 1 loses rank 1 and is resumed; attempt 2 sleeps after step 5. A SIGTERM to
+    the waiting launcher reaches attempt 2's supervisor, which stops its ranks and the run:
+    a job stopped by a person is never resumed, even with a policy that would resume it."""
+    root = tmp_path / "run"
+    out, err = tmp_path / "console.out", tmp_path / "console.err"
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env["AXONN_FAULT"] = "kill@step3:rank1:attempt1,pause@step5:300:attempt2"
+    argv = [*SMALL, *RECOVERY_ON, "recovery.policy.cancelled=resume", f"hydra.run.dir={root}"]
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        launcher = subprocess.Popen([sys.executable, "-m", "axonn_launch", *argv], cwd=tmp_path,
+                                    env=env, stdout=stdout, stderr=stderr)  # fmt: skip
+        try:
+            second = tmp_path / "run_attempt2"
+            paused = second / "logs" / "rank_1.log"
+            poll(lambda: paused.exists() and "injecting pause" in paused.read_text(),
+                 RUN_ENDS_S, "attempt 2 sleeping after step 5")  # fmt: skip
+            launcher.send_signal(signal.SIGTERM)
+            code = launcher.wait(timeout=60)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+    assert code == 1, err.read_text()[-2000:]
+    assert chain.attempts_of(root) == [root, second]
+    run = chain.chain_of(root)
+    assert run["state"] == chain.STOPPED
+    assert run["stop"] == {"reason": "SIGTERM: the job was stopped", "class": "cancelled"}
+    final = read_record(second)
+    assert (final["status"], final["failure"]) == ("failed", "cancelled")
+    assert final["ended_by"]["signal"] == "SIGTERM"
+    assert not (tmp_path / "run_attempt3").exists()
+    assert "recovery: stopped" in out.read_text()
+    poll(lambda: not rank_pids_under(tmp_path), 30, "no process of the run left")
+    rows = [json.loads(x) for x in (second / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 4  # the pause came before step 5's row
