@@ -38,12 +38,11 @@ def test_a_run_healed_once(tmp_path):
     ])  # fmt: skip
     found = of_run([Allocation(one, 100, 100, 160), Allocation(two, 165, 170, 212)], True)
     assert found.allocated_s == 60 + 42
-    assert found.startup_s == 10
+    assert found.startup_s == 10 + 3  # and the finished run's 3 s after its last save
     assert found.useful_s == 10 + 10 + 10 + 10  # steps 1, 2 (first) and 3, 4 (second)
     assert found.lost_s == 10 + 12 and found.lost_steps == 2
     assert found.checkpoint_s == 2 + (1 + 3)  # the gap before a save is the save's
     assert found.recovery_s == 6 + 15  # the failed attempt's tail, the next one's start-up
-    assert found.other_s == 3
     assert total(found) == pytest.approx(found.allocated_s)
     assert found.queue_s == 5
     assert found.ttr_s == [185 - 160]
@@ -56,7 +55,7 @@ def test_a_stopped_run_loses_what_its_last_attempt_did_after_its_last_save(tmp_p
     ])  # fmt: skip
     found = of_run([Allocation(only, 0, 0, 6)], finished=False)
     assert (found.useful_s, found.lost_s, found.lost_steps) == (1, 2, 2)
-    assert (found.startup_s, found.checkpoint_s, found.other_s) == (1, 1, 1)
+    assert (found.startup_s, found.checkpoint_s, found.recovery_s) == (1, 1, 1)
     assert total(found) == found.allocated_s == 6
 
 
@@ -92,6 +91,6 @@ def test_the_line_names_every_part(tmp_path):
     two = attempt(tmp_path / "a2", [("step", 2, 12, 13)])
     line = describe(of_run([Allocation(one, 0, 0, 4), Allocation(two, 5, 10, 14)], True).as_dict())
     assert line.startswith("goodput 25% of 8 s allocated: useful 2 s, lost 1 s (1 steps)")
-    for word in ("start-up", "checkpoint", "recovery", "other", "queued 5 s"):
+    for word in ("start-up", "checkpoint", "recovery", "queued 5 s"):
         assert word in line, line
     assert line.endswith("time to recovery 8 s")

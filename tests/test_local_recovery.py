@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from axonn_launch.common.jobdir import read_record, read_summary
+from axonn_launch.common.jobdir import checkpointed_step, read_record, read_summary
+from axonn_launch.records.goodput import PARTS
 from axonn_launch.submit import chain
 from tests.conftest import run_launcher
 from tests.test_local_supervisor import poll, rank_pids_under, reap  # noqa: F401 (a fixture)
@@ -36,7 +37,7 @@ def ended(root: Path) -> str:
 
 
 def test_a_killed_rank_of_a_detached_run_is_resumed_to_the_uninterrupted_loss(tmp_path):
-    """Rank 1 is killed after step 5 of attempt 1 (its checkpoint: step 4); attempt 2
+    """Rank 1 is killed after step 5 of attempt 1 (its newest checkpoint: step 4); attempt 2
     resumes from step 4 and ends with the loss of a run that was never interrupted."""
     root, reference = tmp_path / "run", tmp_path / "reference"
     launched = run_launcher(
@@ -62,10 +63,19 @@ def test_a_killed_rank_of_a_detached_run_is_resumed_to_the_uninterrupted_loss(tm
     assert (second["attempt"], second["status"]) == (2, "completed")
     assert second["job_ids"][0].startswith("local-") and "recovery" in second
     last = read_summary(attempts[-1])
-    assert last["resumed_from"] == 4  # from the checkpoint, not from scratch
+    # from attempt 1's newest complete checkpoint (step 4, or 2 when step 4's save had not
+    # finished when the rank died), not from scratch
+    assert last["resumed_from"] == checkpointed_step(attempts[0]) in (2, 4)
     assert last["final_loss"] == read_summary(reference)["final_loss"]
     supervisor = (attempts[0] / "axonn_launch.log").read_text()  # a detached job's console
     assert f"supervisor: resubmitted {first['job_ids'][0]} (rank_killed)" in supervisor
+    rows = subprocess.run([sys.executable, "-m", "axonn_launch.jobs", "status", str(root),
+                           str(attempts[1]), "--json"], capture_output=True, text=True,
+                          timeout=120).stdout  # fmt: skip
+    (run,) = json.loads(rows)
+    found = run["goodput"]  # local: from the launch to the supervisor's end, per attempt
+    assert sum(found[f"{p}_s"] for p in PARTS) == pytest.approx(found["allocated_s"]), found
+    assert found["useful_s"] > 0 and found["recovery_s"] > 0 and len(found["ttr_s"]) == 1
 
 
 def test_a_code_error_of_a_waited_run_stops_it_after_one_attempt(tmp_path):
@@ -120,3 +130,27 @@ def test_sigterm_to_a_launcher_following_its_run_stops_the_run_not_resumed(tmp_p
     poll(lambda: not rank_pids_under(tmp_path), 30, "no process of the run left")
     rows = [json.loads(x) for x in (second / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 4  # the pause came before step 5's row
+
+
+def test_jobs_stop_ends_a_running_local_run(tmp_path):
+    """``jobs stop`` on a detached local run mid-training: its supervisor gets SIGTERM,
+    stops the ranks, and nothing is resumed."""
+    root = tmp_path / "run"
+    launched = run_launcher(
+        [*SMALL, *RECOVERY_ON, "wait=false", f"hydra.run.dir={root}"], cwd=tmp_path,
+        env={"AXONN_FAULT": "pause@step3:300"}, timeout=120,
+    )  # fmt: skip
+    assert launched.returncode == 0, launched.stderr[-2000:]
+    paused = root / "logs" / "rank_1.log"  # rank 0's own lines go to the job's console
+    poll(lambda: paused.exists() and "injecting pause" in paused.read_text(), RUN_ENDS_S,
+         "the run sleeping after step 3")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "AXONN_FAULT"}
+    stopped = subprocess.run([sys.executable, "-m", "axonn_launch.jobs", "stop", str(root)],
+                             capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    job_id = read_record(root)["job_ids"][0]
+    assert stopped.returncode == 0 and f"cancelled {job_id}" in stopped.stdout, stopped
+    poll(lambda: not rank_pids_under(tmp_path), 30, "no process of the run left")
+    record = read_record(root)
+    assert (record["status"], record["failure"]) == ("failed", "cancelled")
+    assert chain.run_state(root) == chain.STOPPED
+    assert chain.attempts_of(root) == [root] and not (tmp_path / "run_attempt2").exists()

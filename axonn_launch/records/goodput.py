@@ -4,16 +4,16 @@ Each attempt's allocation (Slurm: sacct's Start to End; a local job: its launch 
 supervisor's end) is cut into parts by rank 0's timeline of that attempt (``timeline.jsonl``:
 every optimizer step and every checkpoint save, with wall-clock start and end):
 
-- ``startup``: the first attempt's allocation start to its first step (modules, set-up,
-  preflight, imports, initialization);
+- ``startup``: the fixed cost of an allocation outside the training: the first attempt's
+  allocation start to its first step (modules, set-up, preflight, imports,
+  initialization), and the finished run's last attempt after its last step or save (what
+  runs after the training, the final record, srun's end);
 - ``useful``: steps whose result the finished run keeps;
 - ``lost``: steps recomputed later, because a failure came before the next checkpoint (a
   later attempt ran them again from an older step);
 - ``checkpoint``: the training held by checkpoint saves;
 - ``recovery``: what a failure costs in allocated time: the failed attempt's allocation
-  after its last step or save, and the next attempt's start-up to its first step;
-- ``other``: the last attempt's time after its last step or save (what runs after the
-  training, the final record, srun's end).
+  after its last step or save, and the next attempt's start-up to its first step.
 
 The parts add up to the allocated time by construction: each second of an allocation
 belongs to exactly one part (a gap between two events belongs to the later one). Time in
@@ -33,7 +33,7 @@ from pathlib import Path
 from axonn_launch.common.durations import duration
 from axonn_launch.common.jobdir import read_timeline
 
-PARTS = ("useful", "lost", "startup", "checkpoint", "recovery", "other")
+PARTS = ("useful", "lost", "startup", "checkpoint", "recovery")
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,6 @@ class Goodput:
     startup_s: float = 0.0
     checkpoint_s: float = 0.0
     recovery_s: float = 0.0
-    other_s: float = 0.0
     queue_s: float = 0.0
     lost_steps: int = 0
     ttr_s: list[float] = field(default_factory=list)
@@ -83,7 +82,7 @@ def of_run(attempts: list[Allocation], finished: bool) -> Goodput | None:
         redo_from = min(later) if later else None
         if last and not finished:
             redo_from = last_saved(events) + 1
-        split_attempt(result, attempt, events, redo_from, first=i == 0, last=last)
+        split_attempt(result, attempt, events, redo_from, first=i == 0, done=last and finished)
         result.queue_s += max(0.0, attempt.start - attempt.submit)
         if i and events:
             result.ttr_s.append(events[0]["start"] - attempts[i - 1].end)
@@ -102,7 +101,7 @@ def split_attempt(
     redo_from: int | None,
     *,
     first: bool,
-    last: bool,
+    done: bool,
 ) -> None:
     """Add one attempt's allocation, cut into parts, to ``result``."""
     result.allocated_s += attempt.end - attempt.start
@@ -118,7 +117,7 @@ def split_attempt(
         if part == "lost":
             result.lost_steps += 1
         cursor = end
-    result.add("other" if last else "recovery", attempt.end - cursor)
+    result.add("startup" if done else "recovery", attempt.end - cursor)
 
 
 def part_of(event: dict, redo_from: int | None) -> str:

@@ -36,9 +36,12 @@ resumed: its run is marked stopped.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -62,6 +65,7 @@ from axonn_launch.records.status import (
     run_root_of,
     run_state,
 )
+from axonn_launch.submit import local
 
 RESUME, RESUME_EXCLUDE, STOP = "resume", "resume_exclude", "stop"
 POLICY_ACTIONS = (RESUME, RESUME_EXCLUDE, STOP)
@@ -252,7 +256,19 @@ def stop(job_dir: Path) -> str:
     ids = [i for i in ids if i and not i.startswith("local-")]
     if ids:
         subprocess.run(["scancel", *ids], capture_output=True, check=False)
+    stopped = stop_local_attempt(newest)
+    ids += [f"local-{pid}" for pid in stopped]
     return f"stopped {root}" + (f": cancelled {' '.join(ids)}" if ids else "")
+
+
+def stop_local_attempt(job_dir: Path) -> list[int]:
+    """SIGTERM to a running local attempt's supervisor: it stops the ranks, records the
+    end and, stopped by a signal, recovers nothing. The pids it was sent to."""
+    pids = local.live_supervisors([job_dir])
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    return pids
 
 
 def settings_problem(cfg: LaunchConfig) -> None:
