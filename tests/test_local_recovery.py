@@ -78,11 +78,14 @@ def test_a_killed_rank_of_a_detached_run_is_resumed_to_the_uninterrupted_loss(tm
     assert found["useful_s"] > 0 and found["recovery_s"] > 0 and len(found["ttr_s"]) == 1
 
 
-def test_a_code_error_of_a_waited_run_stops_it_after_one_attempt(tmp_path):
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_code_error_of_a_waited_run_stops_it_after_one_attempt(tmp_path, rank):
+    """On rank 0 too, whose traceback goes to the terminal (and its failure record), not to
+    a log: its peer's lost connection must not make it a collective failure."""
     root = tmp_path / "run"
     result = run_launcher(
         [*SMALL, *RECOVERY_ON, f"hydra.run.dir={root}"], cwd=tmp_path,
-        env={"AXONN_FAULT": "code@step3:rank1"}, timeout=RUN_ENDS_S,
+        env={"AXONN_FAULT": f"code@step3:rank{rank}"}, timeout=RUN_ENDS_S,
     )  # fmt: skip
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     assert chain.attempts_of(root) == [root]

@@ -351,9 +351,10 @@ def task_logs(
     classes; the other tasks' logs matter to find the node of a collective error.
     """
     if job_id.startswith("local-"):
-        logs = {0: tail(job_dir / "axonn_launch.log")}
+        logs = {0: tail(job_dir / "axonn_launch.log")}  # the console, then rank 0's own log
         for path in JobPaths(job_dir).logs.glob("rank_*.log"):
-            logs[int(path.stem.split("_")[1])] = tail(path)
+            rank = int(path.stem.split("_")[1])
+            logs[rank] = "\n".join(filter(None, [logs.get(rank, ""), tail(path)]))
     else:
         errs = files["log.err"] if every_task else {0: files["log.err"].get(0, "")}
         logs = {task: tail(path) for task, path in errs.items() if path}
@@ -450,9 +451,22 @@ def local_evidence(job_dir: Path, record: dict, expected: int) -> Evidence:
     if ended_by.get("rank") is None and ended_by.get("signal"):
         return Evidence(state=f"CANCELLED by {ended_by['signal']}", exit_code=exit_code)
     logs = task_logs(job_dir, job_id, {})
+    for rank, text in failure_tails(job_dir, record).items():  # a waited job's tracebacks
+        logs[rank] = "\n".join(filter(None, [logs.get(rank, ""), text]))
     if ended_by.get("signal"):
         logs = {ended_by["rank"]: logs.get(ended_by["rank"], "")}
     return Evidence(exit_code=exit_code, logs=logs, records=storage_evidence(job_dir, record))
+
+
+def failure_tails(job_dir: Path, record: dict) -> dict[int, str]:
+    """The traceback tail each rank of this attempt recorded as it died (rank -> text): a
+    waited local job's rank 0 prints its traceback to the terminal only."""
+    since = attempt_start(record) - RECORD_CLOCK_SLACK_S
+    return {
+        int(r["rank"]): "\n".join(str(line) for line in r.get("tail", []))
+        for r in read_failures(job_dir)
+        if isinstance(r.get("rank"), int) and float(r.get("time", 0.0)) >= since
+    }
 
 
 def supervisor_cause(record: dict) -> dict:
