@@ -53,8 +53,9 @@ SCENARIOS = {
     # USR2 30 s before a 2-minute limit (Slurm may send it up to a minute earlier), while
     # steps take 6 s; no requeue allowed, so the job stops at a checkpoint and fails
     "timeout": ("slow@step1:6", ["machine.slurm.time_min=2", "max_requeue=0"], {}),
-    # the same with requeues allowed: the job requeues itself and finishes on its own
-    "requeue": ("slow@step1:6", ["machine.slurm.time_min=2", "max_requeue=3"], {}),
+    # the same with requeues allowed: the job requeues itself and finishes on its own, in
+    # a recovery chain (submitted --no-requeue: the requeue turns requeueing on for itself)
+    "requeue": ("slow@step1:6", ["machine.slurm.time_min=2", "max_requeue=3", "recovery=auto"], {}),
 }
 
 
@@ -97,8 +98,10 @@ def wait_ended(job_id: str, timeout_s: float = 420) -> str:
 def submit(name: str, root: Path) -> Job:
     fault, overrides, env = SCENARIOS[name]
     job_dir = root / name
+    chained = any(o.startswith("recovery=") for o in overrides)
+    train = [o for o in TRAIN if not (chained and o == "recovery=off")]
     result = run_launcher(
-        [*TRAIN, *overrides, f"hydra.run.dir={job_dir}"],
+        [*train, *overrides, f"hydra.run.dir={job_dir}"],
         cwd=root,
         env={"AXONN_FAULT": fault, **env},
         timeout=300,
@@ -374,6 +377,8 @@ def test_time_limit_requeues_itself(submitted, reference):
         check=True,
     ).stdout.split()
     assert "REQUEUED" in history or history.count("COMPLETED") == 1 and len(history) > 1
+    assert "#SBATCH --no-requeue" in (job.job_dir / "submission.sh").read_text()
+    assert not job.job_dir.with_name("requeue_attempt2").exists()  # requeued, not recovered
     summary = json.loads((job.job_dir / "summary.json").read_text())
     assert 0 < summary["resumed_from"] < STEPS
     assert losses(job.job_dir)[STEPS] == pytest.approx(losses(reference.job_dir)[STEPS], rel=1e-6)
