@@ -107,6 +107,18 @@ def exclusion(job_dir: Path, record: dict, failed: list[str]) -> tuple[list[str]
     return kept, [f"{EXCLUDE_KEY}={','.join(kept)}"]
 
 
+def grow_overrides(record: dict, root_record: dict, excluded: list[str]) -> list[str]:
+    """A run shrunk by an earlier attempt grows again when nodes came back: the planner's
+    grid for as many nodes as are up now (without ``excluded``), up to what the run's first
+    attempt asked for."""
+    wanted, now = int(root_record.get("nodes") or 0), int(record.get("nodes") or 0)
+    if now >= wanted or record.get("scheduler", "slurm") != "slurm":
+        return []
+    up = usable_nodes(str(record.get("partition") or ""))
+    left = [n for n in up or [] if n not in excluded]
+    return [f"nodes={min(wanted, len(left))}", "grid=auto"] if len(left) > now else []
+
+
 def recover(job_dir: Path, out=sys.stdout) -> str:
     """The recovery step for the failed attempt in ``job_dir``; returns its one line."""
     job_dir = Path(job_dir).resolve()
@@ -132,6 +144,8 @@ def recover(job_dir: Path, out=sys.stdout) -> str:
     why = why or limit_reached(settings, attempts, started)
     excluded, readmit = exclusion(job_dir, record, status.bad_nodes + status.slow_nodes)
     overrides, fewer = fewer_nodes_overrides(settings, record, excluded)
+    if not overrides and root != job_dir:
+        overrides = grow_overrides(record, read_record_or_empty(root), excluded)
     overrides += readmit
     why = why or fewer
     if why:

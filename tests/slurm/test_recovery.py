@@ -21,7 +21,7 @@ import pytest
 
 from axonn_launch.common.jobdir import JobPaths, read_record
 from axonn_launch.submit.chain import DONE, STOPPED, attempts_of, run_state
-from axonn_launch.submit.recovery import exclusion
+from axonn_launch.submit.recovery import exclusion, grow_overrides, usable_nodes
 from tests.conftest import run_launcher
 from tests.slurm.test_faults import Job, jobs_cli, paused_at_step_9, sacct_state, wait_until
 
@@ -192,7 +192,7 @@ def test_an_excluded_node_back_in_service_is_used_again(slurm_cluster, tmp_path)
     A node sinfo does not show as up stays out."""
     line = ["axonn_launch", "machine=slurm_local", "+machine.slurm.extra_sbatch.exclude=n2"]
     record = {"command_line": line, "partition": slurm_cluster.partition, "scheduler": "slurm"}
-    assert "n2|idle" in sinfo_nodes() or "n2|mix" in sinfo_nodes()
+    assert "n2" in usable_nodes(slurm_cluster.partition)
     assert exclusion(tmp_path, record, ["n1"]) == (
         ["n1"],
         ["+machine.slurm.extra_sbatch.exclude=n1"],
@@ -204,6 +204,16 @@ def test_an_excluded_node_back_in_service_is_used_again(slurm_cluster, tmp_path)
     )
     record["command_line"] = [*line[:2], "+machine.slurm.extra_sbatch.exclude=n9"]
     assert exclusion(tmp_path, record, ["n1"]) == (["n1", "n9"], [])  # carried over as is
+
+
+def test_a_shrunk_run_grows_again_when_its_nodes_are_back(slurm_cluster):
+    """An attempt on 1 node of a run that asked for 2: both nodes are up, so the next
+    attempt asks for 2 again (the planner's grid); with n2 left out, it stays at 1."""
+    assert {"n1", "n2"} <= set(usable_nodes(slurm_cluster.partition))
+    shrunk = {"nodes": 1, "partition": slurm_cluster.partition, "scheduler": "slurm"}
+    assert grow_overrides(shrunk, {"nodes": 2}, []) == ["nodes=2", "grid=auto"]
+    assert grow_overrides(shrunk, {"nodes": 2}, ["n2"]) == []
+    assert grow_overrides({**shrunk, "nodes": 2}, {"nodes": 2}, []) == []
 
 
 def test_a_lost_node_is_left_out_and_the_grid_shrinks(runs):
@@ -228,7 +238,7 @@ def test_a_lost_node_is_left_out_and_the_grid_shrinks(runs):
     finally:
         back = ["scontrol", "update", "nodename=n2", "state=resume"]
         subprocess.run(back, capture_output=True, timeout=60)  # an error if n2 is back already
-        wait_until(lambda: "n2|idle" in sinfo_nodes() or "n2|mix" in sinfo_nodes(), 120, "n2")
+        wait_until(lambda: "n2" in (usable_nodes("") or []), 120, "n2 back in service")
     assert sacct_state(first.job_id)[0] == "NODE_FAIL"
     (failed,) = chain(job_dir)["attempts"]
     assert (failed["class"], failed["action"]) == ("node_failure", "resume_exclude")
@@ -247,8 +257,3 @@ def test_a_lost_node_is_left_out_and_the_grid_shrinks(runs):
     (run,) = [r for r in json.loads(jobs_cli("status", str(job_dir), str(last), "--json",
                                              cwd=job_dir.parent).stdout)]  # fmt: skip
     check_goodput(run["goodput"], [job_dir, last], lost_steps=0)  # paused before step 9's end
-
-
-def sinfo_nodes() -> str:
-    return subprocess.run(["sinfo", "-h", "-N", "-o", "%N|%t"], capture_output=True,
-                          text=True).stdout  # fmt: skip
