@@ -37,7 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from axonn_launch.common.jobdir import JobPaths, read_record  # noqa: E402
+from axonn_launch.common.jobdir import JobPaths, read_record, read_record_or_empty  # noqa: E402
 from axonn_launch.records.goodput import PARTS  # noqa: E402
 from axonn_launch.records.status import collect, runs  # noqa: E402
 from axonn_launch.submit.chain import DONE, STOPPED, attempts_of, run_state  # noqa: E402
@@ -88,8 +88,8 @@ def take_paused_nodes_down(roots: dict[str, Path], done: set[str]) -> None:
     """Take down the node of each attempt paused by the schedule (once per attempt)."""
     for root in roots.values():
         attempt = attempts_of(root)[-1]
-        record = read_record(attempt)
-        job_id = str(record.get("job_ids", [""])[-1])
+        record = read_record_or_empty(attempt)  # a new attempt's may not be written yet
+        job_id = str((record.get("job_ids") or [""])[-1])
         if not job_id or job_id in done:
             continue
         log = attempt / "slurm" / job_id / f"{job_id}_0_log.out"
@@ -137,6 +137,8 @@ def main() -> None:
                                capture_output=True)  # fmt: skip
         while not JobPaths(reference).summary.exists():
             time.sleep(2)
+        while subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip():
+            time.sleep(2)  # every attempt's end in sacct: goodput needs it
         expected = json.loads(JobPaths(reference).summary.read_text())["final_loss"]
         results = {name: measure(r) for name, r in roots.items()}
     write_results(args.seed, plan, results, expected, time.time() - started)

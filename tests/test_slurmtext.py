@@ -126,10 +126,11 @@ def test_parse_sacct_allocation_lines():
     assert rows["101"] == JobRow("COMPLETED", "0:0", "n[1-2]", (submit, submit + 4, submit + 64))
     assert rows["102"] == JobRow("CANCELLED by 0", "0:15", "n1")  # never started: no times
     assert rows["103"] == JobRow("PENDING", "0:0", "None assigned")
+    assert parse_sacct("104|FAILED|1:0|n1\n") == {"104": JobRow("FAILED", "1:0", "n1")}
 
 
 def test_parse_sacct_skips_lines_of_another_shape():
-    assert parse_sacct("\n101|COMPLETED|0:0|n1\nsacct: error: something\n") == {}
+    assert parse_sacct("\n101|COMPLETED|0:0\nsacct: error: something\n") == {}
 
 
 def test_parse_squeue():

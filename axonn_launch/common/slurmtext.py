@@ -126,12 +126,14 @@ def sacct_command(job_ids: list[str]) -> list[str]:
 
 def parse_sacct(text: str) -> dict[str, JobRow]:
     """Rows of ``sacct -X -n -P -o JobID,State,ExitCode,NodeList,Submit,Start,End`` by job
-    id; ``times`` only once the job has ended (sacct says Unknown before)."""
+    id; ``times`` only once the job has ended (sacct says Unknown before). A row without
+    the three times (an older caller's field list) still gives the state."""
     rows = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
-        if len(parts) == len(SACCT_FIELDS) and parts[0]:
-            rows[parts[0]] = JobRow(parts[1], parts[2], parts[3], sacct_times(parts[4:7]))
+        if len(parts) in (4, len(SACCT_FIELDS)) and parts[0]:
+            times = sacct_times(parts[4:7]) if len(parts) == len(SACCT_FIELDS) else None
+            rows[parts[0]] = JobRow(parts[1], parts[2], parts[3], times)
     return rows
 
 
