@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -120,28 +121,29 @@ def main() -> None:
     rng = random.Random(args.seed)
     plan = {f"run{i}": schedule(rng) for i in range(RUNS)}
     started = time.time()
-    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/tmp")) as tmp:
-        root = Path(tmp)
-        print(f"runs in {root}", flush=True)
-        reference = launch(root, "reference", "", ["recovery=off"])
-        roots = {name: launch(root, name, fault_text(f), []) for name, f in plan.items()}
-        deadline, downed = time.time() + 3600, set()
-        try:
-            while any(run_state(r) not in (DONE, STOPPED) for r in roots.values()):
-                assert time.time() < deadline, "the soak did not end within an hour"
-                take_paused_nodes_down(roots, downed)
-                time.sleep(3)
-        finally:
-            for node in ("n1", "n2"):
-                subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"],
-                               capture_output=True)  # fmt: skip
-        while not JobPaths(reference).summary.exists():
-            time.sleep(2)
-        while subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip():
-            time.sleep(2)  # every attempt's end in sacct: goodput needs it
-        expected = json.loads(JobPaths(reference).summary.read_text())["final_loss"]
-        results = {name: measure(r) for name, r in roots.items()}
+    tmp = tempfile.mkdtemp(dir=os.environ.get("TMPDIR", "/tmp"))  # kept if the soak fails
+    root = Path(tmp)
+    print(f"runs in {root}", flush=True)
+    reference = launch(root, "reference", "", ["recovery=off"])
+    roots = {name: launch(root, name, fault_text(f), []) for name, f in plan.items()}
+    deadline, downed = time.time() + 3600, set()
+    try:
+        while any(run_state(r) not in (DONE, STOPPED) for r in roots.values()):
+            assert time.time() < deadline, "the soak did not end within an hour"
+            take_paused_nodes_down(roots, downed)
+            time.sleep(3)
+    finally:
+        for node in ("n1", "n2"):
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"],
+                           capture_output=True)  # fmt: skip
+    while not JobPaths(reference).summary.exists():
+        time.sleep(2)
+    while subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip():
+        time.sleep(2)  # every attempt's end in sacct: goodput needs it
+    expected = json.loads(JobPaths(reference).summary.read_text())["final_loss"]
+    results = {name: measure(r) for name, r in roots.items()}
     write_results(args.seed, plan, results, expected, time.time() - started)
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_results(seed: int, plan: dict, results: dict, expected: float, wall_s: float) -> None:

@@ -387,6 +387,27 @@ def test_resubmit_twice_submits_once(job_root, tmp_path, monkeypatch, capsys, fa
     assert new["job_ids"] == ["1"]
 
 
+def test_a_resubmission_that_died_half_way_does_not_block_the_next(
+    job_root, tmp_path, monkeypatch, capsys, fake_sbatch
+):
+    """A recovery job killed after writing the mark, before the attempt's job.json (its node
+    went down): the mark names no attempt, so the job is resubmitted, once."""
+    bindir, marker = fake_sbatch
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{fake_tools(tmp_path, sacct=SACCT)['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    killed = job_root / "killed"
+    record = json.loads((killed / "job.json").read_text())
+    (killed / "job.json").write_text(
+        json.dumps({**record, "resubmitted_as": str(killed) + "_attempt2"})
+    )
+    assert jobs.main(["resubmit", str(killed)]) == 0
+    assert "already resubmitted" not in capsys.readouterr().out
+    assert json.loads((job_root / "killed_attempt2" / "job.json").read_text())["attempt"] == 2
+    assert jobs.main(["resubmit", str(killed)]) == 0
+    assert "already resubmitted" in capsys.readouterr().out
+    assert len([c for c in marker.read_text().splitlines() if "recovery.sh" not in c]) == 1
+
+
 def test_new_overrides_merge_and_exclude():
     old = ["machine=slurm_local", "grid.x=2", "+machine.slurm.extra_sbatch.exclude=n3", "wait=true"]
     merged = resubmit.new_overrides(old, ["grid.x=1", "grid.data=2"], ("n1",))

@@ -42,11 +42,18 @@ RESHAPING_KEYS = ("grid", "nodes", "train.micro_batch", "train.activation_checkp
 EXCLUDE_KEY = "+machine.slurm.extra_sbatch.exclude"
 
 
+def interrupted_mark(target: str) -> bool:
+    """A ``resubmitted_as`` whose attempt never got its job.json: the resubmission that
+    wrote it died (its process was killed, its node went down) before submitting. Asked
+    under the job's lock, so no resubmission of it is under way now."""
+    return not JobPaths(target).record.exists()
+
+
 def refusal(status: JobStatus, record: dict, args: argparse.Namespace) -> str | None:
     """Why this job must not be resubmitted now, or None."""
     if status.state == DRY_RUN_STATE:
         return "a dry run: nothing to resubmit; launch it without dry_run=true"
-    if record.get("resubmitted_as"):
+    if record.get("resubmitted_as") and not interrupted_mark(record["resubmitted_as"]):
         return f"already resubmitted as {record['resubmitted_as']}"
     if status.failure in (failures.COMPLETED, failures.RUNNING):
         return f"{status.failure}: nothing to do"
