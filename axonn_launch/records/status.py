@@ -705,7 +705,7 @@ def allocation_of(record: dict, info: SchedulerInfo | None) -> list[float]:
     local job's launch (it starts at once) and its supervisor's end. Empty until it ended."""
     if info is not None:
         return list(info.times or ())
-    if not str(record.get("job_ids", [""])[-1]).startswith("local-"):
+    if not last_job_id(record).startswith("local-"):  # a refused launch has no job id
         return []
     try:
         start = float(record["submitted_at"])
