@@ -36,9 +36,7 @@ resumed: its run is marked stopped.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import re
 import shlex
 import signal
@@ -264,11 +262,7 @@ def stop(job_dir: Path) -> str:
 def stop_local_attempt(job_dir: Path) -> list[int]:
     """SIGTERM to a running local attempt's supervisor: it stops the ranks, records the
     end and, stopped by a signal, recovers nothing. The pids it was sent to."""
-    pids = local.live_supervisors([job_dir])
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    return pids
+    return local.signal_supervisors([job_dir], signal.SIGTERM)
 
 
 def settings_problem(cfg: LaunchConfig) -> None:

@@ -283,14 +283,16 @@ def passing_stop_signals_to_run(
     of a run's ``attempts()`` (a waiting launcher following a run with recovery on): the
     one at work stops its ranks, or its recovery step, and the run (``supervise.py``)."""
 
-    def send(signum: int) -> bool:
-        pids = live_supervisors(attempts())
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
-        return bool(pids)
+    return forwarding_stop_signals(lambda signum: bool(signal_supervisors(attempts(), signum)))
 
-    return forwarding_stop_signals(send)
+
+def signal_supervisors(job_dirs: list[Path], signum: int) -> list[int]:
+    """Send ``signum`` to the live supervisors of these job dirs; the pids it went to."""
+    pids = live_supervisors(job_dirs)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+    return pids
 
 
 def live_supervisors(job_dirs: list[Path]) -> list[int]:

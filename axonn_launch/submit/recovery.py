@@ -69,18 +69,23 @@ def usable_nodes(partition: str) -> list[str] | None:
     return list(dict.fromkeys(up))
 
 
-def fewer_nodes_overrides(
-    settings: RecoveryConfig, record: dict, excluded: list[str]
-) -> tuple[list[str], str]:
-    """(overrides, reason to stop) when excluding ``excluded`` leaves too few nodes: a
-    replanned grid on the nodes left (the global batch is kept; the checkpoint is
-    resharded), or waiting for the nodes, or stopping, as ``recovery.on_fewer_nodes``
-    says. Only Slurm jobs: sinfo knows nothing of the computer a local job runs on (and
-    may answer for a cluster that has nothing to do with it)."""
+def nodes_up(record: dict) -> list[str] | None:
+    """The nodes of the job's partition that are up now; None when sinfo cannot tell, and
+    for a local job: sinfo knows nothing of the computer it runs on (and may answer for a
+    cluster that has nothing to do with it)."""
     if record.get("scheduler", "slurm") != "slurm":
-        return [], ""
+        return None
+    return usable_nodes(str(record.get("partition") or ""))
+
+
+def fewer_nodes_overrides(
+    settings: RecoveryConfig, record: dict, excluded: list[str], up: list[str] | None
+) -> tuple[list[str], str]:
+    """(overrides, reason to stop) when excluding ``excluded`` from the nodes ``up`` leaves
+    too few: a replanned grid on the nodes left (the global batch is kept; the checkpoint
+    is resharded), or waiting for the nodes, or stopping, as ``recovery.on_fewer_nodes``
+    says."""
     needed = int(record.get("nodes") or 0)
-    up = usable_nodes(str(record.get("partition") or ""))
     if not needed or up is None:
         return [], ""
     left = [n for n in up if n not in excluded]
@@ -91,31 +96,33 @@ def fewer_nodes_overrides(
     return [f"nodes={len(left)}", "grid=auto"], ""
 
 
-def exclusion(job_dir: Path, record: dict, failed: list[str]) -> tuple[list[str], list[str]]:
+def exclusion(
+    job_dir: Path, record: dict, failed: list[str], up: list[str] | None
+) -> tuple[list[str], list[str]]:
     """The nodes the next attempt leaves out: this failure's, and those excluded before that
-    are still down; and the override that says so when an excluded node is back in
+    are not in ``up``; and the override that says so when an excluded node is back in
     service (it is used again; otherwise the exclusions of earlier attempts carry over)."""
     new = list(dict.fromkeys(failed))
     earlier = [n for n in excluded_nodes(original_overrides(job_dir, record)) if n not in new]
-    if not earlier or record.get("scheduler", "slurm") != "slurm":
+    if not earlier or up is None:
         return new + earlier, []
-    up = usable_nodes(str(record.get("partition") or ""))
-    still_down = [n for n in earlier if up is None or n not in up]
+    still_down = [n for n in earlier if n not in up]
     if still_down == earlier:
         return new + earlier, []
     kept = new + still_down
     return kept, [f"{EXCLUDE_KEY}={','.join(kept)}"]
 
 
-def grow_overrides(record: dict, root_record: dict, excluded: list[str]) -> list[str]:
+def grow_overrides(
+    record: dict, root_record: dict, excluded: list[str], up: list[str] | None
+) -> list[str]:
     """A run shrunk by an earlier attempt grows again when nodes came back: the planner's
-    grid for as many nodes as are up now (without ``excluded``), up to what the run's first
+    grid for as many nodes as are ``up`` (without ``excluded``), up to what the run's first
     attempt asked for."""
     wanted, now = int(root_record.get("nodes") or 0), int(record.get("nodes") or 0)
-    if now >= wanted or record.get("scheduler", "slurm") != "slurm":
+    if now >= wanted or up is None:
         return []
-    up = usable_nodes(str(record.get("partition") or ""))
-    left = [n for n in up or [] if n not in excluded]
+    left = [n for n in up if n not in excluded]
     return [f"nodes={min(wanted, len(left))}", "grid=auto"] if len(left) > now else []
 
 
@@ -142,10 +149,11 @@ def recover(job_dir: Path, out=sys.stdout) -> str:
     started = float(chain_record.get("started_at") or record.get("submitted_at") or time.time())
     why = f"{status.failure}: policy {action}" if action == STOP else ""
     why = why or limit_reached(settings, attempts, started)
-    excluded, readmit = exclusion(job_dir, record, status.bad_nodes + status.slow_nodes)
-    overrides, fewer = fewer_nodes_overrides(settings, record, excluded)
+    up = nodes_up(record)  # one sinfo call for the exclusions, a shrink or a growth
+    excluded, readmit = exclusion(job_dir, record, status.bad_nodes + status.slow_nodes, up)
+    overrides, fewer = fewer_nodes_overrides(settings, record, excluded, up)
     if not overrides and root != job_dir:
-        overrides = grow_overrides(record, read_record_or_empty(root), excluded)
+        overrides = grow_overrides(record, read_record_or_empty(root), excluded, up)
     overrides += readmit
     why = why or fewer
     if why:

@@ -163,9 +163,7 @@ def stop_run(job_dir: Path, record: dict, why: str) -> str:
     stop = {"reason": why, "class": str(record.get("failure", ""))}
     chain.set_chain(root, chain.settings_of(record), state=chain.STOPPED, stop=stop)
     newest = chain.attempts_of(root)[-1]
-    started = [] if newest.resolve() == job_dir.resolve() else local.live_supervisors([newest])
-    for pid in started:
-        os.kill(pid, signal.SIGTERM)
+    started = [] if newest.resolve() == job_dir.resolve() else chain.stop_local_attempt(newest)
     return f"{root}: stop: {why}" + (f"; stopped {newest}" if started else "")
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from axonn_launch.common.jobdir import JobPaths, read_record
 from axonn_launch.submit.chain import DONE, STOPPED, attempts_of, run_state
-from axonn_launch.submit.recovery import exclusion, grow_overrides, usable_nodes
+from axonn_launch.submit.recovery import exclusion, grow_overrides, nodes_up, usable_nodes
 from tests.conftest import run_launcher
 from tests.slurm.test_faults import Job, jobs_cli, paused_at_step_9, sacct_state, wait_until
 
@@ -193,17 +193,20 @@ def test_an_excluded_node_back_in_service_is_used_again(slurm_cluster, tmp_path)
     line = ["axonn_launch", "machine=slurm_local", "+machine.slurm.extra_sbatch.exclude=n2"]
     record = {"command_line": line, "partition": slurm_cluster.partition, "scheduler": "slurm"}
     assert "n2" in usable_nodes(slurm_cluster.partition)
-    assert exclusion(tmp_path, record, ["n1"]) == (
+    assert exclusion(tmp_path, record, ["n1"], nodes_up(record)) == (
         ["n1"],
         ["+machine.slurm.extra_sbatch.exclude=n1"],
     )
     record["command_line"] = [*line[:2], "+machine.slurm.extra_sbatch.exclude='n2,n9'"]
-    assert exclusion(tmp_path, record, ["n1"]) == (
+    assert exclusion(tmp_path, record, ["n1"], nodes_up(record)) == (
         ["n1", "n9"],
         ["+machine.slurm.extra_sbatch.exclude=n1,n9"],
     )
     record["command_line"] = [*line[:2], "+machine.slurm.extra_sbatch.exclude=n9"]
-    assert exclusion(tmp_path, record, ["n1"]) == (["n1", "n9"], [])  # carried over as is
+    assert exclusion(tmp_path, record, ["n1"], nodes_up(record)) == (
+        ["n1", "n9"],
+        [],
+    )  # carried over as is
 
 
 def test_a_shrunk_run_grows_again_when_its_nodes_are_back(slurm_cluster):
@@ -211,9 +214,9 @@ def test_a_shrunk_run_grows_again_when_its_nodes_are_back(slurm_cluster):
     attempt asks for 2 again (the planner's grid); with n2 left out, it stays at 1."""
     assert {"n1", "n2"} <= set(usable_nodes(slurm_cluster.partition))
     shrunk = {"nodes": 1, "partition": slurm_cluster.partition, "scheduler": "slurm"}
-    assert grow_overrides(shrunk, {"nodes": 2}, []) == ["nodes=2", "grid=auto"]
-    assert grow_overrides(shrunk, {"nodes": 2}, ["n2"]) == []
-    assert grow_overrides({**shrunk, "nodes": 2}, {"nodes": 2}, []) == []
+    assert grow_overrides(shrunk, {"nodes": 2}, [], nodes_up(shrunk)) == ["nodes=2", "grid=auto"]
+    assert grow_overrides(shrunk, {"nodes": 2}, ["n2"], nodes_up(shrunk)) == []
+    assert grow_overrides({**shrunk, "nodes": 2}, {"nodes": 2}, [], nodes_up(shrunk)) == []
 
 
 def test_a_lost_node_is_left_out_and_the_grid_shrinks(runs):
