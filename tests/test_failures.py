@@ -535,14 +535,15 @@ def test_rank_killed_while_saving_leaves_a_loadable_latest_checkpoint(tmp_path):
     """Each trial kills one rank with SIGKILL at a fault point inside its N-th
     asynchronous save (data written, .metadata written, renamed before ``latest``
     moved), checks on disk that the save was really in flight, and loads ``latest``."""
-    import multiprocessing as mp
     import random
+
+    from tests.train.dist_utils import forkserver_context
 
     rng = random.Random(2026)
     # forkserver: children fork from a clean process (forking a process whose OpenMP pool
-    # is running, like this one after other torch tests, can hang the child)
-    context = mp.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "axonn_launch.train.checkpoint"])
+    # is running, like this one after other torch tests, can hang the child); the shared
+    # one has torch and the job side imported already
+    context = forkserver_context()
     points = ["write", "write", "metadata", "rename"] * 3
     checked, unloadable = 0, []
     for trial, point in enumerate(points):

@@ -31,7 +31,9 @@ NO_RANK_AFTER_S = 30
 
 def rank_pids(job_dir: Path) -> list[int]:
     """Live processes (zombies excluded) running ``python -m axonn_launch.train <job_dir>``,
-    found in /proc: the process table itself, not what the launcher recorded."""
+    or forked as a rank of that job by the warm start (named ``axonn-rank-<N>``, with the
+    zygote's command line), found in /proc: the process table itself, not what the launcher
+    recorded."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -39,9 +41,11 @@ def rank_pids(job_dir: Path) -> list[int]:
         try:
             argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            comm = (entry / "comm").read_text().strip()
         except OSError:
             continue
-        if "axonn_launch.train" in argv and str(job_dir) in argv and state != "Z":
+        rank = "axonn_launch.train" in argv or comm.startswith("axonn-rank-")
+        if rank and str(job_dir) in argv and state != "Z":
             found.append(int(entry.name))
     return sorted(found)
 
@@ -97,6 +101,16 @@ def reap(tmp_path):
         os.kill(pid, signal.SIGKILL)
 
 
+def parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def zygote(pid: int) -> bool:
+    """Whether ``pid`` is a job's warm start (``python -m axonn_launch.train.zygote``)."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    return "axonn_launch.train.zygote" in argv
+
+
 def rank_pids_under(root: Path) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
@@ -121,9 +135,9 @@ def test_a_killed_rank_of_a_detached_job_ends_every_rank_and_the_record(tmp_path
     poll(lambda: paused_on_every_rank(job, console), 240, "every rank sleeping after step 2")
     running = rank_pids(job)
     assert len(running) == 4 and running == sorted(record(job)["rank_pids"])
-    for pid in running:  # the supervisor owns them, not init
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        assert int(stat[1]) == supervisor
+    for pid in running:  # the supervisor owns them (or its warm start does), not init
+        parent = parent_pid(pid)
+        assert parent == supervisor or (zygote(parent) and parent_pid(parent) == supervisor)
     assert record(job)["status"] == "running"
 
     victim = record(job)["rank_pids"][2]

@@ -261,9 +261,13 @@ def test_activation_formula_matches_the_saved_tensors_of_a_sharded_layer(grid, t
 
     import torch.multiprocessing as mp
 
+    from tests.train.dist_utils import forkserver_context
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "saved"
-    mp.spawn(_saved_bytes_worker, args=(port, grid.as_dict(), str(out)), nprocs=2, join=True)
+    forkserver_context()  # children fork from the server that has torch imported already
+    args = (port, grid.as_dict(), str(out))
+    mp.start_processes(_saved_bytes_worker, args=args, nprocs=2, start_method="forkserver")
     assert int(out.read_text()) == layer_activation_bytes(MODEL, grid, 4 * 32, 2)

@@ -510,12 +510,16 @@ def test_volumes_match_what_the_training_core_sends(tmp_path):
 
     import torch.multiprocessing as mp
 
+    from tests.train.dist_utils import forkserver_context
+
     grid = Grid(x=2, y=2, z=2)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "records.json"
-    mp.spawn(_record_one_micro_step, args=(8, port, grid.as_dict(), str(out)), nprocs=8, join=True)
+    forkserver_context()  # children fork from the server that has torch imported already
+    args = (8, port, grid.as_dict(), str(out))
+    mp.start_processes(_record_one_micro_step, args=args, nprocs=8, start_method="forkserver")
     recorded = json.loads(out.read_text())
     for ckpt in (False, True):
         tr = train(micro_batch=4, activation_checkpointing=ckpt)

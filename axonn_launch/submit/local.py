@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
+import json
 import os
 import signal
 import socket
@@ -29,6 +30,8 @@ from pathlib import Path
 from axonn_launch.common.jobdir import JobPaths, last_job_id, read_record_or_empty
 
 SUPERVISOR = "axonn_launch.submit.supervise"
+ZYGOTE = "axonn_launch.train.zygote"  # the warm start's process (job side: torch)
+RANK_START_VAR = "AXONN_RANK_START"  # "exec": every rank starts Python afresh
 GO = b"go\n"  # the launcher's word that job.json names the supervisor: start the ranks
 GRACE_S = 10.0  # SIGTERM, then SIGKILL after this: every rank is gone well within 30 s
 POLL_S = 0.05  # the first rank to end is told from the others by this
@@ -92,27 +95,38 @@ def bytecode_cached(modules: tuple[str, ...] = ("torch", "axonn_launch.train")) 
 
 
 def start_ranks(
-    *, job_dir: Path, world_size: int, env: Mapping[str, str] | None = None
-) -> list[subprocess.Popen]:
+    *,
+    job_dir: Path,
+    world_size: int,
+    env: Mapping[str, str] | None = None,
+    warm: WarmStart | None = None,
+) -> list[subprocess.Popen] | list[ForkedRank]:
     """Start every rank; each dies with this process (the supervisor).
 
     Rank 0 keeps this process's output: the launcher's terminal when it waits, the console
     file of a detached job (``start_supervisor``). The others' output goes to
     <job_dir>/logs/rank_<N>.log, opened for appending: each rank's logging (train/logs.py)
-    appends its lines there too.
+    appends its lines there too. With ``warm`` (a warm start), the ranks are forked from a
+    process that has imported the job side already; else each is ``python -m
+    axonn_launch.train``.
     """
     paths = JobPaths(job_dir)
     paths.logs.mkdir(parents=True, exist_ok=True)
     port = free_port()
+    ranks = range(world_size)
+    envs = [rank_env(rank=r, world_size=world_size, port=port, extra=env) for r in ranks]
+    logs = [None] + [paths.rank_log(rank) for rank in range(1, world_size)]
+    if warm is not None:
+        return warm.start(job_dir, envs, logs)
     command = [sys.executable, "-m", "axonn_launch.train", str(job_dir)]
     procs = []
-    for rank in range(world_size):
+    for rank_env_, log in zip(envs, logs):
         with contextlib.ExitStack() as files:
-            out = None if rank == 0 else files.enter_context(open(paths.rank_log(rank), "a"))
+            out = None if log is None else files.enter_context(open(log, "a"))
             procs.append(
                 subprocess.Popen(
                     command,
-                    env=rank_env(rank=rank, world_size=world_size, port=port, extra=env),
+                    env=rank_env_,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT if out else None,
@@ -120,6 +134,117 @@ def start_ranks(
                 )
             )
     return procs
+
+
+# --- the warm start: ranks forked from one process that imported the job side ---------------
+
+
+def warm_start_wanted(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether local ranks are forked from a warm process (default) or each starts Python
+    afresh (``AXONN_RANK_START=exec``: the way before the warm start, kept for comparison
+    and as a way out)."""
+    return environ.get(RANK_START_VAR, "fork") != "exec"
+
+
+class WarmStart:
+    """A ``python -m axonn_launch.train.zygote`` of this process: it imports the job side
+    as soon as it is made (while the launcher still writes job.json), then forks the ranks
+    that ``start`` names and reports on a pipe when each starts and ends. It dies with this
+    process, and its ranks with it."""
+
+    def __init__(self, job_dir: Path, env: Mapping[str, str] | None = None) -> None:
+        read_end, write_end = os.pipe()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", ZYGOTE, str(job_dir), str(write_end)],
+            env=dict(os.environ if env is None else env),
+            stdin=subprocess.PIPE,
+            pass_fds=(write_end,),
+            preexec_fn=die_with(os.getpid()),
+        )
+        os.close(write_end)
+        self.reports = os.fdopen(read_end, "r")
+        self.changed = threading.Condition()
+        self.pids: dict[int, int] = {}  # rank -> pid
+        self.codes: dict[int, int] = {}  # pid -> return code
+        self.gone = False
+        self.threads = 0  # the zygote's threads once its imports were done (1 expected)
+        self.reader = threading.Thread(target=self.read_reports, daemon=True)
+        self.reader.start()
+
+    def read_reports(self) -> None:
+        for line in self.reports:
+            word, *values = line.split()
+            with self.changed:
+                if word == "ready":
+                    self.threads = int(values[0])
+                elif word == "started":
+                    self.pids[int(values[0])] = int(values[1])
+                elif word == "ended":
+                    self.codes[int(values[0])] = int(values[1])
+                self.changed.notify_all()
+        with self.changed:
+            self.gone = True  # its ranks died with it (parent-death signal): SIGKILL
+            for pid in self.pids.values():
+                self.codes.setdefault(pid, -signal.SIGKILL)
+            self.changed.notify_all()
+
+    def start(self, job_dir: Path, envs: list[dict], logs: list[Path | None]) -> list[ForkedRank]:
+        """Fork one rank per environment; returns once each has its pid."""
+        ranks = [
+            {"rank": rank, "env": env, "log": None if log is None else str(log)}
+            for rank, (env, log) in enumerate(zip(envs, logs))
+        ]
+        order = json.dumps({"job_dir": str(job_dir), "ranks": ranks}) + "\n"
+        assert self.process.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            self.process.stdin.write(order.encode())
+            self.process.stdin.close()
+        with self.changed:
+            self.changed.wait_for(lambda: len(self.pids) == len(envs) or self.gone)
+        if len(self.pids) < len(envs):
+            raise RuntimeError(f"{ZYGOTE} ended before it started the ranks")
+        return [ForkedRank(self, self.pids[rank]) for rank in range(len(envs))]
+
+    def close(self) -> None:
+        """No ranks to start (the job was abandoned), or all have ended: let it go."""
+        with contextlib.suppress(OSError):
+            if self.process.stdin is not None and not self.process.stdin.closed:
+                self.process.stdin.close()
+        try:
+            self.process.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class ForkedRank:
+    """One rank forked by a ``WarmStart``, seen as a ``subprocess.Popen`` is (pid, poll,
+    wait, send_signal, kill, returncode): its return code comes from the zygote's report."""
+
+    def __init__(self, warm: WarmStart, pid: int) -> None:
+        self.warm = warm
+        self.pid = pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.warm.codes.get(self.pid)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self.warm.changed:
+            if not self.warm.changed.wait_for(lambda: self.pid in self.warm.codes, timeout):
+                raise subprocess.TimeoutExpired(ZYGOTE, timeout or 0)
+        return self.warm.codes[self.pid]
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def die_with(parent: int) -> Callable[[], None]:

@@ -2,7 +2,9 @@
 owner of a local job's rank processes, started by the launcher (``submit/local.py``)
 whether it waits for the job or not.
 
-It starts the ranks once the launcher says job.json names it (``local-<its pid>``),
+It starts the ranks once the launcher says job.json names it (``local-<its pid>``):
+forked from a warm process that imported the job side while the launcher wrote job.json
+(``train/zygote.py``; ``AXONN_RANK_START=exec`` starts each as a fresh Python instead),
 stops every rank when one fails or when it gets SIGINT, SIGTERM or SIGHUP (SIGTERM, then
 SIGKILL after a grace period), and writes job.json's final state: ``status``,
 ``exit_code``, each rank's ``rank_exit_codes``, what ended the job (``ended_by``: the
@@ -63,17 +65,30 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopRequest()
     stop.install()
     job_id = f"local-{os.getpid()}"
+    # the warm start imports the job side while the launcher writes job.json
+    warm = local.WarmStart(args.job_dir) if local.warm_start_wanted() else None
     if sys.stdin.buffer.readline() != local.GO or stop():
+        if warm is not None:
+            warm.close()
         return abandon(args.job_dir, job_id, stop())
-    return supervise(args.job_dir, args.world_size, job_id, stop)
+    return supervise(args.job_dir, args.world_size, job_id, stop, warm)
 
 
-def supervise(job_dir: Path, world_size: int, job_id: str, stop: StopRequest) -> int:
-    """Start the ranks, wait for them (stopping the rest when one fails), record the end."""
-    procs = local.start_ranks(job_dir=job_dir, world_size=world_size)
+def supervise(
+    job_dir: Path,
+    world_size: int,
+    job_id: str,
+    stop: StopRequest,
+    warm: local.WarmStart | None = None,
+) -> int:
+    """Start the ranks (forked from ``warm`` when given), wait for them (stopping the rest
+    when one fails), record the end."""
+    procs = local.start_ranks(job_dir=job_dir, world_size=world_size, warm=warm)
     pids = [p.pid for p in procs]
     update_ours(job_dir, job_id, rank_pids=pids)
     ending = local.wait_ranks(procs, stop)
+    if warm is not None:
+        warm.close()
     if ending.exit_code:
         say(ending.describe(pids))
     record_end(job_dir, job_id, ending, pids)

@@ -4,11 +4,18 @@
 after ``init_process_group("gloo")`` and sends back its return value (which must be
 picklable). The first failing rank's traceback is raised in the caller and the other
 ranks are stopped; a world that runs past ``timeout`` seconds is stopped as well.
-``fn`` must be importable (a module-level function) because the children are spawned.
+``fn`` must be importable (a module-level function) because the children are started
+from a fork server (``multiprocessing``'s ``forkserver``): one process per pytest process
+that imports torch, the job side and these helpers once (``PRELOAD``), and forks every rank
+of every world from there, so that a rank does not pay ``import torch`` again. The server
+only imports, so each rank still starts with fresh module state; it gets the caller's
+environment of the moment (``os.environ`` at the call, as a spawned child would).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import queue
 import time
 import traceback
@@ -22,6 +29,23 @@ import torch.multiprocessing as mp
 
 from axonn_launch.submit.local import free_port
 
+PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch.distributed.checkpoint",
+    "axonn_launch.train",
+    "tests.train.dist_utils",
+    *(["transformers"] if importlib.util.find_spec("transformers") else []),
+]
+_CONTEXT = mp.get_context("forkserver")
+_CONTEXT.set_forkserver_preload(PRELOAD)
+
+
+def forkserver_context():
+    """The multiprocessing context of the preloaded fork server, for tests that start
+    processes of their own (``torch.multiprocessing.start_processes`` takes its name)."""
+    return _CONTEXT
+
 
 class WorldFailure(AssertionError):
     """A rank raised, died, or the world timed out."""
@@ -31,12 +55,15 @@ def run_world(
     fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300.0
 ) -> list[Any]:
     """Run ``fn`` on ``world_size`` gloo ranks; return the per-rank results in rank order."""
-    ctx = mp.get_context("spawn")
+    ctx = _CONTEXT
     results_queue = ctx.Queue()
     port = free_port()
+    environ = dict(os.environ)
     procs = [
         ctx.Process(
-            target=_child, args=(fn, rank, world_size, port, results_queue, args), daemon=True
+            target=_child,
+            args=(fn, rank, world_size, port, results_queue, args, environ),
+            daemon=True,
         )
         for rank in range(world_size)
     ]
@@ -82,7 +109,9 @@ def _stop(procs, grace: float) -> None:
             proc.join(timeout=5)
 
 
-def _child(fn, rank: int, world_size: int, port: int, results_queue, args) -> None:
+def _child(fn, rank: int, world_size: int, port: int, results_queue, args, environ) -> None:
+    os.environ.clear()
+    os.environ.update(environ)
     try:
         torch.set_num_threads(1)
         dist.init_process_group(

@@ -1,0 +1,209 @@
+"""``python -m axonn_launch.train.zygote JOB_DIR REPORT_FD``: the warm start of a local job's ranks.
+
+Every rank of a local job imports torch and the job side: about 3 CPU-seconds each, which
+on a laptop with fewer cores than ranks is most of a short job's wall time. This process
+pays that once. It imports the job side (imports only: no torch operation, no thread, no
+device call), then reads from stdin one JSON line, the ranks to start::
+
+    {"job_dir": "...", "ranks": [{"rank": 0, "env": {...}, "log": null}, ...]}
+
+and forks one process per rank. Each rank takes the environment it was given (the one the
+supervisor would have started ``python -m axonn_launch.train`` with), its own output (the
+inherited console for ``log: null``, else that file, appended to), default signal
+dispositions and a parent-death signal, then runs ``axonn_launch.train.__main__.main`` and
+exits with its code. Each is a process of its own, with its own pid and log, named
+``axonn-rank-<N>`` (``ps -o comm``, ``top``; its command line is the zygote's, which names
+the job dir); thread counts are set in each rank (``train.configure_threads``), after the
+fork.
+
+On REPORT_FD it tells the supervisor (``submit/local.py``, which never imports torch)
+``started <rank> <pid>`` for each rank, then ``ended <pid> <returncode>`` as each ends
+(negative: killed by that signal, as ``subprocess`` says it), and exits once all have ended.
+Its first line, ``ready <threads>``, says how many threads it had when the imports were
+done: 1, or forking would have copied a process in the middle of another thread's work.
+It dies with the supervisor, and its ranks with it. Slurm jobs do not use it: srun starts
+their tasks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import sys
+import traceback
+
+PR_SET_NAME = 15
+PR_SET_PDEATHSIG = 1
+RANK_NAME = "axonn-rank-{rank}"  # the process name of a forked rank (15 bytes at most)
+ZYGOTE_NAME = "axonn-zygote"
+# What a rank imports on its way to its first step: imported once, here, before the fork.
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.checkpoint",
+    "torch.nn.functional",
+    "torch.utils.checkpoint",
+    "numpy",
+    "axonn_launch.train",
+    "axonn_launch.train.__main__",
+    "axonn_launch.train.faults",
+    "axonn_launch.train.export",
+)
+
+
+def set_process_name(name: str) -> None:
+    """The name ``ps -o comm`` and ``top`` show (Linux; 15 bytes kept)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
+def die_with_parent() -> None:
+    """SIGKILL when the parent ends (Linux); end at once if it already has."""
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent or parent == 1:
+        os._exit(1)
+
+
+def preload(modules: tuple[str, ...] = PRELOAD) -> int:
+    """Import ``modules``; the number of threads this process has then (1: safe to fork).
+
+    numpy's OpenBLAS starts its worker threads when it is loaded (one per core but one),
+    and torch loads numpy; the ranks do no BLAS work in numpy (torch has its own pools,
+    sized in each rank), so OpenBLAS is told to keep to the calling thread unless the
+    user said otherwise."""
+    import importlib
+
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    for name in modules:
+        importlib.import_module(name)
+    return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+
+
+def start_rank(
+    job_dir: str, rank: int, env: dict[str, str], log: str | None, closing: list[int]
+) -> int:
+    """Fork one rank; the parent gets its pid, the child never returns."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        become_rank(rank, env, log, closing)
+        code = run_rank(job_dir)
+    finally:
+        finish(code)
+    raise AssertionError("unreachable")
+
+
+def become_rank(rank: int, env: dict[str, str], log: str | None, closing: list[int]) -> None:
+    """The child's side of the fork: what a fresh ``python -m axonn_launch.train`` has."""
+    set_process_name(RANK_NAME.format(rank=rank))
+    for fd in closing:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    die_with_parent()
+    replace_fd(os.open(os.devnull, os.O_RDONLY), 0)
+    if log is not None:
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(out, 2)
+        replace_fd(out, 1)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = [sys.executable, "-m", "axonn_launch.train"]
+
+
+def replace_fd(fd: int, target: int) -> None:
+    if fd != target:
+        os.dup2(fd, target)
+        os.close(fd)
+
+
+def run_rank(job_dir: str) -> int:
+    """``main`` of ``python -m axonn_launch.train``, with the exit code Python would give."""
+    from axonn_launch.train.__main__ import main
+
+    try:
+        return main([job_dir]) or 0
+    except SystemExit as stop:
+        return exit_code_of(stop)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        finish(-signal.SIGINT)
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    return 1
+
+
+def exit_code_of(stop: SystemExit) -> int:
+    if stop.code is None:
+        return 0
+    if isinstance(stop.code, int):
+        return stop.code
+    print(stop.code, file=sys.stderr)
+    return 1
+
+
+def finish(code: int) -> None:
+    """End the rank as an interpreter would: exit handlers, flushed output, the code (a
+    negative one: die by that signal, as Python does on an uncaught KeyboardInterrupt)."""
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code & 0xFF)
+
+
+def report(fd: int, line: str) -> None:
+    os.write(fd, (line + "\n").encode())
+
+
+def wait_all(pids: set[int], fd: int) -> None:
+    while pids:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            return
+        if pid in pids:
+            pids.discard(pid)
+            report(fd, f"ended {pid} {os.waitstatus_to_exitcode(status)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    fd = int(argv[1])
+    set_process_name(ZYGOTE_NAME)
+    die_with_parent()
+    threads = preload()
+    report(fd, f"ready {threads}")
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0  # the supervisor ended, or abandoned the job before the ranks started
+    order = json.loads(line)
+    closing = [fd]
+    pids = set()
+    for item in order["ranks"]:
+        pid = start_rank(order["job_dir"], item["rank"], item["env"], item.get("log"), closing)
+        pids.add(pid)
+        report(fd, f"started {item['rank']} {pid}")
+    wait_all(pids, fd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
