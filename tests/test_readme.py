@@ -11,7 +11,10 @@ a temporary directory (job directories land there, not in the repository), as fo
   validates, plans and renders everything, and a data path that is not on this computer
   (``/pscratch/tokens.bin``) only warns;
 - ``machine=local`` launcher lines train for real, with ``train.steps=2`` added (the same code
-  path as the 200 steps the README runs, in seconds);
+  path as the 200 steps the README runs, in seconds); all but the bare default line also get
+  ``train.sample_tokens=0`` (the sample after training is checked on that line), and the
+  Optuna line runs 2 of its 8 trials (``hydra.sweeper.n_trials=2``: the same sweeper and
+  code path; tests/test_hydra_launchers.py runs an Optuna sweep of 3 trials);
 - ``plan`` and ``jobs`` lines run exactly as written; the paths they name
   (``jobs/sweeps/<time>``, ``jobs/gpt_80b-frontier/<time>``) are first made there by dry runs;
 - ``calibrate`` with local processes runs with fewer repetitions and smaller messages added
@@ -42,6 +45,7 @@ CALIBRATE_QUICK = [
     f"large_bytes={1 << 16}",
     "block_seconds=0.005",
 ]
+QUICK_TRIALS = "hydra.sweeper.n_trials=2"
 NOT_RUN = {
     "bash machines/local/setup.sh && .venv/bin/python -m axonn_launch": (
         "installs the environment these tests run in (its second half is the README's"
@@ -90,14 +94,18 @@ def test_every_readme_line_is_covered():
         )
 
 
-def command_for(line: str) -> tuple[list[str], int, str]:
-    """(argv to run, expected exit code, text the output must contain) for a README line."""
+def command_for(line: str) -> tuple[list[str], int, str | tuple[str, ...]]:
+    """(argv to run, expected exit code, text or texts the output must contain) for a README
+    line."""
     module, *args = line.split()[2:]
     if module == "axonn_launch":
         keys = dict(a.partition("=")[::2] for a in args if "=" in a)
         if keys.get("machine", "local") in DRY_RUN_MACHINES:
             return [module, *args, "dry_run=true"], 0, "--- batch script ---"
-        return [module, *args, "train.steps=2"], 0, "done: 2 steps"
+        if not args:  # the default job, with its sample
+            return [module, "train.steps=2"], 0, ("done: 2 steps", "--- sample (")
+        args = [QUICK_TRIALS if a.startswith("hydra.sweeper.n_trials=") else a for a in args]
+        return [module, *args, "train.steps=2", "train.sample_tokens=0"], 0, "done: 2 steps"
     if module == "axonn_launch.calibrate":
         if any(a.startswith("nproc=") for a in args):
             return [module, *args, *CALIBRATE_QUICK], 0, "written to jobs/calibrate-local/"
@@ -137,7 +145,8 @@ def test_readme_line_runs(line: str, workspace: Path):
     proc = run(argv, workspace)
     output = proc.stdout + proc.stderr
     assert proc.returncode == code, f"{' '.join(argv)} exited {proc.returncode}:\n{output[-3000:]}"
-    assert expected in output, output[-3000:]
+    for text in (expected,) if isinstance(expected, str) else expected:
+        assert text in output, output[-3000:]
     assert "Traceback" not in output
     if code:
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

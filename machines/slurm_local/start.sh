@@ -120,6 +120,13 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+# Latencies for a test cluster (slurm.conf(5) of Slurm 22.05): a batch job is scheduled
+# when it is submitted, not up to batch_sched_delay (default 3 s) later; backfill, the only
+# pass that starts a job the main pass skipped, runs every 5 s instead of 30 (min 1).
+SchedulerParameters=batch_sched_delay=0,bf_interval=5
+# A requeued job waits cred_expire before it starts again (default 120 s). The value is
+# also a step credential's lifetime, which must cover a step's launch on loaded cores.
+AuthInfo=cred_expire=30
 GresTypes=gpu
 ReturnToService=2
 # A stopped slurmd is marked DOWN (and its jobs NODE_FAIL) within ~SlurmdTimeout.
