@@ -154,9 +154,13 @@ class WarmStart:
 
     def __init__(self, job_dir: Path, env: Mapping[str, str] | None = None) -> None:
         read_end, write_end = os.pipe()
+        environ = dict(os.environ if env is None else env)
+        # numpy's OpenBLAS (loaded with torch) would start a thread per core but one: the
+        # zygote must fork from one thread. The ranks' own environments are as given.
+        environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         self.process = subprocess.Popen(
             [sys.executable, "-m", ZYGOTE, str(job_dir), str(write_end)],
-            env=dict(os.environ if env is None else env),
+            env=environ,
             stdin=subprocess.PIPE,
             pass_fds=(write_end,),
             preexec_fn=die_with(os.getpid()),

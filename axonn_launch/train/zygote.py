@@ -74,12 +74,12 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> int:
     """Import ``modules``; the number of threads this process has then (1: safe to fork).
 
     numpy's OpenBLAS starts its worker threads when it is loaded (one per core but one),
-    and torch loads numpy; the ranks do no BLAS work in numpy (torch has its own pools,
-    sized in each rank), so OpenBLAS is told to keep to the calling thread unless the
-    user said otherwise."""
+    and torch loads numpy, before this module runs (``axonn_launch.train`` imports torch);
+    the ranks do no BLAS work in numpy (torch has its own pools, sized in each rank), so
+    the supervisor starts this process with ``OPENBLAS_NUM_THREADS=1`` unless the user set
+    it (``submit/local.py``)."""
     import importlib
 
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     for name in modules:
         importlib.import_module(name)
     return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1

@@ -1,0 +1,170 @@
+"""The default local job's wall time and memory, with and without the warm start, against
+``python -c "import torch"``.
+
+Three commands run in turn, round after round, so machine noise hits them alike:
+
+- ``python -c "import torch"``;
+- the default job, ``python -m axonn_launch train.steps=5 train.sample_tokens=0`` (4 ranks,
+  x=2 z=2), with the warm start (ranks forked from one process that imported the job side,
+  ``train/zygote.py``, the default);
+- the same job with ``AXONN_RANK_START=exec``: every rank starts Python afresh (the way
+  before the warm start).
+
+Memory: in a separate round of each job, a sampler reads ``/proc/<pid>/smaps_rollup`` of
+the job's rank processes (and the zygote) every 0.1 s; the peak of the sum of their PSS
+(proportional set size: a page shared by N processes counts 1/N to each) is reported.
+Target: the warm job's median at most 2.5x that of ``import torch``.
+
+    python bench/bench_warm_start.py [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results" / "bench_warm_start.md"
+JOB = ["-m", "axonn_launch", "train.steps=5", "train.sample_tokens=0"]
+MODES = {"warm start (fork)": "fork", "before: a fresh Python per rank (exec)": "exec"}
+
+
+def timed(cmd: list[str], cwd: str, env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, cwd=cwd, env=env, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def job_env(mode: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    return {**env, "AXONN_RANK_START": mode}
+
+
+def job_processes(job_dir: str) -> dict[str, list[int]]:
+    """``ranks`` and ``zygote`` pids of the job in ``job_dir``, from /proc."""
+    found: dict[str, list[int]] = {"ranks": [], "zygote": []}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            comm = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if job_dir not in argv:
+            continue
+        if comm.startswith("axonn-rank-") or "axonn_launch.train" in argv:
+            found["ranks"].append(int(entry.name))
+        elif comm == "axonn-zygote":
+            found["zygote"].append(int(entry.name))
+    return found
+
+
+def pss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def peak_pss(cmd: list[str], cwd: str, env: dict[str, str], job_dir: str) -> dict[str, float]:
+    """Peak sum of PSS (MiB) of the ranks, and of the ranks with the zygote, over one run."""
+    peaks = {"ranks": 0, "ranks + zygote": 0, "rank count": 0}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            procs = job_processes(job_dir)
+            ranks = sum(pss_kib(p) for p in procs["ranks"])
+            zygote = sum(pss_kib(p) for p in procs["zygote"])
+            peaks["ranks"] = max(peaks["ranks"], ranks)
+            peaks["ranks + zygote"] = max(peaks["ranks + zygote"], ranks + zygote)
+            peaks["rank count"] = max(peaks["rank count"], len(procs["ranks"]))
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        subprocess.run(cmd, cwd=cwd, env=env, check=True, capture_output=True)
+    finally:
+        done.set()
+        sampler.join()
+    return {k: (v / 1024 if k != "rank count" else v) for k, v in peaks.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch_cmd = [sys.executable, "-c", "import torch"]
+    times: dict[str, list[float]] = {"torch": [], **{m: [] for m in MODES}}
+    memory: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        job = [sys.executable, *JOB]
+        for value in MODES.values():  # warm the file cache
+            timed([*job, f"hydra.run.dir={tmp}/warmup-{value}"], tmp, job_env(value))
+        for round_ in range(args.repeats):
+            times["torch"].append(timed(torch_cmd, tmp, job_env("fork")))
+            for mode, value in MODES.items():
+                run_dir = f"hydra.run.dir={tmp}/{value}-{round_}"
+                times[mode].append(timed([*job, run_dir], tmp, job_env(value)))
+        for mode, value in MODES.items():
+            job_dir = f"{tmp}/memory-{value}"
+            memory[mode] = peak_pss(
+                [*job, f"hydra.run.dir={job_dir}"], tmp, job_env(value), job_dir
+            )
+    RESULTS.write_text(report(times, memory, args.repeats))
+    print(RESULTS.read_text())
+
+
+def report(times: dict[str, list[float]], memory: dict[str, dict], repeats: int) -> str:
+    torch_s = statistics.median(times["torch"])
+    rows = [
+        "## Local job start-up: the warm start",
+        "",
+        f"Command: `python bench/bench_warm_start.py --repeats {repeats}` (medians of "
+        "rounds that run the three commands in turn; wall clock; the job is "
+        f"`python {' '.join(JOB)}`, 4 ranks)",
+        "",
+        "| command | median s | min s | max s | x import torch |",
+        "|---|---|---|---|---|",
+        f'| `python -c "import torch"` | {torch_s:.2f} | {min(times["torch"]):.2f} | '
+        f"{max(times['torch']):.2f} | 1.00 |",
+    ]
+    for mode in MODES:
+        t = statistics.median(times[mode])
+        rows.append(
+            f"| default job, {mode} | {t:.2f} | {min(times[mode]):.2f} | "
+            f"{max(times[mode]):.2f} | {t / torch_s:.2f} |"
+        )
+    warm, cold = (statistics.median(times[m]) for m in MODES)
+    rows += [
+        "",
+        f"Warm start / import torch: **{warm / torch_s:.2f}** (target <= 2.5); "
+        f"before / import torch: {cold / torch_s:.2f}; warm / before: {warm / cold:.2f}.",
+        "",
+        "Peak memory of the job's processes, sum of PSS (one run each, sampled every 0.1 s):",
+        "",
+        "| ranks started | ranks, MiB | ranks + zygote, MiB |",
+        "|---|---|---|",
+    ]
+    for mode in MODES:
+        m = memory[mode]
+        rows.append(
+            f"| {mode} ({m['rank count']:.0f} ranks seen) | {m['ranks']:.0f} | "
+            f"{m['ranks + zygote']:.0f} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    main()

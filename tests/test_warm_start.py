@@ -1,0 +1,89 @@
+"""The warm start of local jobs (``train/zygote.py``, ``submit/local.py``): ranks forked from
+one process that imported the job side train exactly as ranks that each start Python
+afresh (``AXONN_RANK_START=exec``), each is a process of its own with its own name and log,
+and the process they fork from had one thread when it forked.
+
+The run of each kind is made once (module fixtures) and read by every test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from axonn_launch.submit import local
+from tests.conftest import REPO, run_launcher
+
+JOB = ["machine=local", "model=gpt_tiny", "train.steps=4", "train.sample_tokens=0",
+       "train.progress=false"]  # fmt: skip
+
+
+def launch(root: Path, mode: str) -> Path:
+    job = root / mode
+    env = {local.RANK_START_VAR: mode}
+    proc = run_launcher([*JOB, f"hydra.run.dir={job}"], cwd=REPO, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return job
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("warm")
+    return {mode: launch(root, mode) for mode in ("fork", "exec")}
+
+
+def metrics(job: Path) -> list[dict]:
+    return [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_forked_ranks_train_exactly_as_fresh_ones(runs):
+    forked, fresh = metrics(runs["fork"]), metrics(runs["exec"])
+    assert [r["step"] for r in forked] == [r["step"] for r in fresh] == [1, 2, 3, 4]
+    assert [r["loss"] for r in forked] == [r["loss"] for r in fresh]  # bit for bit
+    for job in runs.values():
+        record = json.loads((job / "job.json").read_text())
+        assert record["status"] == "completed" and record["rank_exit_codes"] == [0] * 4
+        assert len(set(record["rank_pids"])) == 4  # four processes, four pids
+        for rank in range(1, 4):  # each rank's own log, as before
+            assert f"rank {rank} host" in (job / "logs" / f"rank_{rank}.log").read_text()
+
+
+def test_the_zygote_forks_from_one_thread_and_ends_when_nothing_is_asked(tmp_path):
+    warm = local.WarmStart(tmp_path, env={**os.environ})
+    deadline = time.monotonic() + 120
+    while not warm.threads and time.monotonic() < deadline and warm.process.poll() is None:
+        time.sleep(0.05)
+    assert warm.threads == 1  # imports only: no pool, no thread left running to fork over
+    argv = Path(f"/proc/{warm.process.pid}/cmdline").read_bytes().split(b"\0")
+    assert str(tmp_path).encode() in argv  # ps names the job dir it serves
+    assert Path(f"/proc/{warm.process.pid}/comm").read_text().strip() == "axonn-zygote"
+    warm.close()  # the job was abandoned before its ranks started
+    assert warm.process.returncode == 0
+
+
+def test_a_forked_rank_gets_its_exit_code_and_its_log(tmp_path):
+    """A rank's exit code, through the real zygote: a job dir without spec.json makes every
+    rank fail at once, as ``python -m axonn_launch.train`` would (code 1), its traceback in
+    its own log. (tests/test_local_supervisor.py finds running forked ranks by their name,
+    ``axonn-rank-<N>``, and kills one.)"""
+    warm = local.WarmStart(tmp_path, env={**os.environ})
+    ranks = local.start_ranks(job_dir=tmp_path, world_size=2, warm=warm)
+    codes = [rank.wait(timeout=120) for rank in ranks]
+    warm.close()
+    assert codes == [1, 1] and [r.returncode for r in ranks] == [1, 1]
+    assert "FileNotFoundError" in (tmp_path / "logs" / "rank_1.log").read_text()
+
+
+def test_the_old_way_is_one_variable_away():
+    assert local.warm_start_wanted({})
+    assert not local.warm_start_wanted({local.RANK_START_VAR: "exec"})
+    code = "import axonn_launch.submit.local, sys; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"  # the supervisor's side stays free of torch
