@@ -87,3 +87,20 @@ def test_the_old_way_is_one_variable_away():
     code = "import axonn_launch.submit.local, sys; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"  # the supervisor's side stays free of torch
+
+
+def test_ranks_start_afresh_when_the_zygote_cannot_import(tmp_path):
+    """A zygote that dies in its imports (here a ``torch`` that refuses to import) leaves
+    the ranks to start as fresh Pythons, which fail on their own, each in its own log, so
+    the job still ends with every rank's code (and job.json final, as without the warm
+    start)."""
+    stub = tmp_path / "broken" / "torch"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('this torch is broken')\n")
+    extra = {"PYTHONPATH": f"{stub.parent}{os.pathsep}{REPO}"}
+    warm = local.WarmStart(tmp_path, env={**os.environ, **extra})
+    procs = local.start_ranks(job_dir=tmp_path, world_size=2, env=extra, warm=warm)
+    assert all(isinstance(p, subprocess.Popen) for p in procs)  # the fresh way
+    assert [p.wait(timeout=120) for p in procs] == [1, 1]
+    assert warm.process.poll() is not None
+    assert "this torch is broken" in (tmp_path / "logs" / "rank_1.log").read_text()

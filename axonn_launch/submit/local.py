@@ -100,6 +100,7 @@ def start_ranks(
     world_size: int,
     env: Mapping[str, str] | None = None,
     warm: WarmStart | None = None,
+    stop_requested: Callable[[], str] = lambda: "",
 ) -> list[subprocess.Popen] | list[ForkedRank]:
     """Start every rank; each dies with this process (the supervisor).
 
@@ -107,8 +108,8 @@ def start_ranks(
     file of a detached job (``start_supervisor``). The others' output goes to
     <job_dir>/logs/rank_<N>.log, opened for appending: each rank's logging (train/logs.py)
     appends its lines there too. With ``warm`` (a warm start), the ranks are forked from a
-    process that has imported the job side already; else each is ``python -m
-    axonn_launch.train``.
+    process that has imported the job side already; else, or when that process could not
+    start them (``WarmStart.start``), each is ``python -m axonn_launch.train``.
     """
     paths = JobPaths(job_dir)
     paths.logs.mkdir(parents=True, exist_ok=True)
@@ -116,8 +117,9 @@ def start_ranks(
     ranks = range(world_size)
     envs = [rank_env(rank=r, world_size=world_size, port=port, extra=env) for r in ranks]
     logs = [None] + [paths.rank_log(rank) for rank in range(1, world_size)]
-    if warm is not None:
-        return warm.start(job_dir, envs, logs)
+    forked = None if warm is None else warm.start(job_dir, envs, logs, stop_requested)
+    if forked is not None:
+        return forked
     command = [sys.executable, "-m", "axonn_launch.train", str(job_dir)]
     procs = []
     for rank_env_, log in zip(envs, logs):
@@ -192,8 +194,17 @@ class WarmStart:
                 self.codes.setdefault(pid, -signal.SIGKILL)
             self.changed.notify_all()
 
-    def start(self, job_dir: Path, envs: list[dict], logs: list[Path | None]) -> list[ForkedRank]:
-        """Fork one rank per environment; returns once each has its pid."""
+    def start(
+        self,
+        job_dir: Path,
+        envs: list[dict],
+        logs: list[Path | None],
+        stop_requested: Callable[[], str] = lambda: "",
+    ) -> list[ForkedRank] | None:
+        """Fork one rank per environment; returns once each has its pid. None when the
+        zygote ended first (it could not import the job side: each rank then starts
+        afresh, and fails on its own, in its own log) or a stop was asked for while it was
+        still importing (it is killed: fresh ranks then meet the stop at once)."""
         ranks = [
             {"rank": rank, "env": env, "log": None if log is None else str(log)}
             for rank, (env, log) in enumerate(zip(envs, logs))
@@ -204,13 +215,18 @@ class WarmStart:
             self.process.stdin.write(order.encode())
             self.process.stdin.close()
         with self.changed:
-            self.changed.wait_for(lambda: len(self.pids) == len(envs) or self.gone)
+            while not (len(self.pids) == len(envs) or self.gone or stop_requested()):
+                self.changed.wait(timeout=POLL_S * 5)
         if len(self.pids) < len(envs):
-            raise RuntimeError(f"{ZYGOTE} ended before it started the ranks")
+            self.close(kill=True)
+            return None
         return [ForkedRank(self, self.pids[rank]) for rank in range(len(envs))]
 
-    def close(self) -> None:
-        """No ranks to start (the job was abandoned), or all have ended: let it go."""
+    def close(self, *, kill: bool = False) -> None:
+        """All its ranks have ended: let it go; ``kill``: at once (no ranks to start, the
+        job was abandoned or stopped)."""
+        if kill and self.process.poll() is None:
+            self.process.kill()
         with contextlib.suppress(OSError):
             if self.process.stdin is not None and not self.process.stdin.closed:
                 self.process.stdin.close()

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     warm = local.WarmStart(args.job_dir) if local.warm_start_wanted() else None
     if sys.stdin.buffer.readline() != local.GO or stop():
         if warm is not None:
-            warm.close()
+            warm.close(kill=True)
         return abandon(args.job_dir, job_id, stop())
     return supervise(args.job_dir, args.world_size, job_id, stop, warm)
 
@@ -83,7 +83,9 @@ def supervise(
 ) -> int:
     """Start the ranks (forked from ``warm`` when given), wait for them (stopping the rest
     when one fails), record the end."""
-    procs = local.start_ranks(job_dir=job_dir, world_size=world_size, warm=warm)
+    procs = local.start_ranks(
+        job_dir=job_dir, world_size=world_size, warm=warm, stop_requested=stop
+    )
     pids = [p.pid for p in procs]
     update_ours(job_dir, job_id, rank_pids=pids)
     ending = local.wait_ranks(procs, stop)

@@ -35,6 +35,7 @@ TRAIN = [
     "train.sample_tokens=0",
     "train.checkpoint_every=4",
     "recovery=off",  # each scenario is brought back by hand here (test_recovery.py: by itself)
+    "preflight=false",  # tests/slurm/test_preflight.py runs it, with its resubmission
 ]
 PAUSED = "pause@step9:600"
 NODE_SH = REPO / "machines" / "slurm_local" / "node.sh"

@@ -35,6 +35,7 @@ BASE = [
     "train.checkpoint_every=2",
     "recovery.backoff_s=1",
     "wait=false",
+    "preflight=false",  # tests/slurm/test_preflight.py runs it, with its resubmission
 ]
 TWO_NODES = ["grid.x=2", "grid.z=2", "nodes=2"]
 ONE_NODE = ["grid.x=2", "nodes=1"]

@@ -5,6 +5,8 @@ machine's own tasks per node: the rehearsed job completes, its loss equals the s
 grid and seed on ``machine=local``, its ``job.json`` lists what was substituted, and
 ``sacct`` shows its step. Alps runs under a real ``srun --mpi=pmix`` with no mpi4py in its
 tasks' environment (the EDF's ``[env]`` puts a package that refuses to import first).
+The perlmutter gpt_tiny rehearsal also broadcasts the venv to node-local storage
+(``machine.python_broadcast=true``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ TRAIN = [
     "train.gemm_tuning=false",
     "train.eval_batches=0",
 ]
+BROADCAST = ("perlmutter", "gpt_tiny")  # the rehearsal that also copies the venv to the nodes
 NO_MPI4PY = "raise ImportError('mpi4py is not in this container')\n"
 
 
@@ -89,6 +92,8 @@ def test_rehearsal_runs_the_sites_script_and_matches_local(
     env = alps_edf(tmp_path) if machine == "alps" else {}
     job_dir = tmp_path / "job"
     args = [f"machine={machine}", f"model={model}", "rehearse=true", *GRID[world], *TRAIN]
+    broadcast = (machine, model) == BROADCAST
+    args += ["machine.python_broadcast=true"] if broadcast else []
     result = run_launcher([*args, f"hydra.run.dir={job_dir}"], cwd=tmp_path, timeout=900,
                           env=env)  # fmt: skip
     output = result.stdout[-4000:] + result.stderr[-4000:]
@@ -124,6 +129,34 @@ def test_rehearsal_runs_the_sites_script_and_matches_local(
         modules = (job_dir / "slurm" / job_id).glob("*_0_log.err")
         assert "axonn_launch rehearsal: module load" in next(modules).read_text()
     assert final_loss(job_dir) == local_losses(model, world)
+    if broadcast:
+        check_python_broadcast(job_dir, record, script, log)
+
+
+def check_python_broadcast(job_dir: Path, record: dict, script: str, log: str) -> None:
+    """machine.python_broadcast=true, rehearsed: the batch script packs this venv, sbcasts it
+    to each node's own storage (start.sh gives every local slurmd a private /mnt/node-local)
+    and the ranks run the copy; the start-up record says so and how long start-up took.
+    (Once a test of its own; it runs inside the perlmutter gpt_tiny rehearsal, whose every
+    assertion holds with the broadcast on, to save a second 8-rank job and venv copy.)"""
+    copy = script.split(" -u -m submitit")[0].rsplit(" ", 1)[-1]
+    assert copy.startswith("/mnt/node-local/axonn-") and copy.endswith("/env/bin/python")
+    assert "sbcast -f" in script and "node-local storage" in "\n".join(record["substitutions"])
+    venv = str(Path(sys.executable).parent.parent)
+    assert f"startup: interpreter {copy} (copied to node-local storage from {venv})" in log
+    assert "startup: srun to training: median" in log and "slowest rank" in log
+    startup = json.loads((job_dir / "summary.json").read_text())["startup"]
+    took = startup["srun_to_training_s"]
+    assert startup["ranks_timed"] == 8 and 0 < took["median"] <= took["slowest"]["seconds"]
+    tag = copy.split("/")[3]
+    state = Path("/var/lib/axonn-slurm")  # machines/slurm_local/lib.sh: STATE_DIR/local-<node>
+    try:
+        for node in ("n1", "n2"):  # each node unpacked its own copy
+            assert (state / f"local-{node}" / tag / "env" / "pyvenv.cfg").is_file(), node
+        assert not Path(f"/mnt/node-local/{tag}").exists()  # not visible outside the nodes
+    finally:
+        for node in ("n1", "n2"):
+            subprocess.run(["rm", "-rf", str(state / f"local-{node}" / tag)], check=False)
 
 
 def test_a_real_pmix_step_is_read_from_slurm(slurm_cluster):
@@ -146,39 +179,3 @@ def test_a_real_pmix_step_is_read_from_slurm(slurm_cluster):
     assert [r["rank"] for r in rows] == [0, 1, 2, 3]
     assert all(r["world"] == 4 and r["source"] == "slurm" for r in rows)
     assert [r["pmix"] for r in rows] == ["0", "1", "2", "3"]  # the pmix plugin really ran
-
-
-def test_python_broadcast_runs_the_tasks_from_node_local_copies(
-    slurm_cluster, local_losses, tmp_path
-):
-    """machine.python_broadcast=true, rehearsed: the batch script packs this venv, sbcasts it
-    to each node's own storage (start.sh gives every local slurmd a private /mnt/node-local)
-    and the ranks run the copy; the start-up record says so and how long start-up took."""
-    job_dir = tmp_path / "job"
-    args = ["machine=perlmutter", "model=gpt_tiny", "rehearse=true", *GRID[8], *TRAIN]
-    args += ["machine.python_broadcast=true", f"hydra.run.dir={job_dir}"]
-    result = run_launcher(args, cwd=tmp_path, timeout=900)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    record = json.loads((job_dir / "job.json").read_text())
-    (job_id,) = record["job_ids"]
-    script = (job_dir / "submission.sh").read_text()
-    copy = script.split(" -u -m submitit")[0].rsplit(" ", 1)[-1]
-    assert copy.startswith("/mnt/node-local/axonn-") and copy.endswith("/env/bin/python")
-    assert "sbcast -f" in script and "node-local storage" in "\n".join(record["substitutions"])
-    log = next((job_dir / "slurm" / job_id).glob("*_0_log.out")).read_text()
-    venv = str(Path(sys.executable).parent.parent)
-    assert f"startup: interpreter {copy} (copied to node-local storage from {venv})" in log
-    assert "startup: srun to training: median" in log and "slowest rank" in log
-    startup = json.loads((job_dir / "summary.json").read_text())["startup"]
-    took = startup["srun_to_training_s"]
-    assert startup["ranks_timed"] == 8 and 0 < took["median"] <= took["slowest"]["seconds"]
-    tag = copy.split("/")[3]
-    state = Path("/var/lib/axonn-slurm")  # machines/slurm_local/lib.sh: STATE_DIR/local-<node>
-    try:
-        for node in ("n1", "n2"):  # each node unpacked its own copy
-            assert (state / f"local-{node}" / tag / "env" / "pyvenv.cfg").is_file(), node
-        assert not Path(f"/mnt/node-local/{tag}").exists()  # not visible outside the nodes
-    finally:
-        for node in ("n1", "n2"):
-            subprocess.run(["rm", "-rf", str(state / f"local-{node}" / tag)], check=False)
-    assert final_loss(job_dir) == local_losses("gpt_tiny", 8)
