@@ -30,6 +30,7 @@ from pathlib import Path
 from axonn_launch.common.jobdir import JobPaths, last_job_id, read_record_or_empty
 
 SUPERVISOR = "axonn_launch.submit.supervise"
+RANK_MODULE = "axonn_launch.train"  # python -m axonn_launch.train <job_dir>: one rank
 ZYGOTE = "axonn_launch.train.zygote"  # the warm start's process (job side: torch)
 RANK_START_VAR = "AXONN_RANK_START"  # "exec": every rank starts Python afresh
 GO = b"go\n"  # the launcher's word that job.json names the supervisor: start the ranks
@@ -117,10 +118,11 @@ def start_ranks(
     ranks = range(world_size)
     envs = [rank_env(rank=r, world_size=world_size, port=port, extra=env) for r in ranks]
     logs = [None] + [paths.rank_log(rank) for rank in range(1, world_size)]
-    forked = None if warm is None else warm.start(job_dir, envs, logs, stop_requested)
+    argv = [RANK_MODULE, str(job_dir)]
+    forked = None if warm is None else warm.start(argv, envs, logs, stop_requested)
     if forked is not None:
         return forked
-    command = [sys.executable, "-m", "axonn_launch.train", str(job_dir)]
+    command = [sys.executable, "-m", *argv]
     procs = []
     for rank_env_, log in zip(envs, logs):
         with contextlib.ExitStack() as files:
@@ -154,7 +156,9 @@ class WarmStart:
     that ``start`` names and reports on a pipe when each starts and ends. It dies with this
     process, and its ranks with it."""
 
-    def __init__(self, job_dir: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, job_dir: Path, env: Mapping[str, str] | None = None, cwd: Path | None = None
+    ) -> None:
         read_end, write_end = os.pipe()
         environ = dict(os.environ if env is None else env)
         # numpy's OpenBLAS (loaded with torch) would start a thread per core but one: the
@@ -163,6 +167,7 @@ class WarmStart:
         self.process = subprocess.Popen(
             [sys.executable, "-m", ZYGOTE, str(job_dir), str(write_end)],
             env=environ,
+            cwd=cwd,
             stdin=subprocess.PIPE,
             pass_fds=(write_end,),
             preexec_fn=die_with(os.getpid()),
@@ -196,20 +201,22 @@ class WarmStart:
 
     def start(
         self,
-        job_dir: Path,
+        argv: list[str],
         envs: list[dict],
-        logs: list[Path | None],
+        logs: list[Path | tuple[Path, Path] | None],
         stop_requested: Callable[[], str] = lambda: "",
     ) -> list[ForkedRank] | None:
-        """Fork one rank per environment; returns once each has its pid. None when the
+        """Fork one rank per environment, each running ``python -m`` ``argv`` (a module and
+        its arguments), its output to its log (a path; stdout and stderr apart; None: this
+        process's); returns once each has its pid. None when the
         zygote ended first (it could not import the job side: each rank then starts
         afresh, and fails on its own, in its own log) or a stop was asked for while it was
         still importing (it is killed: fresh ranks then meet the stop at once)."""
         ranks = [
-            {"rank": rank, "env": env, "log": None if log is None else str(log)}
-            for rank, (env, log) in enumerate(zip(envs, logs))
+            {"rank": r, "env": env, **output_of(log)}
+            for r, (env, log) in enumerate(zip(envs, logs))
         ]
-        order = json.dumps({"job_dir": str(job_dir), "ranks": ranks}) + "\n"
+        order = json.dumps({"argv": argv, "ranks": ranks}) + "\n"
         assert self.process.stdin is not None
         with contextlib.suppress(BrokenPipeError):
             self.process.stdin.write(order.encode())
@@ -235,6 +242,15 @@ class WarmStart:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+def output_of(log: Path | tuple[Path, Path] | None) -> dict[str, str]:
+    """A rank's output in the zygote's words: ``log`` or ``stdout``/``stderr``."""
+    if log is None:
+        return {}
+    if isinstance(log, tuple):
+        return {"stdout": str(log[0]), "stderr": str(log[1])}
+    return {"log": str(log)}
 
 
 class ForkedRank:

@@ -5,13 +5,15 @@ on a laptop with fewer cores than ranks is most of a short job's wall time. This
 pays that once. It imports the job side (imports only: no torch operation, no thread, no
 device call), then reads from stdin one JSON line, the ranks to start::
 
-    {"job_dir": "...", "ranks": [{"rank": 0, "env": {...}, "log": null}, ...]}
+    {"argv": ["axonn_launch.train", "<job_dir>"],
+     "ranks": [{"rank": 0, "env": {...}, "log": null}, ...]}
 
 and forks one process per rank. Each rank takes the environment it was given (the one the
-supervisor would have started ``python -m axonn_launch.train`` with), its own output (the
-inherited console for ``log: null``, else that file, appended to), default signal
-dispositions and a parent-death signal, then runs ``axonn_launch.train.__main__.main`` and
-exits with its code. Each is a process of its own, with its own pid and log, named
+supervisor would have started ``python -m axonn_launch.train <job_dir>`` with), its own
+output (the inherited console for ``log: null``, else that file, appended to), default
+signal dispositions and a parent-death signal, then runs the module ``argv`` names as
+``python -m`` would (``runpy``, as ``__main__``, with those arguments) and exits with its
+code. Each is a process of its own, with its own pid and log, named
 ``axonn-rank-<N>`` (``ps -o comm``, ``top``; its command line is the zygote's, which names
 the job dir); thread counts are set in each rank (``train.configure_threads``), after the
 fork.
@@ -32,6 +34,7 @@ import contextlib
 import ctypes
 import json
 import os
+import runpy
 import signal
 import sys
 import traceback
@@ -85,10 +88,8 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> int:
     return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
 
 
-def start_rank(
-    job_dir: str, rank: int, env: dict[str, str], log: str | None, closing: list[int]
-) -> int:
-    """Fork one rank; the parent gets its pid, the child never returns."""
+def start_rank(argv: list[str], item: dict, closing: list[int]) -> int:
+    """Fork the rank ``item`` names; the parent gets its pid, the child never returns."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -96,31 +97,32 @@ def start_rank(
         return pid
     code = 1
     try:
-        become_rank(rank, env, log, closing)
-        code = run_rank(job_dir)
+        become_rank(item, closing)
+        code = run_rank(argv)
     finally:
         finish(code)
     raise AssertionError("unreachable")
 
 
-def become_rank(rank: int, env: dict[str, str], log: str | None, closing: list[int]) -> None:
-    """The child's side of the fork: what a fresh ``python -m axonn_launch.train`` has."""
-    set_process_name(RANK_NAME.format(rank=rank))
+def become_rank(item: dict, closing: list[int]) -> None:
+    """The child's side of the fork: what a fresh ``python -m ...`` has, with the rank's
+    name, environment and output (``log``: stdout and stderr to that file; or ``stdout``
+    and ``stderr`` apart; neither: the zygote's, which is the supervisor's)."""
+    set_process_name(RANK_NAME.format(rank=item["rank"]))
     for fd in closing:
         with contextlib.suppress(OSError):
             os.close(fd)
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE):
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     die_with_parent()
     replace_fd(os.open(os.devnull, os.O_RDONLY), 0)
-    if log is not None:
-        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(out, 2)
-        replace_fd(out, 1)
+    out, err = item.get("stdout") or item.get("log"), item.get("stderr") or item.get("log")
+    for path, target in ((out, 1), (err, 2)):
+        if path is not None:
+            replace_fd(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), target)
     os.environ.clear()
-    os.environ.update(env)
-    sys.argv = [sys.executable, "-m", "axonn_launch.train"]
+    os.environ.update(item["env"])
 
 
 def replace_fd(fd: int, target: int) -> None:
@@ -129,12 +131,12 @@ def replace_fd(fd: int, target: int) -> None:
         os.close(fd)
 
 
-def run_rank(job_dir: str) -> int:
-    """``main`` of ``python -m axonn_launch.train``, with the exit code Python would give."""
-    from axonn_launch.train.__main__ import main
-
+def run_rank(argv: list[str]) -> int:
+    """``python -m MODULE ARGS...`` in this process, with the exit code Python would give."""
+    module, *args = argv
+    sys.argv = ["-m", *args]  # runpy puts the module's path first, as ``python -m`` does
     try:
-        return main([job_dir]) or 0
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as stop:
         return exit_code_of(stop)
     except KeyboardInterrupt:
@@ -143,7 +145,7 @@ def run_rank(job_dir: str) -> int:
     except BaseException:
         traceback.print_exc()
         return 1
-    return 1
+    return 0
 
 
 def exit_code_of(stop: SystemExit) -> int:
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     closing = [fd]
     pids = set()
     for item in order["ranks"]:
-        pid = start_rank(order["job_dir"], item["rank"], item["env"], item.get("log"), closing)
+        pid = start_rank(order["argv"], item, closing)
         pids.add(pid)
         report(fd, f"started {item['rank']} {pid}")
     wait_all(pids, fd)

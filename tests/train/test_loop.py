@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import torch
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import JobSpec, OverlapConfig, RuntimeConfig, TrainConfig
-from axonn_launch.submit.local import free_port, rank_env
+from axonn_launch.submit.local import WarmStart, free_port, rank_env
 from axonn_launch.train import run_job
 from axonn_launch.train.bootstrap import DistEnv
 from axonn_launch.train.groups import single_process_groups
@@ -91,24 +90,26 @@ def write_job(job_dir: Path, grid: Grid, **train) -> JobSpec:
 
 
 def launch(job_dir: Path, world_size: int, module: str, *args: str) -> list[str]:
-    """Run all ranks to completion; returns each rank's stdout."""
+    """Run all ranks of ``python -m module job_dir args...`` to completion; returns each
+    rank's stdout. The ranks fork from the launcher's warm start (``submit/local.py``),
+    which imports torch once for them all, as a local job's ranks do."""
     port = free_port()
     base = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     base["PYTHONPATH"] = str(REPO)
-    procs = []
-    for rank in range(world_size):
-        env = rank_env(rank=rank, world_size=world_size, port=port, base=base)
-        command = [sys.executable, "-m", module, str(job_dir), *args]
-        procs.append(
-            subprocess.Popen(
-                command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-            )
-        )
-    outputs = []
-    for rank, proc in enumerate(procs):
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, f"rank {rank} failed:\n{err.decode()[-4000:]}"
-        outputs.append(out.decode())
+    envs = [
+        rank_env(rank=r, world_size=world_size, port=port, base=base) for r in range(world_size)
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = [(Path(tmp) / f"{r}.out", Path(tmp) / f"{r}.err") for r in range(world_size)]
+        warm = WarmStart(job_dir, env=base, cwd=REPO)
+        ranks = warm.start([module, str(job_dir), *args], envs, logs)
+        assert ranks is not None, "the warm start could not start the ranks"
+        codes = [rank.wait(timeout=600) for rank in ranks]
+        warm.close()
+        outputs = [out.read_text() if out.exists() else "" for out, _ in logs]
+        errors = [err.read_text() if err.exists() else "" for _, err in logs]
+    for rank, code in enumerate(codes):
+        assert code == 0, f"rank {rank} failed:\n{errors[rank][-4000:]}"
     return outputs
 
 
