@@ -5,8 +5,11 @@ was never interrupted.
 
 Every job is a 2-rank, one-node ``gpt_tiny`` run of 16 steps with a checkpoint every 4.
 The jobs of all scenarios are submitted together by one fixture and run side by side;
-each test then drives its own scenario. External faults (kill -9, scancel, node stop)
-act while the job sleeps after step 9 (``pause``), so the latest checkpoint is step 8.
+then every scenario but the node failures is driven at once (the ``wave`` fixture: fault,
+``jobs status``, resubmission and the resumed job's end, each scenario in a thread), and
+each test raises what its scenario's checks raised. The node failures come after, one at a
+time. External faults (kill -9, scancel, node stop) act while the job sleeps after step 9
+(``pause``), so the latest checkpoint is step 8.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -193,8 +197,7 @@ def launcher_pids(job_id: str) -> dict[str, int]:
     return found
 
 
-@pytest.mark.parametrize("victim", ["srun", "slurmstepd"])
-def test_kill_9_of_srun_or_slurmstepd(submitted, reference, victim):
+def check_kill_9_of_srun_or_slurmstepd(submitted, reference, victim):
     """No Python error anywhere: the job was killed, and it resumes like a killed rank."""
     job = submitted["kill_srun" if victim == "srun" else "kill_stepd"]
     wait_until(lambda: paused_at_step_9(job), 300, f"{job.name} job to pause after step 9")
@@ -282,7 +285,7 @@ def reference(submitted) -> Job:
     return job
 
 
-def test_kill_9_of_one_rank(submitted, reference):
+def check_kill_9_of_one_rank(submitted, reference):
     job = submitted["kill9"]
     wait_until(lambda: paused_at_step_9(job), 300, "kill9 job to pause after step 9")
     pids = rank_pids(job.job_id)
@@ -295,7 +298,7 @@ def test_kill_9_of_one_rank(submitted, reference):
     resubmit_and_finish(job, reference, resumed_step=8)
 
 
-def test_scancel(submitted, reference):
+def check_scancel(submitted, reference):
     job = submitted["scancel"]
     wait_until(lambda: paused_at_step_9(job), 300, "scancel job to pause after step 9")
     subprocess.run(["scancel", job.job_id], check=True)
@@ -312,7 +315,7 @@ def test_scancel(submitted, reference):
     assert len(json.loads((new_dir / "job.json").read_text())["job_ids"]) == 1
 
 
-def test_injected_collective_error(submitted, reference):
+def check_injected_collective_error(submitted, reference):
     job = submitted["collective"]
     assert wait_ended(job.job_id).startswith("FAILED")
     row = status_of(job.job_dir)
@@ -326,8 +329,7 @@ def test_injected_collective_error(submitted, reference):
     assert sacct_state(record["job_ids"][0])[1] != node  # it ran on the other node
 
 
-@pytest.mark.parametrize("name, failure", [("gpu_oom", "gpu_oom"), ("code", "code_error")])
-def test_out_of_memory_and_code_errors_are_not_resubmitted(submitted, reference, name, failure):
+def check_out_of_memory_and_code_errors_are_not_resubmitted(submitted, reference, name, failure):
     job = submitted[name]
     assert wait_ended(job.job_id).startswith("FAILED")
     row = status_of(job.job_dir)
@@ -349,7 +351,7 @@ def test_out_of_memory_and_code_errors_are_not_resubmitted(submitted, reference,
         assert json.loads((new_dir / "job.json").read_text())["grid"]["data"] == 2
 
 
-def test_time_limit_stops_at_a_checkpoint_then_resubmits(submitted, reference):
+def check_time_limit_stops_at_a_checkpoint_then_resubmits(submitted, reference):
     job = submitted["timeout"]
     assert wait_ended(job.job_id).startswith("FAILED")
     row = status_of(job.job_dir)
@@ -359,7 +361,7 @@ def test_time_limit_stops_at_a_checkpoint_then_resubmits(submitted, reference):
     resubmit_and_finish(job, reference, "machine.slurm.time_min=10", resumed_step=stopped_at)
 
 
-def test_time_limit_requeues_itself(submitted, reference):
+def check_time_limit_requeues_itself(submitted, reference):
     job = submitted["requeue"]
 
     def requeued_pending():
@@ -384,6 +386,84 @@ def test_time_limit_requeues_itself(submitted, reference):
     assert 0 < summary["resumed_from"] < STEPS
     assert losses(job.job_dir)[STEPS] == pytest.approx(losses(reference.job_dir)[STEPS], rel=1e-6)
     assert status_of(job.job_dir)["failure"] == "completed"
+
+
+# --- the wave: every scenario above at once -------------------------------------------------
+
+WAVE = {  # scenario: (its check, the check's arguments)
+    "kill_srun": (check_kill_9_of_srun_or_slurmstepd, ("srun",)),
+    "kill_stepd": (check_kill_9_of_srun_or_slurmstepd, ("slurmstepd",)),
+    "kill9": (check_kill_9_of_one_rank, ()),
+    "scancel": (check_scancel, ()),
+    "collective": (check_injected_collective_error, ()),
+    "gpu_oom": (check_out_of_memory_and_code_errors_are_not_resubmitted, ("gpu_oom", "gpu_oom")),
+    "code": (check_out_of_memory_and_code_errors_are_not_resubmitted, ("code", "code_error")),
+    "timeout": (check_time_limit_stops_at_a_checkpoint_then_resubmits, ()),
+    "requeue": (check_time_limit_requeues_itself, ()),
+}
+WAVE_TIMEOUT_S = 1500  # the longest scenario (a requeue after a 2-minute limit) and the fixtures
+
+
+@pytest.fixture(scope="module")
+def wave(submitted, reference) -> dict[str, BaseException | None]:
+    """Every scenario's fault, resubmission and checks run at once, each in a thread of its
+    own that waits on its own jobs, so that the waits overlap instead of adding up (they
+    did, one test after another, for about 7 minutes). What each check raised (None if it
+    passed) is raised again by its test."""
+    with ThreadPoolExecutor(max_workers=len(WAVE)) as pool:
+        futures = {
+            name: pool.submit(check, submitted, reference, *args)
+            for name, (check, args) in WAVE.items()
+        }
+        return {name: future.exception() for name, future in futures.items()}
+
+
+def outcome(wave: dict[str, BaseException | None], name: str) -> None:
+    if (error := wave[name]) is not None:
+        raise error
+
+
+@pytest.mark.timeout(WAVE_TIMEOUT_S)
+@pytest.mark.parametrize("victim", ["srun", "slurmstepd"])
+def test_kill_9_of_srun_or_slurmstepd(wave, victim):
+    """No Python error anywhere: the job was killed, and it resumes like a killed rank."""
+    outcome(wave, "kill_srun" if victim == "srun" else "kill_stepd")
+
+
+@pytest.mark.timeout(WAVE_TIMEOUT_S)
+def test_kill_9_of_one_rank(wave):
+    outcome(wave, "kill9")
+
+
+@pytest.mark.timeout(WAVE_TIMEOUT_S)
+def test_scancel(wave):
+    """Two resubmit commands at once, then a third: one submission in all."""
+    outcome(wave, "scancel")
+
+
+@pytest.mark.timeout(WAVE_TIMEOUT_S)
+def test_injected_collective_error(wave):
+    outcome(wave, "collective")
+
+
+@pytest.mark.timeout(WAVE_TIMEOUT_S)
+@pytest.mark.parametrize("name, failure", [("gpu_oom", "gpu_oom"), ("code", "code_error")])
+def test_out_of_memory_and_code_errors_are_not_resubmitted(wave, name, failure):
+    assert WAVE[name][1][1] == failure
+    outcome(wave, name)
+
+
+@pytest.mark.timeout(WAVE_TIMEOUT_S)
+def test_time_limit_stops_at_a_checkpoint_then_resubmits(wave):
+    outcome(wave, "timeout")
+
+
+@pytest.mark.timeout(WAVE_TIMEOUT_S)
+def test_time_limit_requeues_itself(wave):
+    outcome(wave, "requeue")
+
+
+# --- node failures: one at a time, after the wave (a stopped node ends every job on it) ------
 
 
 def test_node_failure(slurm_cluster, reference, tmp_path):
