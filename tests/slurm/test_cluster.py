@@ -135,8 +135,11 @@ def test_submitit_two_node_job_returns_every_rank_and_completes(
 
     executor = submitit.AutoExecutor(folder=tmp_path / "%j")
     assert executor.cluster == "slurm"
+    # 5 minutes: submitit asks for USR2 90 s before the limit, and Slurm may send it up to a
+    # minute earlier still; with 2 minutes a task still starting after 30 s (loaded cores)
+    # got USR2 and died before it returned
     executor.update_parameters(
-        nodes=2, tasks_per_node=1, timeout_min=2, slurm_partition=slurm_cluster.partition
+        nodes=2, tasks_per_node=1, timeout_min=5, slurm_partition=slurm_cluster.partition
     )
     with submitit.helpers.clean_env():
         job = executor.submit(rank_report, "hello")
