@@ -21,21 +21,24 @@ def fake_sbatch(tmp_path):
     return bindir, marker
 
 
-SLURM_TESTS = REPO / "tests" / "slurm"
+SLURM_PREFIX = "tests/slurm"  # node ids of the Slurm tests start so
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's ``--dist loadgroup`` (the suite runs on 2 workers): every
-    Slurm test in one group, run one after another on one worker (they share the cluster's
-    two nodes, and some take a node down); every other test module in a group of its own,
-    so that its module fixtures run once, on one worker."""
-    for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
-        path = Path(str(item.path))
-        group = "slurm" if SLURM_TESTS in path.parents else path.relative_to(REPO).as_posix()
-        item.add_marker(pytest.mark.xdist_group(group))
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """How pytest-xdist shares the tests among its workers (the suite runs on 2): by scope,
+    where every Slurm test is one scope, run one after another on one worker (they share
+    the cluster's two nodes, and some take a node down), and every other test file is a
+    scope of its own, so that its module fixtures run once, on one worker. (A scheduler of
+    our own, not ``--dist loadgroup``: xdist 3.8 marks a group by rewriting a test's node
+    id, which pytest 9.2 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SuiteScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "slurm" if path.startswith(f"{SLURM_PREFIX}/") else path
+
+    return SuiteScheduling(config, log)
 
 
 def run_launcher(args, *, cwd, path_prefix=None, timeout=120, env=None):
