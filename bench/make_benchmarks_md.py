@@ -10,6 +10,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 ORDER = [
     ("bench_dry_run.md", "Launcher"),
+    ("bench_warm_start.md", "Launcher"),
     ("bench_tp.md", "Training core"),
     ("tp_findings.md", "Training core"),
     ("optimizations.md", "Training core"),
@@ -26,6 +27,7 @@ ORDER = [
     ("bench_generation.md", "Generation"),
     ("bench_hf_import.md", "Hugging Face import"),
     ("memorization_study.md", "Memorization"),
+    ("suite_times.md", "Test suite"),
 ]
 HEADER = """# Benchmarks
 

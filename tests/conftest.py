@@ -22,23 +22,38 @@ def fake_sbatch(tmp_path):
 
 
 SLURM_PREFIX = "tests/slurm"  # node ids of the Slurm tests start so
+# Slurm test files that take a node down, and the files that share their worker
+SLURM_NODE_DOWN = {
+    "tests/slurm/test_faults.py",
+    "tests/slurm/test_recovery.py",
+    "tests/slurm/test_requeue_old_pickle.py",
+}
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """How pytest-xdist shares the tests among its workers (the suite runs on 2): by scope,
-    where every Slurm test is one scope, run one after another on one worker (they share
-    the cluster's two nodes, and some take a node down), and every other test file is a
-    scope of its own, so that its module fixtures run once, on one worker. (A scheduler of
-    our own, not ``--dist loadgroup``: xdist 3.8 marks a group by rewriting a test's node
-    id, which pytest 9.2 no longer reads.)"""
+    """How pytest-xdist shares the tests among its workers (the suite runs on 2): by scope.
+    The Slurm tests that take a node down (``SLURM_NODE_DOWN``) are one scope, run one
+    after another on one worker; the other Slurm tests are a second scope, on the other
+    worker at the same time (the jobs a node-down test takes down are exclusive, so no
+    other job is on that node; ``tests/slurm/conftest.py`` leaves a stopped node alone);
+    every other test file is a scope of its own, so that its module fixtures run once, on
+    one worker. Those two Slurm scopes come first in the collection, so each worker starts
+    with one. (A scheduler of our own, not ``--dist loadgroup``: xdist 3.8 marks a group by
+    rewriting a test's node id, which pytest 9.2 no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class SuiteScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "slurm" if path.startswith(f"{SLURM_PREFIX}/") else path
+            return suite_scope(nodeid.split("::", 1)[0])
 
     return SuiteScheduling(config, log)
+
+
+def suite_scope(path: str) -> str:
+    """The xdist scope of a test file: ``slurm-node-down``, ``slurm``, or the file itself."""
+    if path in SLURM_NODE_DOWN:
+        return "slurm-node-down"
+    return "slurm" if path.startswith(f"{SLURM_PREFIX}/") else path
 
 
 def run_launcher(args, *, cwd, path_prefix=None, timeout=120, env=None):

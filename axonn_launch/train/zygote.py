@@ -140,12 +140,21 @@ def run_rank(argv: list[str]) -> int:
     except SystemExit as stop:
         return exit_code_of(stop)
     except KeyboardInterrupt:
-        traceback.print_exc()
+        uncaught()
         finish(-signal.SIGINT)
     except BaseException:
-        traceback.print_exc()
+        uncaught()
         return 1
     return 0
+
+
+def uncaught() -> None:
+    """Report the exception being handled as the interpreter reports an uncaught one: through
+    ``sys.excepthook`` (torch.distributed's prefixes each line with ``[rank<N>]:``)."""
+    try:
+        sys.excepthook(*sys.exc_info())
+    except BaseException:
+        traceback.print_exc()
 
 
 def exit_code_of(stop: SystemExit) -> int:

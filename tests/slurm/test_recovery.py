@@ -229,8 +229,8 @@ def test_a_lost_node_is_left_out_and_the_grid_shrinks(runs):
     replanned grid, from the same checkpoint resharded, and finishes by itself."""
     assert ended(runs["healed"]) == DONE  # nothing else of this module runs on n2 now
     job_dir = runs["reference"].parent / "lost_node"
-    result = run_launcher(
-        [*BASE, *TWO_NODES, f"hydra.run.dir={job_dir}"],
+    result = run_launcher(  # exclusive: no job of another test file is on n2 when it goes down
+        [*BASE, *TWO_NODES, "+machine.slurm.exclusive=true", f"hydra.run.dir={job_dir}"],
         cwd=job_dir.parent,
         env={"AXONN_FAULT": "pause@step9:600:attempt1"},
         timeout=300,
