@@ -93,15 +93,21 @@ def train_rank(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool] | No
         gc.collect()
 
 
-def configure_threads(env: DistEnv, threads: int = 0) -> None:
+def configure_threads(env: DistEnv, threads: int = 0, environ=os.environ) -> None:
     """``threads`` per rank, or (0) the cores shared among the ranks of this node unless
-    Slurm already bound each task. More threads than cores makes every step wait on
-    spinning thread pools: two 2-thread jobs on 2 cores ran about 45x slower than one."""
+    Slurm already bound each task: then the cores it is bound to, and no more than the
+    CPUs it was given (``SLURM_CPUS_PER_TASK``: on a cluster that does not bind tasks, as
+    the local test cluster, every task sees every core). More threads than cores makes
+    every step wait on spinning thread pools: two 2-thread jobs on 2 cores ran about 45x
+    slower than one."""
     if threads > 0:
         torch.set_num_threads(threads)
         return
     cores = len(os.sched_getaffinity(0))
     per_rank = cores if env.source == "slurm" else cores // max(env.local_world_size, 1)
+    given = environ.get("SLURM_CPUS_PER_TASK", "")
+    if env.source == "slurm" and given.isdigit() and int(given) > 0:
+        per_rank = min(per_rank, int(given))
     torch.set_num_threads(max(1, per_rank))
 
 

@@ -43,7 +43,8 @@ PR_SET_NAME = 15
 PR_SET_PDEATHSIG = 1
 RANK_NAME = "axonn-rank-{rank}"  # the process name of a forked rank (15 bytes at most)
 ZYGOTE_NAME = "axonn-zygote"
-# What a rank imports on its way to its first step: imported once, here, before the fork.
+# What a rank imports on its way to its first step: imported once, here, before the fork
+# (not a module a rank runs as __main__: runpy warns when that is imported already).
 PRELOAD = (
     "torch",
     "torch.distributed",
@@ -52,7 +53,6 @@ PRELOAD = (
     "torch.utils.checkpoint",
     "numpy",
     "axonn_launch.train",
-    "axonn_launch.train.__main__",
     "axonn_launch.train.faults",
     "axonn_launch.train.export",
 )

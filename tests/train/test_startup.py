@@ -111,7 +111,11 @@ def test_threads_per_rank_given_or_the_cores_shared_among_the_local_ranks():
         configure_threads(local)  # 0: this node's cores over its 2 ranks
         assert torch.get_num_threads() == max(1, cores // 2)
         bound = DistEnv(0, 0, 2, 2, "127.0.0.1", 0, "cpu", "gloo", "slurm")
-        configure_threads(bound)  # a Slurm task: the cores it is bound to
+        configure_threads(bound, environ={})  # a Slurm task: the cores it is bound to
+        assert torch.get_num_threads() == cores
+        configure_threads(bound, environ={"SLURM_CPUS_PER_TASK": "1"})  # and no more than given
+        assert torch.get_num_threads() == 1
+        configure_threads(bound, environ={"SLURM_CPUS_PER_TASK": str(cores + 4)})
         assert torch.get_num_threads() == cores
     finally:
         torch.set_num_threads(before)
