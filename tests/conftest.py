@@ -30,6 +30,7 @@ SLURM_NODE_DOWN = {
 }
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown when xdist is not loaded
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """How pytest-xdist shares the tests among its workers (the suite runs on 2): by scope.
     The Slurm tests that take a node down (``SLURM_NODE_DOWN``) are one scope, run one

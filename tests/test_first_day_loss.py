@@ -29,6 +29,7 @@ def losses(job: Path) -> dict[int, float]:
 @pytest.mark.slow
 @pytest.mark.parametrize("grid", GRIDS)
 def test_the_default_job_has_no_loss_spike(tmp_path, grid):
+    """Over 60 s under load: the default job's 200 steps, as a new user runs it."""
     job = tmp_path / "job"
     proc = run_launcher([*GRIDS[grid], f"hydra.run.dir={job}"], cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -426,7 +426,9 @@ def outcome(wave: dict[str, BaseException | None], name: str) -> None:
 @pytest.mark.timeout(WAVE_TIMEOUT_S)
 @pytest.mark.parametrize("victim", ["srun", "slurmstepd"])
 def test_kill_9_of_srun_or_slurmstepd(wave, victim):
-    """No Python error anywhere: the job was killed, and it resumes like a killed rank."""
+    """No Python error anywhere: the job was killed, and it resumes like a killed rank.
+    Over 60 s: the first test of the wave waits for all of it (3 to 4 minutes: its longest
+    scenario reaches a 2-minute time limit, then requeues)."""
     outcome(wave, "kill_srun" if victim == "srun" else "kill_stepd")
 
 
@@ -467,7 +469,8 @@ def test_time_limit_requeues_itself(wave):
 
 
 def test_node_failure(slurm_cluster, reference, tmp_path):
-    """Alone on its node (exclusive), so stopping the node ends no other job."""
+    """Alone on its node (exclusive), so stopping the node ends no other job. Over 60 s:
+    slurmd's DOWN comes after SlurmdTimeout, then a resubmitted job runs to its end."""
     job_dir = tmp_path / "node"
     result = run_launcher(
         [*TRAIN, "+machine.slurm.exclusive=true", f"hydra.run.dir={job_dir}"],
@@ -493,7 +496,7 @@ def test_node_failure(slurm_cluster, reference, tmp_path):
 def test_node_failure_then_resume_on_the_surviving_node_with_half_the_ranks(
     slurm_cluster, reference, tmp_path
 ):
-    """A 2-node, 4-rank job (x=2, z=2) loses a node; it comes back on the other node
+    """Over 60 s, as test_node_failure. A 2-node, 4-rank job (x=2, z=2) loses a node; it comes back on the other node
     alone as 2 ranks (data=2) from the same checkpoint, resharded."""
     job_dir = tmp_path / "shrink"
     result = run_launcher(

@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests import test_first_hour as first_hour
 from tests.slurm.conftest import SlurmCluster
+
+pytestmark = pytest.mark.slurm
 
 
 def run(module: str, *args: str, cwd: Path, env: dict | None = None):

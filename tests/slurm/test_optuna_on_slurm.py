@@ -16,6 +16,7 @@ pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install -e
 
 
 def test_optuna_trials_are_slurm_jobs_that_the_sweep_waits_for(slurm_cluster, tmp_path):
+    """Over 60 s: two trials, each a Slurm job that the sweep waits for."""
     sweep = tmp_path / "sweep"
     args = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2",
             "hydra.sweeper.sampler.seed=7", "train.lr=interval(0.001,0.01)",

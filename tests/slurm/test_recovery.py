@@ -104,6 +104,7 @@ def no_job_left(root: Path) -> bool:
 
 
 def test_two_faults_in_a_row_are_healed(runs):
+    """Over 60 s: three attempts and two recovery jobs, one after another."""
     root = runs["healed"]
     assert ended(root) == DONE
     attempts = attempts_of(root)
@@ -226,7 +227,8 @@ def test_a_shrunk_run_grows_again_when_its_nodes_are_back(slurm_cluster):
 
 def test_a_lost_node_is_left_out_and_the_grid_shrinks(runs):
     """n2 goes down mid-training (x=2 z=2 on 2 nodes); the run comes back on n1 alone with a
-    replanned grid, from the same checkpoint resharded, and finishes by itself."""
+    replanned grid, from the same checkpoint resharded, and finishes by itself. Over 60 s:
+    the pause, Slurm marking the job NODE_FAIL, the recovery job and the new attempt."""
     assert ended(runs["healed"]) == DONE  # nothing else of this module runs on n2 now
     job_dir = runs["reference"].parent / "lost_node"
     result = run_launcher(  # exclusive: no job of another test file is on n2 when it goes down

@@ -88,6 +88,8 @@ def alps_edf(tmp_path: Path) -> dict[str, str]:
 def test_rehearsal_runs_the_sites_script_and_matches_local(
     slurm_cluster, local_losses, tmp_path, machine, model
 ):
+    """Over 60 s: the site's script as an 8- or 16-rank job on 2 nodes of 2 cores, and,
+    once per model and size, the same run on machine=local."""
     world = 2 * TASKS_PER_NODE[machine]
     env = alps_edf(tmp_path) if machine == "alps" else {}
     job_dir = tmp_path / "job"
