@@ -27,6 +27,7 @@ ORDER = [
     ("bench_generation.md", "Generation"),
     ("bench_hf_import.md", "Hugging Face import"),
     ("memorization_study.md", "Memorization"),
+    ("suite_notes.md", "Test suite"),
     ("suite_times.md", "Test suite"),
 ]
 HEADER = """# Benchmarks

@@ -496,8 +496,9 @@ def test_node_failure(slurm_cluster, reference, tmp_path):
 def test_node_failure_then_resume_on_the_surviving_node_with_half_the_ranks(
     slurm_cluster, reference, tmp_path
 ):
-    """Over 60 s, as test_node_failure. A 2-node, 4-rank job (x=2, z=2) loses a node; it comes back on the other node
-    alone as 2 ranks (data=2) from the same checkpoint, resharded."""
+    """A 2-node, 4-rank job (x=2, z=2) loses a node; it comes back on the other node
+    alone as 2 ranks (data=2) from the same checkpoint, resharded. Over 60 s, as
+    test_node_failure."""
     job_dir = tmp_path / "shrink"
     result = run_launcher(
         [*TRAIN, "grid.z=2", "+machine.slurm.exclusive=true", f"hydra.run.dir={job_dir}"],
