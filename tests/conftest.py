@@ -1,9 +1,9 @@
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli_server import run_module
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -58,17 +58,11 @@ def suite_scope(path: str) -> str:
 
 
 def run_launcher(args, *, cwd, path_prefix=None, timeout=120, env=None):
-    """Run `python -m axonn_launch ARGS` in ``cwd``; returns the CompletedProcess."""
+    """Run `python -m axonn_launch ARGS` in ``cwd``; returns the CompletedProcess (forked
+    from a process that imported the launcher already: ``tests/cli_server.py``)."""
     full_env = dict(os.environ)
     full_env.pop("HYDRA_FULL_ERROR", None)
     if path_prefix:
         full_env["PATH"] = f"{path_prefix}{os.pathsep}{full_env['PATH']}"
     full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "axonn_launch", *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_module("axonn_launch", list(args), cwd=cwd, env=full_env, timeout=timeout)
