@@ -59,9 +59,6 @@ PRELOAD = (
     "axonn_launch.study",
 )
 STARTUP_VARS = ("PYTHON", "LC_", "LANG")  # read once by CPython as it starts
-# Arguments whose commands start a real interpreter: joblib's loky workers never came up
-# for a launcher forked from the server (the sweep hung until its timeout; not pursued).
-FRESH_ONLY = ("hydra/launcher=joblib",)
 
 
 # --- the server -----------------------------------------------------------------------------
@@ -173,9 +170,14 @@ def exit_code_of(stop: SystemExit) -> int:
 
 
 def finish(code: int) -> None:
-    """End as an interpreter ends: exit handlers, flushed output, the code."""
+    """End as an interpreter ends: wait for its threads (and run threading's exit hooks:
+    ``concurrent.futures`` stops its workers there, joblib's loky too), then its exit
+    handlers (``multiprocessing`` joins its children there), flush its output, and exit
+    with the code."""
     import atexit
 
+    with contextlib.suppress(BaseException):
+        threading._shutdown()
     with contextlib.suppress(BaseException):
         atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
@@ -316,7 +318,7 @@ def run_module(
     command = [sys.executable, "-m", module, *args]
     env = dict(os.environ if env is None else env)
     serving = server()
-    if serving is None or not serving.can_run(env) or any(a in FRESH_ONLY for a in args):
+    if serving is None or not serving.can_run(env):
         return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=timeout)  # fmt: skip
     ended, code, out, err = serving.run(module, list(args), cwd, env, timeout)

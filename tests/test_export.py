@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,6 +21,7 @@ from axonn_launch.train.dcp import grid_position
 from axonn_launch.train.loop import build_optimizer
 from axonn_launch.train.model import GPT
 from axonn_launch.train.state import MOMENTS, load_training_state, save_training_state
+from tests.cli_server import run_module
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 SPEC = ModelSpec("t", n_layer=1, d_model=16, n_head=2, vocab_size=37, max_seq_len=8)
@@ -93,9 +94,7 @@ def test_export_equals_the_stock_reader(job, tmp_path, target):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "axonn_launch.export", *args], capture_output=True, text=True
-    )
+    return run_module("axonn_launch.export", list(args), cwd=os.getcwd(), timeout=600)
 
 
 def test_bad_input_is_one_line_and_exit_2(job, tmp_path):

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.cli_server import run_module
 from tests.conftest import REPO
 
 CALIBRATION = REPO / "bench" / "results" / "calibration-local-4.json"
@@ -26,10 +27,7 @@ def environment() -> dict[str, str]:
 
 
 def plan(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "axonn_launch.plan", *args],
-        cwd=cwd, env=environment(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    return run_module("axonn_launch.plan", list(args), cwd=cwd, env=environment(), timeout=120)
 
 
 def best_row(text: str) -> tuple[dict[str, int], int, int]:

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.cli_server import run_module
 from tests.conftest import REPO
 
 NCCL_ERROR = (
@@ -67,10 +66,8 @@ def tools(tmp_path: Path, *, sacct: str, sinfo: str | None) -> dict[str, str]:
 
 
 def resubmit_dry_run(root: Path, env: dict[str, str], *overrides: str):
-    return subprocess.run(
-        [sys.executable, "-m", "axonn_launch.jobs", "resubmit", str(root), "--dry-run", *overrides],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    args = ["resubmit", str(root), "--dry-run", *overrides]
+    return run_module("axonn_launch.jobs", args, cwd=REPO, env=env, timeout=120)
 
 
 def test_an_exclusion_that_leaves_too_few_nodes_warns_and_step_0_is_said(tmp_path):

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from tests.cli_server import run_module
 from tests.conftest import REPO, run_launcher
 
 LLAMA = ["machine=perlmutter", "model=llama3_70b", "site.accounts.perlmutter=m1_g",
@@ -34,13 +35,7 @@ def field(stdout: str, label: str) -> str:
 
 
 def planner(args: list[str], tmp_path) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-m", "axonn_launch.plan", *args, "output=json", "top=1"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_module("axonn_launch.plan", [*args, "output=json", "top=1"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

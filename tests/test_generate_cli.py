@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.cli_server import run_module
 from tests.conftest import REPO, run_launcher
 from tests.hf_fixtures import tiny_llama_dir, write_jsonl
 
@@ -21,10 +21,7 @@ pytestmark = pytest.mark.slow
 
 
 def generate(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "axonn_launch.generate", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    return run_module("axonn_launch.generate", list(args), cwd=cwd, timeout=600)
 
 
 def read_rows(path: Path) -> list[dict]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 
 from axonn_launch import memorization as mem
 from axonn_launch.common import memorization_metric as metric
+from tests.cli_server import run_module
 from tests.conftest import REPO
 
 # ------------------------------------------------------------------------------ metrics
@@ -253,13 +253,7 @@ def test_max_length_and_max_documents():
 
 
 def run_cli(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "axonn_launch.memorization", *argv],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_module("axonn_launch.memorization", list(argv), cwd=cwd, timeout=60)
 
 
 @pytest.mark.parametrize(

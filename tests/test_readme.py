@@ -29,11 +29,11 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli_server import run_module
 from tests.conftest import REPO
 
 README = REPO / "README.md"
@@ -128,9 +128,7 @@ def workspace(tmp_path_factory) -> Path:
 def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     env["EDF_PATH"] = str(REPO / "machines" / "alps")  # the EDF users copy to ~/.edf (Alps)
-    return subprocess.run(
-        [sys.executable, "-m", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
+    return run_module(argv[0], argv[1:], cwd=cwd, env=env, timeout=300)
 
 
 def _marks(line: str) -> list:

@@ -104,3 +104,74 @@ def test_ranks_start_afresh_when_the_zygote_cannot_import(tmp_path):
     assert [p.wait(timeout=120) for p in procs] == [1, 1]
     assert warm.process.poll() is not None
     assert "this torch is broken" in (tmp_path / "logs" / "rank_1.log").read_text()
+
+
+# --- the early start: the supervisor and its zygote start before the launcher composes -----
+
+
+def test_only_a_plain_local_run_starts_its_supervisor_early():
+    wanted = local.early_start_wanted
+    env = {}
+    assert wanted([], env) and wanted(["train.steps=5", "machine=local", "grid.x=2"], env)
+    assert not wanted(["machine=frontier"], env)
+    assert not wanted(["dry_run=true"], env) and not wanted(["rehearse=True"], env)
+    assert not wanted(["wait=false"], env)  # a detached job's supervisor writes to a file
+    assert not wanted(["-m", "grid.x=1,2"], env) and not wanted(["--help"], env)
+    assert not wanted([], {local.RANK_START_VAR: "exec"})
+
+
+def child_pids(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(child) for child in children]
+
+
+def test_an_early_supervisor_takes_its_job_and_names_its_job_dir(tmp_path, monkeypatch):
+    """Handed a job, it and its zygote show the job dir in their command lines, as when
+    started with it (``ps``; ``local.live_supervisors`` finds it by it)."""
+    monkeypatch.setattr(local, "EARLY_SUPERVISOR", [])
+    local.start_early_supervisor(["train.steps=1"])
+    (early,) = local.EARLY_SUPERVISOR
+    supervisor = local.start_supervisor(job_dir=tmp_path, world_size=2, env={})
+    assert supervisor is early and local.EARLY_SUPERVISOR == []
+    deadline = time.monotonic() + 60
+    argv: list[bytes] = []
+    while str(tmp_path).encode() not in argv and time.monotonic() < deadline:
+        argv = Path(f"/proc/{early.pid}/cmdline").read_bytes().split(b"\0")
+        time.sleep(0.05)
+    assert str(tmp_path).encode() in argv
+    (zygote,) = child_pids(early.pid)
+    early.stdin.close()  # the launcher ended before its GO: no rank starts
+    assert early.wait(timeout=60) == 1
+    assert not Path(f"/proc/{zygote}").exists()  # killed and reaped
+
+
+def test_an_early_supervisor_without_a_job_ends_without_a_word(tmp_path, monkeypatch):
+    monkeypatch.setattr(local, "EARLY_SUPERVISOR", [])
+    local.start_early_supervisor([])
+    (early,) = local.EARLY_SUPERVISOR
+    local.dismiss_early_supervisor()  # a dry run, another machine, or bad input
+    assert early.wait(timeout=60) == 0 and local.EARLY_SUPERVISOR == []
+
+
+def test_the_early_zygote_is_started_afresh_when_the_job_changes_its_environment(
+    tmp_path, monkeypatch
+):
+    """It imported under the launcher's environment: one that the job changes (but for the
+    thread counts each rank sets itself) needs a zygote that imports under the job's."""
+    from axonn_launch.submit import supervise
+
+    class Warm:
+        def __init__(self, job_dir: Path) -> None:
+            self.job_dir, self.closed = job_dir, False
+
+        def close(self, *, kill: bool = False) -> None:
+            self.closed = kill
+
+    monkeypatch.setattr(local, "WarmStart", Warm)
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    early = Warm(Path(local.BLANK))
+    same = {**os.environ, "OMP_NUM_THREADS": "1"}
+    assert supervise.take_environment(same, early, tmp_path) is early and not early.closed
+    assert os.environ == same
+    fresh = supervise.take_environment({**same, "TORCH_LOGS": "+dynamo"}, early, tmp_path)
+    assert early.closed and fresh is not early and fresh.job_dir == tmp_path

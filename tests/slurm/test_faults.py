@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_server import run_module
 from tests.conftest import REPO, run_launcher
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -118,14 +119,7 @@ def submit(name: str, root: Path) -> Job:
 
 def jobs_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "AXONN_FAULT"}
-    return subprocess.run(
-        [sys.executable, "-m", "axonn_launch.jobs", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_module("axonn_launch.jobs", list(args), cwd=cwd, env=env, timeout=300)
 
 
 def status_of(job_dir: Path) -> dict:

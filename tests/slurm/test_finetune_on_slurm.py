@@ -20,7 +20,7 @@ def test_finetune_job_on_two_nodes_exports_to_transformers(slurm_cluster, tmp_pa
     job_dir = tmp_path / "job"
     result = run_launcher(
         [*FINETUNE, "machine=slurm_local", f"model.init_from={hf_dir}", f"train.data={data}",
-         "grid.x=2", "grid.z=2", "wait=true", f"hydra.run.dir={job_dir}"],
+         "grid.x=2", "grid.z=2", "wait=true", "preflight=false", f"hydra.run.dir={job_dir}"],
         cwd=tmp_path, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -15,7 +15,8 @@ from tests.conftest import run_launcher
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-TRAIN = ["grid.x=2", "grid.z=2", "train.steps=20", "train.sample_tokens=0"]
+# preflight off: tests/slurm/test_preflight.py and the rehearsals run it
+TRAIN = ["grid.x=2", "grid.z=2", "train.steps=20", "train.sample_tokens=0", "preflight=false"]
 
 
 def sacct(job_id: str) -> dict[str, tuple[str, str]]:
@@ -100,6 +101,7 @@ def test_sweep_submits_one_job_per_point_with_its_node_count(slurm_cluster, tmp_
             "grid.z=1,2",
             "train.steps=5",
             "train.sample_tokens=0",
+            "preflight=false",
             f"hydra.sweep.dir={sweep}",
         ],
         cwd=tmp_path,

@@ -22,7 +22,7 @@ def test_optuna_trials_are_slurm_jobs_that_the_sweep_waits_for(slurm_cluster, tm
             "hydra.sweeper.sampler.seed=7", "train.lr=interval(0.001,0.01)",
             "machine=slurm_local", "grid.x=2",
             "train.steps=3", "train.warmup_steps=1", "train.sample_tokens=0",
-            "train.progress=false", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+            "train.progress=false", "preflight=false", f"hydra.sweep.dir={sweep}"]  # fmt: skip
     result = run_launcher(args, cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/job.json"))]
