@@ -37,7 +37,7 @@ from axonn_launch.config.compose import (
     to_launch_config,
 )
 from axonn_launch.config.validate import container_warnings, launch_scope, resolve
-from axonn_launch.submit import chain, rehearse
+from axonn_launch.submit import chain, local, rehearse
 from axonn_launch.submit.pipeline import EXIT_BAD_INPUT, launch
 from axonn_launch.submit.sweep import (
     PointOutcome,
@@ -81,6 +81,8 @@ def hydra_entry(cfg: DictConfig) -> PointOutcome:
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         launch_cfg = point_config(cfg, hydra_cfg if sweeping else None)
+        if launch_cfg.machine.scheduler != "local" or launch_cfg.dry_run:
+            local.dismiss_early_supervisor()  # no local job to hand it: its imports stop
         outcome = launch(
             launch_cfg,
             job_dir=job_dir,
@@ -223,6 +225,7 @@ def check_trial(tree: DictConfig, cfg: LaunchConfig, point: list[str], sweeper: 
 
 
 def main() -> None:
+    local.start_early_supervisor(sys.argv[1:])  # a local job's imports start meanwhile
     with launch_scope():  # the pre-flight's resolution is the launch's
         try:
             preflight(sys.argv[1:])

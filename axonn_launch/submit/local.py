@@ -1,7 +1,8 @@
 """machine=local: one process per rank on this computer, torchrun-style, owned by a
 supervisor (``axonn_launch.submit.supervise``) whether the launcher waits or not.
 
-The launcher starts the supervisor in a session of its own, names it in job.json
+The launcher starts the supervisor in a session of its own (for a plain local run, before
+it composes the job: ``start_early_supervisor``), names it in job.json
 (``local-<supervisor pid>``), then lets it start the ranks. The supervisor stops every
 rank when one fails or when it is asked to (SIGINT, SIGTERM or SIGHUP, which a waiting
 launcher passes on), and writes job.json's final state. Each rank dies with the
@@ -42,6 +43,11 @@ ZYGOTE_BOOT = (
     "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
 )
 RANK_START_VAR = "AXONN_RANK_START"  # "exec": every rank starts Python afresh
+EARLY = "early"  # the supervisor's second argument when it starts before its job is composed
+BLANK = " " * 1024  # the argument that the job dir, once known, is written over (ps shows it)
+# Set again in each rank (``train.configure_threads``), so the warm start may import without
+# the value the job gives them; any other difference makes the supervisor import afresh.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 GO = b"go\n"  # the launcher's word that job.json names the supervisor: start the ranks
 GRACE_S = 10.0  # SIGTERM, then SIGKILL after this: every rank is gone well within 30 s
 POLL_S = 0.05  # the first rank to end is told from the others by this
@@ -128,7 +134,7 @@ def start_ranks(
     envs = [rank_env(rank=r, world_size=world_size, port=port, extra=env) for r in ranks]
     logs = [None] + [paths.rank_log(rank) for rank in range(1, world_size)]
     argv = [RANK_MODULE, str(job_dir)]
-    forked = None if warm is None else warm.start(argv, envs, logs, stop_requested)
+    forked = None if warm is None else warm.start(argv, envs, logs, stop_requested, job_dir)
     if forked is not None:
         return forked
     command = [sys.executable, "-m", *argv]
@@ -223,10 +229,12 @@ class WarmStart:
         envs: list[dict],
         logs: list[Path | tuple[Path, Path] | None],
         stop_requested: Callable[[], str] = lambda: "",
+        job_dir: Path | None = None,
     ) -> list[ForkedRank] | None:
         """Fork one rank per environment, each running ``python -m`` ``argv`` (a module and
         its arguments), its output to its log (a path; stdout and stderr apart; None: this
-        process's); returns once each has its pid. None when the
+        process's); returns once each has its pid. A zygote started before its job was
+        known (``BLANK`` for its job dir) names ``job_dir`` from then on. None when the
         zygote ended first (it could not import the job side: each rank then starts
         afresh, and fails on its own, in its own log) or a stop was asked for while it was
         still importing (it is killed: fresh ranks then meet the stop at once)."""
@@ -234,7 +242,8 @@ class WarmStart:
             {"rank": r, "env": env, **output_of(log)}
             for r, (env, log) in enumerate(zip(envs, logs))
         ]
-        order = json.dumps({"argv": argv, "ranks": ranks}) + "\n"
+        named = {"job_dir": str(job_dir)} if job_dir is not None else {}
+        order = json.dumps({"argv": argv, "ranks": ranks, **named}) + "\n"
         assert self.process.stdin is not None
         with contextlib.suppress(BrokenPipeError):
             self.process.stdin.write(order.encode())
@@ -435,7 +444,12 @@ def start_supervisor(
     """The supervisor of one local job, in a session of its own (a Ctrl-C or a closed
     terminal reaches the launcher, which passes it on, never the ranks directly). It waits
     for ``release`` before it starts the ranks. ``console``: the file that gets its output
-    and rank 0's (a detached job: nobody reads the terminal); None: this terminal."""
+    and rank 0's (a detached job: nobody reads the terminal); None: this terminal. One
+    that ``start_early_supervisor`` started is given the job if it can take it."""
+    early, EARLY_SUPERVISOR[:] = EARLY_SUPERVISOR[:], []
+    for supervisor in early:
+        if hand_job(supervisor, job_dir, world_size, {**os.environ, **env}, console):
+            return supervisor
     command = [sys.executable, "-m", SUPERVISOR, str(job_dir), str(world_size)]
     with contextlib.ExitStack() as files:
         out = None
@@ -450,6 +464,94 @@ def start_supervisor(
             stderr=subprocess.STDOUT if out else None,
             start_new_session=True,
         )
+
+
+# --- the launcher's side: a supervisor started before the job is composed -------------------
+
+EARLY_SUPERVISOR: list[subprocess.Popen] = []  # the one start_early_supervisor started
+
+
+def start_early_supervisor(argv: list[str]) -> None:
+    """Start a local job's supervisor, and with it the warm start's imports, while the
+    launcher composes and checks the job (half a second to a second): ``start_supervisor``
+    hands it the job then. Only for a command line that may run one local job
+    (``early_start_wanted``); a launcher that ends without a local job (bad input, a dry
+    run) ends it by ending: the supervisor reads the end of its input, stops its imports
+    and ends, writing nothing."""
+    if early_start_wanted(argv):
+        command = [sys.executable, "-m", SUPERVISOR, BLANK, EARLY]
+        EARLY_SUPERVISOR.append(
+            subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True)
+        )
+
+
+def dismiss_early_supervisor() -> None:
+    """End the early supervisor, if any, without a job (a launch that turned out to start
+    none here: its imports stop now, not when the launcher ends)."""
+    early, EARLY_SUPERVISOR[:] = EARLY_SUPERVISOR[:], []
+    for supervisor in early:
+        with contextlib.suppress(OSError):
+            supervisor.stdin.close()
+
+
+def early_start_wanted(argv: list[str], environ: Mapping[str, str] = os.environ) -> bool:
+    """A plain run (no flag: no sweep, no help, no other config) of a job on this computer
+    (``machine=local`` or no machine given) that the launcher waits for (a detached job's
+    supervisor writes to a file), not a dry run or a rehearsal; Linux, with the warm start."""
+    if not sys.platform.startswith("linux") or not warm_start_wanted(environ):
+        return False
+    if any(arg.startswith("-") for arg in argv):
+        return False
+    said = dict(arg.lstrip("+~").split("=", 1) for arg in argv if "=" in arg)
+    yes, no = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
+    return (
+        said.get("machine", "local") == "local"
+        and said.get("dry_run", "").lower() not in yes
+        and said.get("rehearse", "").lower() not in yes
+        and said.get("wait", "").lower() not in no
+    )
+
+
+def hand_job(
+    supervisor: subprocess.Popen,
+    job_dir: Path,
+    world_size: int,
+    env: Mapping[str, str],
+    console: Path | None,
+) -> bool:
+    """Give an early supervisor its job (a JSON line); False, and it ends, when it cannot
+    take it: a detached job (its output is the terminal's), a job dir longer than
+    ``BLANK``, or it ended already."""
+    fits = console is None and len(str(job_dir).encode()) <= len(BLANK)
+    job = {"job_dir": str(job_dir), "world_size": world_size, "env": dict(env)}
+    assert supervisor.stdin is not None
+    try:
+        if fits and supervisor.poll() is None:
+            supervisor.stdin.write((json.dumps(job) + "\n").encode())
+            supervisor.stdin.flush()
+            return True
+        supervisor.stdin.close()
+    except OSError:  # it ended
+        pass
+    return False
+
+
+def rename_argument(placeholder: str, value: str) -> bool:
+    """Write ``value`` over this process's argument ``placeholder``, so that ``ps`` and
+    /proc/<pid>/cmdline show it, as ``setproctitle`` does: in the memory that holds the
+    arguments the kernel gave the process (Python keeps copies of its own). Linux; False
+    when it cannot (no such argument, a longer value)."""
+    try:
+        cmdline = Path("/proc/self/cmdline").read_bytes()
+        arg_start = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[45])
+    except (OSError, IndexError, ValueError):
+        return False
+    old, new = placeholder.encode(), value.encode()
+    at = cmdline.find(b"\0" + old + b"\0")
+    if at < 0 or not arg_start or len(new) > len(old):
+        return False
+    ctypes.memmove(arg_start + at + 1, new.ljust(len(old), b"\0"), len(old))
+    return True
 
 
 def release(supervisor: subprocess.Popen) -> None:

@@ -2,6 +2,11 @@
 owner of a local job's rank processes, started by the launcher (``submit/local.py``)
 whether it waits for the job or not.
 
+For a plain local run the launcher starts it before composing the job
+(``local.start_early_supervisor``), so that the warm start imports while the launcher
+composes and checks; the job (dir, ranks, environment) then comes on its input, and its
+command line names the job dir from then on, as when it is started with it.
+
 It starts the ranks once the launcher says job.json names it (``local-<its pid>``):
 forked from a warm process that imported the job side while the launcher wrote job.json
 (``train/zygote.py``; ``AXONN_RANK_START=exec`` starts each as a fresh Python instead),
@@ -25,6 +30,7 @@ Login-node code: never imports torch.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -60,18 +66,59 @@ class StopRequest:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {local.SUPERVISOR}")
     parser.add_argument("job_dir", type=Path)
-    parser.add_argument("world_size", type=int)
+    parser.add_argument("world_size", help=f"the number of ranks, or {local.EARLY}")
     args = parser.parse_args(argv)
     stop = StopRequest()
     stop.install()
     job_id = f"local-{os.getpid()}"
+    if args.world_size == local.EARLY:
+        return supervise_early(job_id, stop)
     # the warm start imports the job side while the launcher writes job.json
     warm = local.WarmStart(args.job_dir) if local.warm_start_wanted() else None
+    return supervise_when_released(args.job_dir, int(args.world_size), job_id, stop, warm)
+
+
+def supervise_early(job_id: str, stop: StopRequest) -> int:
+    """Started before the launcher composed the job (``local.start_early_supervisor``): the
+    warm start imports meanwhile. Then the job, a JSON line (job dir, number of ranks,
+    environment), or the end of the input: the launcher needs no local job, and this ends
+    without a word or a record."""
+    warm = local.WarmStart(Path(local.BLANK))
+    line = sys.stdin.buffer.readline()
+    if not line.strip():
+        warm.close(kill=True)
+        return 0
+    job = json.loads(line)
+    job_dir = Path(job["job_dir"])
+    local.rename_argument(local.BLANK, str(job_dir))  # ps names the job dir, as ever
+    warm = take_environment(job["env"], warm, job_dir)
+    return supervise_when_released(job_dir, int(job["world_size"]), job_id, stop, warm)
+
+
+def take_environment(env: dict[str, str], warm: local.WarmStart, job_dir: Path) -> local.WarmStart:
+    """Make ``env`` this process's environment (the ranks' base, as for a supervisor started
+    with it); the warm start is kept when it imported with the same one, but for the
+    variables each rank sets again (``local.THREAD_VARS``), else started afresh with it."""
+    before = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    changed = {k for k in before.keys() | env.keys() if before.get(k) != env.get(k)}
+    if changed - set(local.THREAD_VARS):
+        warm.close(kill=True)
+        return local.WarmStart(job_dir)
+    return warm
+
+
+def supervise_when_released(
+    job_dir: Path, world_size: int, job_id: str, stop: StopRequest, warm: local.WarmStart | None
+) -> int:
+    """Once the launcher says job.json names this process (``local.GO``), supervise the
+    job; else (it ended, or a stop came first) record that no rank started."""
     if sys.stdin.buffer.readline() != local.GO or stop():
         if warm is not None:
             warm.close(kill=True)
-        return abandon(args.job_dir, job_id, stop())
-    return supervise(args.job_dir, args.world_size, job_id, stop, warm)
+        return abandon(job_dir, job_id, stop())
+    return supervise(job_dir, world_size, job_id, stop, warm)
 
 
 def supervise(

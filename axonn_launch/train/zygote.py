@@ -15,8 +15,9 @@ signal dispositions and a parent-death signal, then runs the module ``argv`` nam
 ``python -m`` would (``runpy``, as ``__main__``, with those arguments) and exits with its
 code. Each is a process of its own, with its own pid and log, named
 ``axonn-rank-<N>`` (``ps -o comm``, ``top``; its command line is the zygote's, which names
-the job dir); thread counts are set in each rank (``train.configure_threads``), after the
-fork.
+the job dir: one started before the launcher composed the job has a blank argument there,
+which the order's ``job_dir`` is written over before the fork); thread counts are set in
+each rank (``train.configure_threads``), after the fork.
 
 On REPORT_FD it tells the supervisor (``submit/local.py``, which never imports torch)
 ``started <rank> <pid>`` for each rank, then ``ended <pid> <returncode>`` as each ends
@@ -221,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if not line.strip():
         return 0  # the supervisor ended, or abandoned the job before the ranks started
     order = json.loads(line)
+    name_job(argv[0], order.get("job_dir"))
     closing = [fd]
     pids = set()
     for item in order["ranks"]:
@@ -229,6 +231,15 @@ def main(argv: list[str] | None = None) -> int:
         report(fd, f"started {item['rank']} {pid}")
     wait_all(pids, fd)
     return 0
+
+
+def name_job(named: str, job_dir: str | None) -> None:
+    """A zygote started before its job was composed has a blank job dir argument: it shows
+    ``job_dir`` from now on, and so do the ranks it forks (``ps``, /proc/<pid>/cmdline)."""
+    if job_dir and not named.strip():
+        from axonn_launch.submit.local import rename_argument  # login side: no torch
+
+        rename_argument(named, job_dir)
 
 
 def leave(code: int) -> None:
