@@ -136,11 +136,11 @@ def supervise(
     pids = [p.pid for p in procs]
     update_ours(job_dir, job_id, rank_pids=pids)
     ending = local.wait_ranks(procs, stop)
-    if warm is not None:
-        warm.close()
     if ending.exit_code:
         say(ending.describe(pids))
     record_end(job_dir, job_id, ending, pids)
+    if warm is not None:  # after the record, which its exit (unmapping its memory) overlaps
+        warm.close()
     recover_run(job_dir, job_id, stop)
     return ending.exit_code
 
