@@ -15,6 +15,7 @@ product's while the bytes sent are kilobytes, not this venv's 1.5 GB (which cost
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import sysconfig
@@ -88,6 +89,13 @@ def linked_venv(tmp_path_factory) -> Path:
     return root
 
 
+def run_in(venv: Path, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m axonn_launch ARGS`` with the interpreter of ``venv``."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    command = [str(venv / "bin" / "python"), "-m", "axonn_launch", *args]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
 def alps_edf(tmp_path: Path) -> dict[str, str]:
     """The project's EDF, found through EDF_PATH as srun would, with a venv that has no
     mpi4py: a package of that name that refuses to import comes first on the path."""
@@ -111,12 +119,13 @@ def test_rehearsal_runs_the_sites_script_and_matches_local(
     world = 2 * TASKS_PER_NODE[machine]
     env = alps_edf(tmp_path) if machine == "alps" else {}
     job_dir = tmp_path / "job"
-    args = [f"machine={machine}", f"model={model}", "rehearse=true", *GRID[world], *TRAIN]
+    args = [f"machine={machine}", f"model={model}", "rehearse=true", *GRID[world], *TRAIN,
+            f"hydra.run.dir={job_dir}"]  # fmt: skip
     broadcast = (machine, model) == BROADCAST
-    python = linked_venv / "bin" / "python"
-    args += ["machine.python_broadcast=true", f"machine.python={python}"] if broadcast else []
-    result = run_launcher([*args, f"hydra.run.dir={job_dir}"], cwd=tmp_path, timeout=900,
-                          env=env)  # fmt: skip
+    if broadcast:  # launched from the linked venv: a rehearsal's tasks run the login's Python
+        result = run_in(linked_venv, [*args, "machine.python_broadcast=true"], cwd=tmp_path)
+    else:
+        result = run_launcher(args, cwd=tmp_path, timeout=900, env=env)
     output = result.stdout[-4000:] + result.stderr[-4000:]
     assert result.returncode == 0, output
     record = json.loads((job_dir / "job.json").read_text())
