@@ -43,6 +43,7 @@ from axonn_launch.common.jobdir import (
     record_lock,
     write_record_file,
 )
+from axonn_launch.common.proctitle import rename_argument
 from axonn_launch.submit import local
 
 
@@ -90,7 +91,7 @@ def supervise_early(job_id: str, stop: StopRequest) -> int:
         return 0
     job = json.loads(line)
     job_dir = Path(job["job_dir"])
-    local.rename_argument(local.BLANK, str(job_dir))  # ps names the job dir, as ever
+    rename_argument(local.BLANK, str(job_dir))  # ps names the job dir, as ever
     warm = take_environment(job["env"], warm, job_dir)
     return supervise_when_released(job_dir, int(job["world_size"]), job_id, stop, warm)
 

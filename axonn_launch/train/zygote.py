@@ -41,6 +41,8 @@ import signal
 import sys
 import traceback
 
+from axonn_launch.common.proctitle import rename_argument
+
 PR_SET_NAME = 15
 PR_SET_PDEATHSIG = 1
 RANK_NAME = "axonn-rank-{rank}"  # the process name of a forked rank (15 bytes at most)
@@ -252,8 +254,6 @@ def name_job(named: str, job_dir: str | None) -> None:
     """A zygote started before its job was composed has a blank job dir argument: it shows
     ``job_dir`` from now on, and so do the ranks it forks (``ps``, /proc/<pid>/cmdline)."""
     if job_dir and not named.strip():
-        from axonn_launch.submit.local import rename_argument  # login side: no torch
-
         rename_argument(named, job_dir)
 
 
