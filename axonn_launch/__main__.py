@@ -11,6 +11,9 @@ MISSING_HINT = (
 
 
 def _main() -> None:
+    from axonn_launch.submit.local import start_early_supervisor
+
+    start_early_supervisor(sys.argv[1:])  # a local job's imports start before Hydra's
     try:
         from axonn_launch.cli import main
     except ModuleNotFoundError as exc:

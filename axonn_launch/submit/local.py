@@ -477,8 +477,9 @@ def start_early_supervisor(argv: list[str]) -> None:
     hands it the job then. Only for a command line that may run one local job
     (``early_start_wanted``); a launcher that ends without a local job (bad input, a dry
     run) ends it by ending: the supervisor reads the end of its input, stops its imports
-    and ends, writing nothing."""
-    if early_start_wanted(argv):
+    and ends, writing nothing. Called twice (``python -m axonn_launch`` calls it before
+    it imports the launcher, and the launcher's ``main`` again), it starts one."""
+    if not EARLY_SUPERVISOR and early_start_wanted(argv):
         command = [sys.executable, "-m", SUPERVISOR, BLANK, EARLY]
         EARLY_SUPERVISOR.append(
             subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True)
