@@ -32,14 +32,14 @@ SLURM_NODE_DOWN = {
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown when xdist is not loaded
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """How pytest-xdist shares the tests among its workers (the suite runs on 2): by scope.
+    """How pytest-xdist shares the tests among its workers (the suite runs on 3): by scope.
     The Slurm tests that take a node down (``SLURM_NODE_DOWN``) are one scope, run one
-    after another on one worker; the other Slurm tests are a second scope, on the other
+    after another on one worker; the other Slurm tests are a second scope, on another
     worker at the same time (the jobs a node-down test takes down are exclusive, so no
     other job is on that node; ``tests/slurm/conftest.py`` leaves a stopped node alone);
     every other test file is a scope of its own, so that its module fixtures run once, on
-    one worker. Those two Slurm scopes come first in the collection, so each worker starts
-    with one. (A scheduler of our own, not ``--dist loadgroup``: xdist 3.8 marks a group by
+    one worker. Those two Slurm scopes come first in the collection, so two workers start
+    with one each and the third with the other files. (A scheduler of our own, not ``--dist loadgroup``: xdist 3.8 marks a group by
     rewriting a test's node id, which pytest 9.2 no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
