@@ -29,7 +29,6 @@ import contextlib
 import importlib
 import json
 import os
-import runpy
 import select
 import shlex
 import signal
@@ -39,6 +38,8 @@ import sys
 import threading
 import traceback
 from pathlib import Path
+
+from axonn_launch.common.asmain import finish, run_as_main
 
 REPO = Path(__file__).resolve().parent.parent
 PRELOAD = (
@@ -115,7 +116,7 @@ def fork_child(request: dict, fds: list[int], sock: socket.socket, others: list[
     if pid:
         return pid
     code = 1
-    try:
+    try:  # exit handlers, thread joins and the exit code as an interpreter: common/asmain.py
         sock.close()
         for fd in others:
             os.close(fd)
@@ -142,51 +143,6 @@ def become_child(request: dict, fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     sys.path[0] = os.getcwd()  # python -m puts the working directory first
-
-
-def run_as_main(module: str, args: list[str]) -> int:
-    """``python -m module args`` in this process; the exit code Python would give."""
-    sys.argv = ["-m", *args]
-    try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    except SystemExit as stop:
-        return exit_code_of(stop)
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        return -signal.SIGINT
-    except BaseException:
-        sys.excepthook(*sys.exc_info())
-        return 1
-    return 0
-
-
-def exit_code_of(stop: SystemExit) -> int:
-    if stop.code is None:
-        return 0
-    if isinstance(stop.code, int):
-        return stop.code
-    print(stop.code, file=sys.stderr)
-    return 1
-
-
-def finish(code: int) -> None:
-    """End as an interpreter ends: wait for its threads (and run threading's exit hooks:
-    ``concurrent.futures`` stops its workers there, joblib's loky too), then its exit
-    handlers (``multiprocessing`` joins its children there), flush its output, and exit
-    with the code."""
-    import atexit
-
-    with contextlib.suppress(BaseException):
-        threading._shutdown()
-    with contextlib.suppress(BaseException):
-        atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
-            stream.flush()
-    if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    os._exit(code & 0xFF)
 
 
 def main() -> None:

@@ -39,8 +39,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     other job is on that node; ``tests/slurm/conftest.py`` leaves a stopped node alone);
     every other test file is a scope of its own, so that its module fixtures run once, on
     one worker. Those two Slurm scopes come first in the collection, so two workers start
-    with one each and the third with the other files. (A scheduler of our own, not ``--dist loadgroup``: xdist 3.8 marks a group by
-    rewriting a test's node id, which pytest 9.2 no longer reads.)"""
+    with one each and the third with the other files. (A scheduler of our own, not
+    ``--dist loadgroup``: xdist 3.8 marks a group by rewriting a test's node id, which
+    pytest 9.2 no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class SuiteScheduling(LoadScopeScheduling):

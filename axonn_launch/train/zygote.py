@@ -30,17 +30,15 @@ their tasks.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import gc
 import json
 import os
-import runpy
 import signal
 import sys
-import traceback
 
+from axonn_launch.common.asmain import finish, run_as_main
 from axonn_launch.common.proctitle import rename_argument
 
 PR_SET_NAME = 15
@@ -131,7 +129,8 @@ def start_rank(argv: list[str], item: dict, closing: list[int]) -> int:
     code = 1
     try:
         become_rank(item, closing)
-        code = run_rank(argv)
+        module, *args = argv
+        code = run_as_main(module, args)
     finally:
         finish(code)
     raise AssertionError("unreachable")
@@ -162,55 +161,6 @@ def replace_fd(fd: int, target: int) -> None:
     if fd != target:
         os.dup2(fd, target)
         os.close(fd)
-
-
-def run_rank(argv: list[str]) -> int:
-    """``python -m MODULE ARGS...`` in this process, with the exit code Python would give."""
-    module, *args = argv
-    sys.argv = ["-m", *args]  # runpy puts the module's path first, as ``python -m`` does
-    try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    except SystemExit as stop:
-        return exit_code_of(stop)
-    except KeyboardInterrupt:
-        uncaught()
-        finish(-signal.SIGINT)
-    except BaseException:
-        uncaught()
-        return 1
-    return 0
-
-
-def uncaught() -> None:
-    """Report the exception being handled as the interpreter reports an uncaught one: through
-    ``sys.excepthook`` (torch.distributed's prefixes each line with ``[rank<N>]:``)."""
-    try:
-        sys.excepthook(*sys.exc_info())
-    except BaseException:
-        traceback.print_exc()
-
-
-def exit_code_of(stop: SystemExit) -> int:
-    if stop.code is None:
-        return 0
-    if isinstance(stop.code, int):
-        return stop.code
-    print(stop.code, file=sys.stderr)
-    return 1
-
-
-def finish(code: int) -> None:
-    """End the rank as an interpreter would: exit handlers, flushed output, the code (a
-    negative one: die by that signal, as Python does on an uncaught KeyboardInterrupt)."""
-    with contextlib.suppress(BaseException):
-        atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
-            stream.flush()
-    if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    os._exit(code & 0xFF)
 
 
 def report(fd: int, line: str) -> None:
