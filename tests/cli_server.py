@@ -36,10 +36,9 @@ import socket
 import subprocess
 import sys
 import threading
-import traceback
 from pathlib import Path
 
-from axonn_launch.common.asmain import finish, run_as_main
+from axonn_launch.common.asmain import fork_as_main
 
 REPO = Path(__file__).resolve().parent.parent
 PRELOAD = (
@@ -109,24 +108,16 @@ def send(sock: socket.socket, line: str) -> None:
 
 def fork_child(request: dict, fds: list[int], sock: socket.socket, others: list[int]) -> int:
     """Fork the child ``request`` names, its output on ``fds``; ``others``: fds of other
-    requests, which the child must not hold open."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1
-    try:  # exit handlers, thread joins and the exit code as an interpreter: common/asmain.py
+    requests, which the child must not hold open. It runs and ends as an interpreter would
+    (``common/asmain.py``)."""
+
+    def prepare() -> None:
         sock.close()
         for fd in others:
             os.close(fd)
         become_child(request, fds)
-        code = run_as_main(request["module"], request["args"])
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        finish(code)
-    raise AssertionError("unreachable")
+
+    return fork_as_main(prepare, request["module"], request["args"])
 
 
 def become_child(request: dict, fds: list[int]) -> None:

@@ -13,6 +13,27 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
+
+
+def fork_as_main(prepare: Callable[[], None], module: str, args: list[str]) -> int:
+    """Fork a child that runs ``prepare()`` (its own output, environment, signals), then
+    ``module`` as ``__main__`` with ``args``, and ends as an interpreter would; the parent
+    gets the child's pid, the child never returns."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        prepare()
+        code = run_as_main(module, args)
+    except BaseException:
+        traceback.print_exc()  # the preparation failed: code 1
+    finally:
+        finish(code)
+    raise AssertionError("unreachable")
 
 
 def run_as_main(module: str, args: list[str]) -> int:

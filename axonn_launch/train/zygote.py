@@ -38,7 +38,7 @@ import os
 import signal
 import sys
 
-from axonn_launch.common.asmain import finish, run_as_main
+from axonn_launch.common.asmain import fork_as_main
 from axonn_launch.common.proctitle import rename_argument
 
 PR_SET_NAME = 15
@@ -121,19 +121,8 @@ def keep_registrations_at_exit() -> None:
 
 def start_rank(argv: list[str], item: dict, closing: list[int]) -> int:
     """Fork the rank ``item`` names; the parent gets its pid, the child never returns."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1
-    try:
-        become_rank(item, closing)
-        module, *args = argv
-        code = run_as_main(module, args)
-    finally:
-        finish(code)
-    raise AssertionError("unreachable")
+    module, *args = argv
+    return fork_as_main(lambda: become_rank(item, closing), module, args)
 
 
 def become_rank(item: dict, closing: list[int]) -> None:
