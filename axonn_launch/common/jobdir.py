@@ -17,7 +17,12 @@ serves its executor and the submitted process). Layout::
       checkpoints/latest       names the newest complete checkpoints/step_<n>/ (meta.json in it)
       checkpoints/.tmp_step_<n>/  a save in progress, or the leftover of an interrupted one
       logs/rank_<r>.log        each rank's log; logs/nccl_rank<r>.log NCCL's
-      logs/failures/rank_<r>.json  a dying rank's exception (records/firstfail.py reads them)
+      logs/failures/rank_<r>.json  a dying rank's exception (records/firstfail.py reads them);
+                               a hang or a non-finite step adds its class and evidence
+      logs/heartbeats/rank_<r>.json  each rank's section, step and last beat (train/watchdog.py)
+      logs/stacks/rank_<r>.txt every thread's Python stack, dumped when a hang was detected
+      stragglers.json          the newest straggler report (rank 0; train/watchdog.py)
+      skipped_steps.json       steps whose batch a rollback skips (recovery, non_finite)
 
 Torch-free and submitit-free: a local run, the job and the login tools all import it.
 """
@@ -52,6 +57,10 @@ STEP_META = "meta.json"
 INTERRUPTED_SAVES = ".tmp_step_*"
 LOGS = "logs"
 FAILURES = "failures"
+HEARTBEATS = "heartbeats"
+STACKS = "stacks"
+STRAGGLERS = "stragglers.json"
+SKIPPED_STEPS = "skipped_steps.json"
 NCCL_LOG = "nccl_rank{rank}.log"
 RESUBMIT_LOCK = ".resubmit.lock"
 RECORD_LOCK = ".record.lock"
@@ -79,6 +88,16 @@ class JobPaths:
     latest = property(lambda self: self.folder / CHECKPOINTS / LATEST)
     logs = property(lambda self: self.folder / LOGS)
     failures = property(lambda self: self.folder / LOGS / FAILURES)
+    heartbeats = property(lambda self: self.folder / LOGS / HEARTBEATS)
+    stacks = property(lambda self: self.folder / LOGS / STACKS)
+    stragglers = property(lambda self: self.folder / STRAGGLERS)
+    skipped_steps = property(lambda self: self.folder / SKIPPED_STEPS)
+
+    def heartbeat(self, rank: int) -> Path:
+        return self.heartbeats / f"rank_{rank}.json"
+
+    def stack_dump(self, rank: int) -> Path:
+        return self.stacks / f"rank_{rank}.txt"
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank_{rank}.log"
@@ -251,8 +270,16 @@ def read_timeline(job_dir: str | Path) -> list[dict]:
     return events
 
 
-def record_failure(job_dir: str | Path, rank: int, error: BaseException) -> None:
+def record_failure(
+    job_dir: str | Path, rank: int, error: BaseException, evidence: dict | None = None
+) -> None:
     """Called by a rank that is about to die of ``error``; never raises itself.
+
+    ``evidence``: what a rank that diagnosed the failure itself adds (the watchdog's hang,
+    the non-finite guard): ``failure_class`` (``hang`` or ``non_finite``), and for a hang
+    ``section``, ``step``, ``stalled_s``, ``suspects`` (``[{"rank", "node"}]``: the ranks
+    that stopped making progress) and ``stacks`` (the folder of the stack dumps); for a
+    non-finite step ``step`` and ``first`` (``loss`` or ``gradients``).
 
     ``os_error``: the errno text of the OSError behind ``error`` (its causes, or a DCP
     save's per-rank failures), so that a checkpoint save that failed on a full disk is
@@ -269,6 +296,7 @@ def record_failure(job_dir: str | Path, rank: int, error: BaseException) -> None
     cause = os_error_of(error)
     if cause is not None:
         record["os_error"] = str(cause).splitlines()[0][:500]
+    record |= evidence or {}
     folder = JobPaths(job_dir).failures
     part = folder / f".rank_{rank}.json.{os.getpid()}"
     try:
@@ -375,3 +403,37 @@ def resolve_checkpoint(text: str) -> Path:
             f"{CHECKPOINTS}/step_N directory or a job directory with {CHECKPOINTS}/{LATEST}"
         )
     return path
+
+
+# --- watchdog, stragglers and rollbacks ------------------------------------------------------
+
+
+def read_json_or_none(path: Path) -> dict | list | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_json_atomically(path: Path, value: dict | list) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _replace_atomically(path, json.dumps(value) + "\n")
+
+
+def read_stragglers(job_dir: str | Path) -> dict | None:
+    """The newest straggler report: ``{"step", "median_s", "stragglers": [{"rank", "node",
+    "compute_s", "ratio", "score"}]}``; None when no rank was ever named."""
+    found = read_json_or_none(JobPaths(job_dir).stragglers)
+    return found if isinstance(found, dict) else None
+
+
+def skipped_steps(job_dir: str | Path) -> list[int]:
+    """Steps (1-based) whose batch the job skips: a rollback after a non-finite step."""
+    found = read_json_or_none(JobPaths(job_dir).skipped_steps)
+    return sorted(int(s) for s in found) if isinstance(found, list) else []
+
+
+def add_skipped_step(job_dir: str | Path, step: int) -> None:
+    write_json_atomically(
+        JobPaths(job_dir).skipped_steps, sorted({*skipped_steps(job_dir), int(step)})
+    )

@@ -76,6 +76,40 @@ class GoldfishConfig:
 
 
 @dataclass(frozen=True)
+class WatchdogConfig:
+    """Deadlines of a rank's sections (``train/watchdog.py``): a section that outlives its
+    deadline is a hang; the rank dumps its stacks and the job ends, naming the ranks that
+    stopped making progress. ``train.watchdog=off`` is ``enabled=false``."""
+
+    enabled: bool = True
+    startup_s: float = 900.0  # init, resume and the first ``startup_steps`` steps
+    startup_steps: int = 2
+    step_factor: float = 10.0  # a step's deadline: this times the median step so far,
+    step_floor_s: float = 120.0  # and never less than this
+    # a checkpoint save's deadline: its bytes at this many GB/s per node, times
+    # ``checkpoint_factor``, plus ``checkpoint_floor_s``; 0 = the machine profile's
+    # ``reliability.write_gbps_per_node`` (the launcher fills it in)
+    checkpoint_gbps: float = 0.0
+    checkpoint_factor: float = 4.0
+    checkpoint_floor_s: float = 120.0
+    eval_floor_s: float = 300.0  # an evaluation's deadline (at least; 10 steps' time if longer)
+    beat_s: float = 2.0  # how often a rank's watchdog refreshes its heartbeat file
+    # collectives after start-up time out after this times the step deadline (torchtitan
+    # lowers its timeout after the first step too); 0 = keep the start-up timeout
+    collective_factor: float = 2.0
+
+
+@dataclass(frozen=True)
+class StragglerConfig:
+    """Ranks share their compute time per step every ``every`` steps; a rank whose time is
+    ``threshold`` robust deviations above the median, and ``min_ratio`` times it, is named."""
+
+    every: int = 50  # 0 = off
+    threshold: float = 6.0  # (t - median) / (1.4826 * MAD), MAD at least 2 % of the median
+    min_ratio: float = 1.5
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     steps: int = 200
     global_batch: int = 16  # sequences per optimizer step, whole job
@@ -124,6 +158,11 @@ class TrainConfig:
     # task: its own cores). Jobs that share cores (a local sweep with n_jobs > 1) set it
     # so their thread pools do not oversubscribe the cores.
     threads: int = 0
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    stragglers: StragglerConfig = field(default_factory=StragglerConfig)
+    # agree every step on whether the loss and the gradient norm are finite, and stop
+    # before an optimizer step that is not (class non_finite)
+    check_finite: bool = True
 
     def computes_in_bf16(self, on_gpu: bool) -> bool:
         """train.dtype bf16, or auto on a GPU (auto is fp32 on a CPU)."""
@@ -197,6 +236,8 @@ class JobSpec:
         train["overlap"] = OverlapConfig(**train["overlap"])
         train["wire"] = WireConfig(**train.get("wire", {}))
         train["goldfish"] = GoldfishConfig(**train.get("goldfish", {}))
+        train["watchdog"] = WatchdogConfig(**train.get("watchdog", {}))
+        train["stragglers"] = StragglerConfig(**train.get("stragglers", {}))
         return cls(
             name=raw["name"],
             job_dir=raw["job_dir"],

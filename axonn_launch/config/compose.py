@@ -202,6 +202,9 @@ def build(cls: type, raw: Any, path: str) -> Any:
         raise ConfigError(str(exc)) from exc
 
 
+# what turns off a section that has an ``enabled`` key, given as its whole value
+SWITCHED_OFF = ("off", False)
+
 # Keys whose ``auto`` is None in the dataclass (the launcher resolves it), with what is valid
 AUTO_KEYS = {
     "train.checkpoint_every": "a number of steps >= 0 (0: only at the end and on a requeue"
@@ -219,6 +222,8 @@ def convert(kind: Any, value: Any, path: str) -> Any:
         (inner,) = [a for a in args if a is not type(None)]
         return convert(inner, value, path)
     if dataclasses.is_dataclass(kind):
+        if value in SWITCHED_OFF and "enabled" in {f.name for f in dataclasses.fields(kind)}:
+            return kind(enabled=False)  # e.g. train.watchdog=off
         return build(kind, value, path)
     if origin is list:
         if not isinstance(value, list):
