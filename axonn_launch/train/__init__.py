@@ -34,6 +34,7 @@ from axonn_launch.train.checkpoint import (
 )
 from axonn_launch.train.comm import resolve_wire
 from axonn_launch.train.data import EvalLoader, Loader, open_source
+from axonn_launch.train.faults import poisons
 from axonn_launch.train.groups import Groups, build_groups
 from axonn_launch.train.logs import setup_logging
 from axonn_launch.train.loop import (
@@ -45,8 +46,10 @@ from axonn_launch.train.loop import (
 )
 from axonn_launch.train.metrics import MetricsLogger
 from axonn_launch.train.model import GPT
+from axonn_launch.train.monitor import StepMonitor
 from axonn_launch.train.sample import decode, default_prompt, generate
-from axonn_launch.train.startup import log_startup, log_startup_time
+from axonn_launch.train.startup import log_startup, log_startup_time, node_name
+from axonn_launch.train.watchdog import Watchdog
 
 __all__ = ["run"]
 
@@ -69,7 +72,7 @@ def run_job(
         return train_rank(spec, env, should_stop)
     except Exception as error:
         log.error("rank %d failed: %s: %s", env.rank, type(error).__name__, error)
-        record_failure(spec.job_dir, env.rank, error)
+        record_failure(spec.job_dir, env.rank, error, getattr(error, "evidence", None))
         raise
 
 
@@ -80,13 +83,19 @@ def train_rank(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool] | No
             f"the job has {env.world_size}"
         )
     configure_threads(env, spec.train.threads)
-    preflight.prepare(spec, env)  # before NCCL starts: its log names the network it uses
-    init_distributed(env)
+    watchdog = start_watchdog(spec, env)
+    try:
+        preflight.prepare(spec, env)  # before NCCL starts: its log names the network it uses
+        init_distributed(env)
+    except BaseException:
+        stop_watchdog(watchdog)
+        raise
     try:
         startup = log_startup(env)  # hosts, torch, devices and network plugin, in the job log
         preflight.run_preflight(spec, env, startup)  # raises PreflightError: do not train here
-        return _run_initialized(spec, env, should_stop or (lambda: False))
+        return _run_initialized(spec, env, should_stop or (lambda: False), watchdog)
     finally:
+        stop_watchdog(watchdog)
         dist.destroy_process_group()
         # Groups held in reference cycles (model <-> runtime) are freed here, joining
         # their gloo worker threads while the interpreter is still whole (groups.py).
@@ -111,7 +120,31 @@ def configure_threads(env: DistEnv, threads: int = 0, environ=os.environ) -> Non
     torch.set_num_threads(max(1, per_rank))
 
 
-def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool]) -> dict:
+def start_watchdog(spec: JobSpec, env: DistEnv) -> Watchdog | None:
+    """This rank's watchdog (``train/watchdog.py``), in its ``init`` section; None when
+    ``train.watchdog=off``."""
+    cfg = spec.train.watchdog
+    if not cfg.enabled:
+        return None
+    return Watchdog(
+        cfg, spec.job_dir, rank=env.rank, world_size=env.world_size, node=node_name()
+    ).start()
+
+
+def stop_watchdog(watchdog: Watchdog | None) -> None:
+    if watchdog is not None:
+        watchdog.stop()
+
+
+def checkpoint_bytes_per_node(model: GPT, env: DistEnv) -> float:
+    """What this node's ranks write in a save: weights and two Adam moments, fp32."""
+    shard = sum(p.numel() for p in model.parameters()) * 4 * 3
+    return float(shard * max(env.local_world_size, 1))
+
+
+def _run_initialized(
+    spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool], watchdog: Watchdog | None
+) -> dict:
     train, grid, device = spec.train, spec.grid, torch.device(env.device)
     recheck_rules(spec)
     torch.manual_seed(train.seed)
@@ -181,12 +214,25 @@ def _run_initialized(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool
         should_stop=should_stop,
         save=lambda step: save(spec, env, step, model, optimizer, loader, checkpointer),
         evaluate=validation_loss(spec, model, groups, device),
+        monitor=StepMonitor(
+            watchdog,
+            train.stragglers,
+            groups,
+            device,
+            job_dir=spec.job_dir,
+            checkpoint_bytes_per_node=checkpoint_bytes_per_node(model, env),
+            rank=env.rank,
+        ),
+        skip=frozenset(jobdir.skipped_steps(spec.job_dir)),
+        poisons=poisons(rank=env.rank, attempt=jobdir.attempt_number(spec.job_dir)),
     )
     startup = log_startup_time(env)  # srun to here, per rank; where Python came from
     summary = train_loop(model, ctx) | {"startup": startup}
     if fallback is not None:  # the newest checkpoint was damaged: which step, and why
         summary["checkpoint_fallback"] = fallback
-    checkpointer.wait()  # the last save completes before the job reports success
+    with ctx.monitor.section("checkpoint", summary["steps"]):
+        checkpointer.wait()  # the last save completes before the job reports success
+    stop_watchdog(watchdog)  # what follows the training (sample, memorization) has no deadline
     logger.close_bar()
     summary |= after_training(spec, env, model, summary)
     logger.finish(summary)

@@ -15,6 +15,12 @@ for ``pause`` and ``slow``, rank 0 otherwise):
   short job reaches its time limit
 - ``exit``: end the process at once with ``os._exit(SECONDS or 1)`` (a crash outside Python)
 - ``kill``: the process sends itself SIGKILL (what the kernel's OOM killer or ``kill -9`` does)
+- ``hang``: sleep SECONDS (default 3600) before the step-boundary all-reduce, outside any
+  collective, in the section ``compute``: a rank wedged in its own code (the watchdog's case)
+- ``straggle``: burn SECONDS milliseconds of CPU (busy work, not a sleep) in step N and every
+  later step, before the step-boundary all-reduce: a rank whose GPU throttled
+- ``nan_loss``: make the rank's share of step N's loss NaN (its gradients stay finite)
+- ``nan_grad``: make one of the rank's gradients NaN in step N (the loss stays finite)
 
 A fault ending in ``:attemptA`` fires only in attempt A of a run (``job.json``'s
 ``attempt``: 1 for the launch, then one more per resubmission or recovery); without it, in
@@ -47,8 +53,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 ENV_VAR = "AXONN_FAULT"
-KINDS = ("collective", "gpu_oom", "code", "pause", "slow", "exit", "kill")
+KINDS = (
+    "collective", "gpu_oom", "code", "pause", "slow", "exit", "kill",
+    "hang", "straggle", "nan_loss", "nan_grad",
+)  # fmt: skip
 EVERY_RANK = ("pause", "slow")
+NUMERIC = ("nan_loss", "nan_grad")  # fire inside the step, on its tensors (``poisons``)
+REPEATING = ("slow", "straggle")  # fire in step N and every later step
 STEP, PREFLIGHT = "step", "preflight"  # when a fault fires
 PREFLIGHT_KINDS = ("slow",)
 DEFAULT_SLOWDOWN = 8
@@ -81,7 +92,7 @@ class Fault:
         return self.kind in EVERY_RANK or rank == 0
 
     def fires_after(self, step: int) -> bool:
-        return step >= self.step if self.kind == "slow" else step == self.step
+        return step >= self.step if self.kind in REPEATING else step == self.step
 
 
 def parse(text: str) -> list[Fault]:
@@ -140,15 +151,8 @@ def step_hook(
     ``should_stop`` is called once per optimizer step, so the n-th call after resuming
     from ``start_step`` follows step ``start_step + n``.
     """
-    faults = [f for f in parse(environ.get(ENV_VAR, "")) if f.when == STEP]
-    if any(f.node is not None for f in faults):
-        from axonn_launch.train.startup import node_name
-
-        node = node_name(environ)
-    else:
-        node = None
-    faults = [f for f in faults if f.fires_on(rank, node) and f.attempt in (None, attempt)]
-    if not faults or not _first_run(environ):
+    faults = [f for f in my_faults(rank, attempt, environ) if f.kind not in NUMERIC]
+    if not faults:
         return should_stop
     calls = [start_step]
 
@@ -162,13 +166,46 @@ def step_hook(
     return hook
 
 
+def my_faults(rank: int, attempt: int, environ=os.environ) -> list[Fault]:
+    """The step faults of ``AXONN_FAULT`` that fire on this rank in this attempt."""
+    faults = [f for f in parse(environ.get(ENV_VAR, "")) if f.when == STEP]
+    if not faults or not _first_run(environ):
+        return []
+    if any(f.node is not None for f in faults):
+        from axonn_launch.train.startup import node_name
+
+        node = node_name(environ)
+    else:
+        node = None
+    return [f for f in faults if f.fires_on(rank, node) and f.attempt in (None, attempt)]
+
+
+def poisons(*, rank: int, attempt: int = 1, environ=os.environ) -> dict[int, str]:
+    """Step -> ``nan_loss`` or ``nan_grad``: the numeric faults of this rank, which the loop
+    applies to the step's tensors."""
+    return {f.step: f.kind for f in my_faults(rank, attempt, environ) if f.kind in NUMERIC}
+
+
+def burn(seconds: float) -> None:
+    """Busy work for ``seconds`` (CPU time, not a sleep)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        sum(range(1000))
+
+
 def inject(fault: Fault, rank: int) -> None:
     if fault.kind == "slow":
         time.sleep(fault.arg or 1)
         return
+    if fault.kind == "straggle":
+        burn((fault.arg or 100) / 1000)
+        return
     print(f"{ENV_VAR}: injecting {fault.kind} after step {fault.step} on rank {rank}", flush=True)
     if fault.kind == "pause":
         time.sleep(fault.arg or 600)
+        return
+    if fault.kind == "hang":
+        time.sleep(fault.arg or 3600)
         return
     if fault.kind == "exit":
         sys.stdout.flush()

@@ -7,11 +7,18 @@ the loader did not set to ``IGNORE_INDEX``: fine-tuning prompts, Goldfish drops)
 its micro-steps and ranks: one all-reduce of the local counts over z and data at the
 start of the step gives their number, each micro-step backpropagates its sum divided by
 it, and the gradients are summed, so ranks holding different numbers of counted labels
-weigh each label the same. At each step
-boundary one small all-reduce over the world averages the loss for logging and agrees
-on whether any rank asked to stop (``should_stop``, e.g. set by a requeue signal) and
-whether any rank's GEMM tuner made new picks (``train/gemm.py``; normally in the first
-step only), which are then gathered into the metrics.
+weigh each label the same. At each step boundary, before the optimizer step, one small
+all-reduce over the world averages the loss and agrees on whether any rank asked to stop
+(``should_stop``, e.g. set by a requeue signal) and whether any rank's GEMM tuner made
+new picks (``train/gemm.py``; normally in the first step only), which are then gathered
+into the metrics.
+
+The non-finite guard rides on collectives the step makes anyway: the averaged loss is
+NaN when any rank's share is, and the gradient norm is the same on every rank (the
+gradients are summed over data before it, and its squares over the tensor-parallel
+axes), so every rank agrees, with no extra collective, to stop before the optimizer step
+(``NonFiniteError``, class ``non_finite``): nothing of that step is applied or saved.
+``train/monitor.py`` marks the watchdog's sections and times the ranks' compute.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -33,6 +40,7 @@ from axonn_launch.train.gemm import GemmTuner
 from axonn_launch.train.groups import Groups
 from axonn_launch.train.metrics import MetricsLogger, StepStats, memory_gib
 from axonn_launch.train.model import clip_grad_norm_, finish_gradients
+from axonn_launch.train.monitor import StepMonitor
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +122,9 @@ class TrainContext:
     should_stop: Callable[[], bool] = lambda: False
     save: Callable[[int], None] = lambda step: None  # checkpoint after ``step`` steps
     evaluate: Callable[[], float] | None = None  # the validation loss (collective)
+    monitor: StepMonitor | None = None  # watchdog sections and straggler exchange
+    skip: frozenset[int] = frozenset()  # steps whose batch is skipped (a rollback)
+    poisons: dict[int, str] = field(default_factory=dict)  # step -> nan_loss | nan_grad
 
 
 def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
@@ -122,6 +133,7 @@ def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
     accumulation = ctx.loader.accumulation
     step, stopped, timed = ctx.start_step, False, []
     loss, tuner, val_loss = float("nan"), gemm_tuner(model), None
+    monitor = ctx.monitor or StepMonitor(None, train.stragglers, ctx.groups, ctx.device)
     log.info(
         "training steps %d..%d: %d micro-steps of %d sequences each, %s, %d tokens per step",
         step + 1, train.steps, accumulation, train.micro_batch, dtype, ctx.tokens_per_step,
@@ -129,26 +141,39 @@ def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
     model.train()
     while step < train.steps:
         started, began = time.perf_counter(), time.time()
+        monitor.begin_step(step + 1, timed)
         lr = learning_rate(step, train)
-        local_loss = run_micro_steps(model, ctx.loader.next_step(), ctx.groups, ctx.device, dtype)
+        batches = next_batches(ctx, step + 1)
+        monitor.mark("compute")
+        poison = ctx.poisons.get(step + 1)
+        local_loss = run_micro_steps(model, batches, ctx.groups, ctx.device, dtype)
+        if poison:
+            local_loss = apply_poison(poison, model, local_loss)
         finish_gradients(model, ctx.groups, average=False)
         max_norm = train.grad_clip if train.grad_clip > 0 else math.inf  # 0: measure only
         grad_norm = clip_grad_norm_(model, max_norm, ctx.groups)
+        stop_asked = ctx.should_stop()
+        monitor.compute_done()
+        monitor.mark("sync")
+        loss, (stop, new_picks) = average_loss_and_flags(
+            local_loss, (stop_asked, tuner_has_new(tuner)), ctx.device, ctx.groups
+        )
+        if train.check_finite:
+            check_finite(step + 1, loss, grad_norm)
         for group in ctx.optimizer.param_groups:
             group["lr"] = lr
         ctx.optimizer.step()
         ctx.optimizer.zero_grad(set_to_none=True)
-        loss, (stop, new_picks) = average_loss_and_flags(
-            local_loss, (ctx.should_stop(), tuner_has_new(tuner)), ctx.device, ctx.groups
-        )
         step += 1
         if new_picks:  # some rank tuned GEMMs in this step: into the metrics (rank 0)
             ctx.logger.add_gemm_choices(gather_gemm_choices(tuner, ctx.groups.world), step)
         elapsed = time.perf_counter() - started
         timed.append(elapsed)
+        monitor.after_step(step, timed, ctx.logger)
         evaluated = ctx.evaluate is not None and evaluation_due(step, train, stop)
         if evaluated:
-            val_loss = ctx.evaluate()
+            with monitor.section("eval", step):
+                val_loss = ctx.evaluate()
         if step % train.log_every == 0 or step == train.steps or stop or evaluated:
             ctx.logger.record(
                 StepStats(step, loss, lr, float(grad_norm), elapsed, ctx.tokens_per_step,
@@ -157,13 +182,59 @@ def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
         ctx.logger.mark("step", step, began)
         if stop or step == train.steps or periodic_checkpoint(step, train):
             saving = time.time()
-            ctx.save(step)
+            with monitor.section("checkpoint", step):
+                ctx.save(step)
             ctx.logger.mark("checkpoint", step, saving)
         if stop:
             log.info("stopped after step %d on request; checkpoint saved", step)
             stopped = True
             break
-    return summarize(ctx, step, loss, timed, stopped) | {"val_loss": val_loss}
+    summary = summarize(ctx, step, loss, timed, stopped) | {"val_loss": val_loss}
+    return summary | monitor.summary()
+
+
+class NonFiniteError(ArithmeticError):
+    """A step whose loss or gradient norm is not finite; it was not applied."""
+
+    def __init__(self, step: int, first: str, loss: float, grad_norm: float) -> None:
+        other, value = ("gradients", grad_norm) if first == "loss" else ("loss", loss)
+        other_state = "finite" if math.isfinite(value) else "not finite"
+        super().__init__(
+            f"non-finite {first} at step {step} ({other} {other_state}); the step was not"
+            f" applied and nothing was saved at or after it"
+        )
+        self.evidence = {"failure_class": "non_finite", "step": step, "first": first}
+
+
+def check_finite(step: int, loss: float, grad_norm: float) -> None:
+    """Raise ``NonFiniteError`` (on every rank alike: both values are agreed) before the
+    optimizer step when the loss or the gradient norm is not finite. The loss is computed
+    before the gradients, so a bad loss is named first."""
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        return
+    first = "loss" if not math.isfinite(loss) else "gradients"
+    error = NonFiniteError(step, first, loss, grad_norm)
+    log.error("axonn_launch: non_finite: %s", error)
+    raise error
+
+
+def next_batches(ctx: TrainContext, step: int) -> Batch:
+    """Step ``step``'s micro-batches; a step a rollback skips (``ctx.skip``) discards the
+    batch that made it non-finite and takes the next one."""
+    batches = ctx.loader.next_step()
+    if step in ctx.skip:
+        log.warning("step %d: skipping the batch that made it non-finite (rollback)", step)
+        batches = ctx.loader.next_step()
+    return batches
+
+
+def apply_poison(kind: str, model: nn.Module, local_loss: torch.Tensor) -> torch.Tensor:
+    """The fault injections ``nan_loss`` and ``nan_grad`` (``train/faults.py``)."""
+    if kind == "nan_loss":
+        return local_loss * float("nan")
+    grad = next(p.grad for p in model.parameters() if p.grad is not None)
+    grad.view(-1)[0] = float("nan")
+    return local_loss
 
 
 def evaluation_due(step: int, train: TrainConfig, stop: bool) -> bool:

@@ -88,6 +88,7 @@ class MetricsLogger:
         self.last: dict | None = None
         self.gemm_choices: dict[str, dict[str, str]] = {}  # rank -> signature -> formulation
         self.pending_gemm: dict[str, dict[str, str]] = {}  # not yet in a row
+        self.pending_stragglers: list[dict] | None = None  # not yet in a row
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -114,6 +115,8 @@ class MetricsLogger:
         if self.pending_gemm:
             row["gemm_choices"] = gemm_tally(self.pending_gemm)
             self.pending_gemm = {}
+        if self.pending_stragglers:
+            row["stragglers"], self.pending_stragglers = self.pending_stragglers, None
         self.last = row
         if self.enabled:
             with self.path.open("a") as f:
@@ -137,6 +140,10 @@ class MetricsLogger:
             self.pending_gemm.setdefault(rank, {}).update(picks)
         if self.enabled and per_rank:
             log.info(gemm_line(per_rank, step))
+
+    def add_stragglers(self, report: dict) -> None:
+        """The ranks a straggler exchange named go into the next row."""
+        self.pending_stragglers = report["stragglers"]
 
     def show_progress(self, row: dict) -> None:
         if self.first_step is None:
