@@ -1,0 +1,138 @@
+"""The watchdog's rules (deadlines, who is named, the straggler score) and one watchdog
+firing for real in this process: a thread that stops making progress, another rank
+that answers and one that stays silent. No subprocess; well under a second."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from axonn_launch.common.jobdir import JobPaths
+from axonn_launch.common.spec import StragglerConfig, WatchdogConfig
+from axonn_launch.train.faults import parse, poisons
+from axonn_launch.train.watchdog import (
+    HANG_EXIT,
+    Watchdog,
+    checkpoint_deadline,
+    collective_timeout,
+    find_suspects,
+    step_deadline,
+    straggler_report,
+    straggler_scores,
+)
+
+CFG = WatchdogConfig(startup_s=900, startup_steps=2, step_factor=10, step_floor_s=120)
+
+
+def test_the_first_steps_get_the_start_up_grace():
+    assert step_deadline(CFG, [], 0) == 900
+    assert step_deadline(CFG, [30.0], 1) == 900
+
+
+def test_then_a_multiple_of_the_median_step_with_a_floor():
+    assert step_deadline(CFG, [30.0, 20.0, 500.0], 3) == 300  # median 30 s, not the outlier
+    assert step_deadline(CFG, [0.1, 0.2, 0.1], 3) == 120  # the floor
+
+
+def test_a_save_gets_its_bytes_at_the_file_systems_bandwidth():
+    cfg = WatchdogConfig(checkpoint_gbps=1.0, checkpoint_factor=4, checkpoint_floor_s=120)
+    assert checkpoint_deadline(cfg, 50e9) == pytest.approx(120 + 4 * 50)
+    assert checkpoint_deadline(WatchdogConfig(checkpoint_gbps=0), 50e9) == 120  # unknown: floor
+
+
+def test_collectives_time_out_after_the_watchdog_speaks():
+    assert collective_timeout(CFG, 120) == 240
+    assert collective_timeout(WatchdogConfig(collective_factor=0), 120) is None
+
+
+def beat(step: int, section: str, at: float) -> dict:
+    return {"step": step, "section": section, "beat": at, "node": "n1"}
+
+
+def test_a_silent_rank_is_named_alone():
+    """Rank 2 did not answer; rank 1, blocked in a collective with it, is behind rank 0
+    and must not be named."""
+    beats = {0: beat(7, "sync", 10), 1: beat(7, "compute", 10), 2: beat(0, "init", 1), 3: None}
+    assert find_suspects(beats, asked_at=5) == [2, 3]
+
+
+def test_when_all_answer_the_ranks_furthest_behind_are_named():
+    beats = {0: beat(7, "sync", 10), 1: beat(7, "compute", 10), 2: beat(7, "sync", 10)}
+    assert find_suspects(beats, asked_at=5) == [1]
+
+
+def test_all_at_the_same_point_names_no_one():
+    beats = {r: beat(7, "sync", 10) for r in range(4)}
+    assert find_suspects(beats, asked_at=5) == []
+
+
+def test_one_slow_rank_of_four_is_a_straggler():
+    times = [0.10, 0.101, 0.099, 0.30]
+    report = straggler_report(times, ["n1", "n1", "n2", "n2"], StragglerConfig(), step=50)
+    (named,) = report["stragglers"]
+    assert (named["rank"], named["node"], named["ratio"]) == (3, "n2", 3.0)
+    assert report["median_s"] == pytest.approx(0.1005)
+
+
+def test_one_slow_rank_of_two_is_named_against_the_other():
+    report = straggler_report([0.1, 0.2], ["n1", "n2"], StragglerConfig(), step=5)
+    assert [s["rank"] for s in report["stragglers"]] == [1]
+
+
+def test_noise_and_a_small_excess_name_no_one():
+    times = [0.100, 0.103, 0.098, 0.101, 0.099, 0.102, 0.100, 0.104, 0.140]
+    assert straggler_report(times, ["n"] * 9, StragglerConfig(), step=1)["stragglers"] == []
+    _, scored = straggler_scores([0.1] * 16)
+    assert all(score == 0 for _, score in scored)  # equal times: no division by a zero MAD
+
+
+def test_a_large_world_uses_the_median_of_all():
+    times = [0.1] * 1000 + [0.5]
+    report = straggler_report(times, ["n"] * 1001, StragglerConfig(), step=1)
+    assert [s["rank"] for s in report["stragglers"]] == [1000]
+
+
+def test_fault_kinds_of_the_watchdog_tests():
+    kinds = [f.kind for f in parse("hang@step5:rank1,straggle@step2:rank3:300,nan_grad@step4")]
+    assert kinds == ["hang", "straggle", "nan_grad"]
+    env = {"AXONN_FAULT": "nan_loss@step5:rank1:attempt1,nan_grad@step7:rank0"}
+    assert poisons(rank=1, attempt=1, environ=env) == {5: "nan_loss"}
+    assert poisons(rank=1, attempt=2, environ=env) == {}
+    assert poisons(rank=0, attempt=2, environ=env) == {7: "nan_grad"}
+
+
+def test_a_watchdog_fires_names_the_silent_rank_and_collects_the_stacks(tmp_path):
+    """Rank 0 stops making progress in step 3; rank 1's watchdog is alive and answers (its
+    stacks are dumped); rank 2 never answers. Rank 0's record names rank 2 and its node."""
+    paths = JobPaths(tmp_path)
+    cfg = WatchdogConfig(beat_s=0.05, step_floor_s=0.3)
+    ended = threading.Event()
+    codes = []
+
+    def end(code: int) -> None:
+        codes.append(code)
+        ended.set()
+
+    peer = Watchdog(cfg, tmp_path, rank=1, world_size=3, node="n1").start()
+    peer.enter("sync", 3, 60)
+    silent = Watchdog(cfg, tmp_path, rank=2, world_size=3, node="n2")
+    silent.write_heartbeat()  # at start-up only, as a stopped process leaves it
+    dog = Watchdog(cfg, tmp_path, rank=0, world_size=3, node="n1", end=end).start()
+    dog.enter("data", 3, 0.3)
+    dog.mark("compute")
+    started = time.time()
+    assert ended.wait(10)
+    peer.stop()
+    assert codes == [HANG_EXIT] and time.time() - started < 5
+    record = json.loads((paths.failures / "rank_0.json").read_text())
+    assert record["failure_class"] == "hang"
+    assert (record["section"], record["step"]) == ("compute", 3)
+    assert record["suspects"] == [{"rank": 2, "node": "n2"}]
+    assert "without progress: rank 2 (n2), silent" in record["exception"]
+    assert "in section compute of step 3" in paths.stack_dump(0).read_text()
+    assert "in section sync of step 3" in paths.stack_dump(1).read_text()
+    assert "Thread" in paths.stack_dump(1).read_text()  # faulthandler's dump of every thread
+    assert not paths.stack_dump(2).exists()
