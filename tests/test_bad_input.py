@@ -18,6 +18,8 @@ CASES = [
     (["train.steps=0"], "train.steps=0"),
     (["train.lr=-1"], "train.lr=-1"),
     (["train.lr=[1"], "train.lr=[1"),
+    (["train.watchdog.beat_s=0"], "train.watchdog.beat_s=0.0: expected a number > 0"),
+    (["train.stragglers.every=-1"], "train.stragglers.every=-1"),
     (["train.dtype=fp8"], "train.dtype='fp8'"),
     (["train.schedule=linear"], "train.schedule='linear'"),
     (["train.data=/nonexistent/tokens.bin"], "train.data='/nonexistent/tokens.bin'"),

@@ -98,6 +98,29 @@ class WatchdogConfig:
     # lowers its timeout after the first step too); 0 = keep the start-up timeout
     collective_factor: float = 2.0
 
+    def __post_init__(self) -> None:
+        for name in ("startup_s", "step_factor", "step_floor_s", "checkpoint_factor",
+                     "checkpoint_floor_s", "eval_floor_s", "beat_s"):  # fmt: skip
+            _require(f"train.watchdog.{name}", getattr(self, name), "a number > 0", positive=True)
+        for name in ("startup_steps", "checkpoint_gbps", "collective_factor"):
+            _require(f"train.watchdog.{name}", getattr(self, name), "a number >= 0")
+        if 0 < self.collective_factor <= 1:
+            raise ValueError(
+                f"train.watchdog.collective_factor={self.collective_factor}: use 0 (keep the"
+                " start-up timeout) or more than 1, so that the watchdog speaks before a collective"
+                " times out"
+            )
+
+
+def _require(field_name: str, value: float, valid: str, positive: bool = False) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or value < 0
+        or (positive and value == 0)
+    ):
+        raise ValueError(f"{field_name}={value!r}: expected {valid}")
+
 
 @dataclass(frozen=True)
 class StragglerConfig:
@@ -107,6 +130,12 @@ class StragglerConfig:
     every: int = 50  # 0 = off
     threshold: float = 6.0  # (t - median) / (1.4826 * MAD), MAD at least 2 % of the median
     min_ratio: float = 1.5
+
+    def __post_init__(self) -> None:
+        _require("train.stragglers.every", self.every, "a number of steps >= 0 (0: off)")
+        _require("train.stragglers.threshold", self.threshold, "a number > 0", positive=True)
+        if not self.min_ratio >= 1:
+            raise ValueError(f"train.stragglers.min_ratio={self.min_ratio!r}: expected >= 1")
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,7 @@ def _resolve(cfg: LaunchConfig) -> Resolved:
         train, memory = choose_cache_layers(cfg.model, grid, train, cfg.machine)
     step = predicted_step(cfg, grid, train)
     train, checkpointing = choose_checkpoint_every(cfg, nodes, train, step)
+    train = with_checkpoint_bandwidth(train, cfg.machine)
     warnings = data_warnings(cfg) + missing_user_keys(cfg.machine, dry_run=cfg.dry_run)
     warnings += placement_warnings(cfg.machine, grid) + account_warnings(cfg.machine)
     warnings += broadcast_warnings(cfg, nodes)
@@ -358,6 +359,15 @@ def choose_checkpoint_every(
         every=every,
     )
     return replace(train, checkpoint_every=checkpointing.every), checkpointing
+
+
+def with_checkpoint_bandwidth(train: TrainConfig, machine: MachineProfile) -> TrainConfig:
+    """The watchdog's save deadline counts a save's bytes at the machine's file system
+    share per node unless ``train.watchdog.checkpoint_gbps`` says otherwise."""
+    if train.watchdog.checkpoint_gbps > 0:
+        return train
+    gbps = machine.reliability.write_gbps_per_node
+    return replace(train, watchdog=replace(train.watchdog, checkpoint_gbps=gbps))
 
 
 def container_warnings(cfg: LaunchConfig, job_dir: str) -> list[str]:
