@@ -84,6 +84,21 @@ VALUE_ERROR = (
     "ValueError: seq_len=128 > model max_seq_len=64\n"
 )
 SCANCEL = "slurmstepd-n1: error: *** JOB 34 ON n1 CANCELLED AT 2026-11-29T15:40:01 ***"
+# train/watchdog.py's line, and train/loop.py's non-finite guard (its log line, its error)
+HANG_LINE = (
+    "axonn_launch watchdog: hang: rank 1 (n1) saw no progress in section step of step 113 for"
+    " 45 s (deadline 40 s); without progress: rank 2 (n2), silent; stacks in"
+    " /scratch/job/logs/stacks"
+)
+NON_FINITE = (
+    "ERROR axonn_launch: non_finite: non-finite gradients at step 7 (loss finite); the step was"
+    " not applied and nothing was saved at or after it\n"
+    "Traceback (most recent call last):\n"
+    '  File "/work/main/axonn_launch/train/loop.py", line 161, in train_loop\n'
+    "axonn_launch.train.loop.NonFiniteError: non-finite gradients at step 7 (loss finite); the"
+    " step was not applied and nothing was saved at or after it\n"
+)
+XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."
 ENOSPC = "[rank0]: OSError: [Errno 28] No space left on device"
 EROFS = "OSError: [Errno 30] Read-only file system: '/scratch/job/metrics.jsonl'"
 
@@ -132,6 +147,16 @@ CASES = [
     ),
     ("disk full", "FAILED", "1:0", ENOSPC + "\n" + GLOO_PEER_CLOSED, failures.STORAGE_FULL),
     ("read-only job dir", "FAILED", "1:0", EROFS, failures.STORAGE_ERROR),
+    (
+        "watchdog hang, peers lost",
+        "FAILED",
+        "75:0",
+        HANG_LINE + "\n" + GLOO_PEER_CLOSED,
+        failures.HANG,
+    ),
+    ("hang, peers' NCCL timeout", "FAILED", "75:0", WATCHDOG + "\n" + HANG_LINE, failures.HANG),
+    ("non-finite step", "FAILED", "1:0", NON_FINITE + SRUN_TERMINATED, failures.NON_FINITE),
+    ("GPU off the bus", "FAILED", "1:0", XID_79 + "\n" + NCCL_ERROR, failures.NODE_FAILURE),
     ("nothing known", "FAILED", "1:0", "", failures.UNKNOWN),
     ("no state at all", "", "", "", failures.UNKNOWN),
 ]
@@ -198,6 +223,58 @@ def test_nodes_to_exclude():
     collective = classify(ev)
     assert collective.failure == failures.COLLECTIVE_FAILURE
     assert collective.bad_nodes == ("n2",)  # task 2 saw the error itself; tasks 2,3 on n2
+
+
+GPU_FAULTS = Path(__file__).parent / "fixtures" / "gpu_faults"
+
+
+@pytest.mark.parametrize(
+    ("fixture", "expected"),
+    [
+        ("nvidia_xid79_off_the_bus.log", failures.NODE_FAILURE),
+        ("nvidia_xid48_double_bit_ecc.log", failures.NODE_FAILURE),
+        ("nvidia_xid63_row_remap.log", failures.NODE_FAILURE),
+        ("nvidia_xid64_row_remap_failure.log", failures.NODE_FAILURE),
+        ("nvidia_xid74_nvlink.log", failures.NODE_FAILURE),  # before the NCCL error it causes
+        ("nvidia_xid94_contained_ecc.log", failures.NODE_FAILURE),
+        ("nvidia_xid95_uncontained_ecc.log", failures.NODE_FAILURE),
+        ("cuda_ecc_uncorrectable.log", failures.NODE_FAILURE),  # not a code error
+        ("nccl_ecc_uncorrectable.log", failures.NODE_FAILURE),  # not a collective failure
+        ("hip_ecc_not_correctable.log", failures.NODE_FAILURE),
+        ("amdgpu_ras_umc_uncorrectable.log", failures.NODE_FAILURE),
+        ("amdgpu_ras_athub.log", failures.NODE_FAILURE),
+        # "no uncorrectable ...": all clear; only the peers lost their connections
+        ("amdgpu_ras_all_clear.log", failures.COLLECTIVE_FAILURE),
+        ("nvidia_xid13_application.log", failures.CODE_ERROR),  # the program's own fault
+    ],
+)
+def test_gpu_hardware_faults_exclude_the_node_of_the_task_that_saw_them(fixture, expected):
+    """Task 2 of four (two per node) logged the fault: its node, n2, is left out; its peers
+    only lost their connections."""
+    text = (GPU_FAULTS / fixture).read_text()
+    logs = {0: GLOO_PEER_CLOSED, 1: GLOO_PEER_CLOSED, 2: text, 3: GLOO_PEER_CLOSED}
+    ev = Evidence(state="FAILED", exit_code="1:0", logs=logs, nodes=("n1", "n2"),
+                  tasks_per_node=2)  # fmt: skip
+    diagnosis = classify(ev)
+    assert diagnosis.failure == expected, diagnosis
+    if expected == failures.NODE_FAILURE:
+        assert diagnosis.bad_nodes == ("n2",), diagnosis
+        assert diagnosis.reason in text
+
+
+def test_a_gpu_fault_in_a_failure_record_names_the_record_host():
+    """Without a log line (the node's logs were lost), a rank's failure record holds it:
+    the record's host is left out."""
+    record = {
+        "rank": 3,
+        "host": "n7",
+        "time": 10.0,
+        "exception": "RuntimeError: CUDA error: uncorrectable ECC error encountered",
+    }
+    ev = Evidence(state="FAILED", exit_code="1:0", logs={0: GLOO_PEER_CLOSED},
+                  records=(record["exception"],), failure_records=(record,))  # fmt: skip
+    diagnosis = classify(ev)
+    assert (diagnosis.failure, diagnosis.bad_nodes) == (failures.NODE_FAILURE, ("n7",))
 
 
 def test_nodelist_expansion():

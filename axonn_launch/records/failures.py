@@ -1,8 +1,10 @@
 """Why a job ended, and what to do about it: pure functions on sacct fields and log text.
 
 ``classify(evidence)`` reads, in this order of trust: the Slurm state (sacct, or squeue
-while the job is queued), the outcome in submitit's result pickles, and signatures in
-the tail of the task logs. Each class maps to one action:
+while the job is queued), the outcome in submitit's result pickles, a storage fault in
+any failure record or log, a GPU's hardware fault, a rank's own diagnosis (a failure
+record with ``failure_class``: the watchdog's hang, the non-finite guard), and
+signatures in the tail of the task logs. Each class maps to one action:
 
 ==================  ===============================================================
 class               action
@@ -16,11 +18,21 @@ rank_killed         resume: a rank, srun or slurmstepd died from a signal (kill 
                     segfault) with no error in any log and no sign of memory
                     exhaustion; also a job sacct calls COMPLETED whose tasks did
                     not all return (their step was lost)
-node_failure        resume, excluding the failed nodes (``--exclude``)
+node_failure        resume, excluding the failed nodes (``--exclude``); also a GPU's
+                    hardware fault: an NVIDIA Xid of failed hardware, an
+                    uncorrectable ECC or NVLink error, a GPU fallen off the bus, an
+                    amdgpu RAS uncorrectable error (the node of the task that saw it)
 collective_failure  resume, excluding the nodes whose ranks reported the error
+hang                resume, excluding the nodes of the ranks that stopped making
+                    progress (the watchdog's record or log line names them); a plain
+                    resume when it names none
 host_oom            do not retry unchanged; retry only with a new grid or node count
 gpu_oom             do not retry unchanged; retry only with a new grid or node count
 code_error          do not retry: a Python exception or a configuration error
+non_finite          stop: the loss or the gradients of a step were not finite; the
+                    step was not applied and nothing was saved at or after it
+                    (``recovery.policy.non_finite=rollback`` resumes before it and
+                    skips its batch, once per step)
 storage_full        stop: the job dir's file system is full or over quota (ENOSPC,
                     EDQUOT); free space, then relaunch. No node is to blame
 storage_error       stop: another I/O error on a file (EIO, EROFS, ESTALE); fix the
@@ -30,7 +42,11 @@ unknown             report: nothing recognizable; read the logs
 
 Storage faults come first among the log signatures: a full disk fails a checkpoint
 write on one rank, and its peers then report lost connections and aborted collectives,
-which would otherwise blame (and exclude) healthy nodes.
+which would otherwise blame (and exclude) healthy nodes. A GPU's hardware fault comes
+next: it is the root cause of what the ranks then see (a hang, non-finite values, a
+failed collective). A rank's own diagnosis beats the symptoms in the logs (the peers of
+a hung rank report lost connections and collective timeouts), unless a rank recorded an
+error before it (a code error or an out-of-memory that left its peers waiting).
 """
 
 from __future__ import annotations
@@ -38,7 +54,7 @@ from __future__ import annotations
 import errno
 import functools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # The Slurm text rules live in slurmtext; records/status.py and the tests read these
 # names from here.
@@ -53,9 +69,11 @@ CANCELLED = "cancelled"
 RANK_KILLED = "rank_killed"
 NODE_FAILURE = "node_failure"
 COLLECTIVE_FAILURE = "collective_failure"
+HANG = "hang"
 HOST_OOM = "host_oom"
 GPU_OOM = "gpu_oom"
 CODE_ERROR = "code_error"
+NON_FINITE = "non_finite"
 STORAGE_FULL = "storage_full"
 STORAGE_ERROR = "storage_error"
 UNKNOWN = "unknown"
@@ -78,15 +96,21 @@ ACTIONS = {
     RANK_KILLED: RESUME,
     NODE_FAILURE: RESUME_EXCLUDING,
     COLLECTIVE_FAILURE: RESUME_EXCLUDING,
+    HANG: RESUME_EXCLUDING,  # the nodes of the ranks that stopped; none named: a plain resume
     HOST_OOM: RETRY_WITH_NEW_GRID,
     GPU_OOM: RETRY_WITH_NEW_GRID,
     CODE_ERROR: DO_NOT_RETRY,
+    NON_FINITE: STOP,
     STORAGE_FULL: STOP,
     STORAGE_ERROR: STOP,
     UNKNOWN: REPORT,
 }
 CLASSES = tuple(ACTIONS)
 STORAGE_CLASSES = (STORAGE_FULL, STORAGE_ERROR)
+# the classes a rank diagnoses itself and writes into its failure record (``failure_class``)
+DIAGNOSED_CLASSES = (HANG, NON_FINITE)
+# what may go into --exclude (a suspect the watchdog could not place is named "?")
+NODE_NAME = re.compile(r"[A-Za-z0-9][\w.-]*")
 
 STATE_CLASSES = {
     "TIMEOUT": TIMEOUT,
@@ -172,6 +196,60 @@ NODE_FAILURE_PATTERNS = (
     r"NODE_FAIL",
     r"slurmstepd: error: .*(?:node|Node) (?P<node>[\w.-]+) (?:failed|not responding)",
 )
+# A GPU's hardware fault: the node is to be left out (node_failure), whatever the ranks
+# then report (a hang, non-finite values, a failed collective). Sources:
+# - NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html) and
+#   its page-retirement guide (docs.nvidia.com/deploy/dynamic-page-retirement/): the
+#   driver logs ``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.``.
+#   Kept: 48 double-bit ECC (DBE), 63 and 64 row remapping / page retirement recorded or
+#   failed (the GPU needs a reset or service), 74 NVLink error, 79 fallen off the bus,
+#   94 and 95 contained and uncontained ECC errors, 119 and 120 GSP firmware errors (reset
+#   the GPU), 140 unrecovered ECC error. Left out: the Xids an application causes itself
+#   (13, 31, 43, 45: a bad kernel, an illegal address, a killed process).
+# - CUDA runtime API, enum cudaError (docs.nvidia.com/cuda/cuda-runtime-api/
+#   group__CUDART__TYPES.html): cudaErrorECCUncorrectable = 214, whose string (what torch
+#   prints after "CUDA error: ") is "uncorrectable ECC error encountered";
+#   cudaErrorNvlinkUncorrectable = 220, "uncorrectable NVLink error detected during the
+#   execution"; the driver API's CUDA_ERROR_ECC_UNCORRECTABLE and
+#   CUDA_ERROR_NVLINK_UNCORRECTABLE.
+# - HIP runtime API, enum hipError_t (rocm.docs.amd.com/projects/HIP, reference/
+#   error_codes): hipErrorECCNotCorrectable = 214, "uncorrectable ECC error encountered"
+#   (HIP's wrappers of older releases: "Uncorrectable ECC error detected").
+# - Linux amdgpu RAS (drivers/gpu/drm/amd/amdgpu/amdgpu_ras.c): "uncorrectable hardware
+#   error(ERREVENT_ATHUB_INTERRUPT) detected!" and "<n> uncorrectable hardware errors
+#   detected in <block> block" (n >= 1: the all-clear reads "no uncorrectable ...").
+GPU_FAULT_PATTERNS = (
+    r"NVRM: Xid \((?:PCI:)?[0-9A-Fa-f:.]+\): (?:48|63|64|74|79|94|95|119|120|140)\b",
+    r"GPU has fallen off the bus",
+    r"uncorrectable double bit error \(DBE\)",
+    r"\b[Uu]ncorrectable ECC error (?:encountered|detected)",
+    r"\bcudaErrorECCUncorrectable\b",
+    r"\bCUDA_ERROR_ECC_UNCORRECTABLE\b",
+    r"\bhipErrorECCNotCorrectable\b",
+    r"\bcudaErrorNvlinkUncorrectable\b",
+    r"\bCUDA_ERROR_NVLINK_UNCORRECTABLE\b",
+    r"uncorrectable NVLink error",
+    r"[Uu]ncorrectable hardware error ?\(ERREVENT_\w+\) detected",
+    r"\b[1-9]\d* (?:new )?uncorrectable hardware errors detected in (?:total in )?\w+ block",
+)
+# What a rank's watchdog and non-finite guard print (train/watchdog.py, train/loop.py),
+# for when their failure records are missing. The watchdog's line:
+#   axonn_launch watchdog: hang: rank 1 (n1) saw no progress in section step of step 113
+#   for 45 s (deadline 40 s); without progress: rank 2 (n2), silent; stacks in <dir>
+HANG_LINE = re.compile(
+    r"axonn_launch watchdog: hang: rank (?P<rank>\d+) \((?P<node>[^)]*)\) saw no progress"
+    r" in section (?P<section>\S+) of step (?P<step>\d+) for (?P<stalled>[\d.]+) s"
+    r"[^\n]*?(?:; without progress: (?P<suspects>[^\n]*?))?(?:; stacks in (?P<stacks>\S+))?$",
+    re.M,
+)
+SUSPECT_WORDS = re.compile(r"rank (?P<rank>\d+) \((?P<node>[^)]*)\)")
+# the guard's log line, and the NonFiniteError it raises (not a code error)
+NON_FINITE_LINE = re.compile(
+    r"(?:axonn_launch: non_finite: |NonFiniteError: )"
+    r"non-finite (?P<first>loss|gradients) at step (?P<step>\d+)"
+)
+# a rank's error recorded before its peers' own diagnosis explains it (they waited for it)
+CAUSES_BEFORE_A_DIAGNOSIS = (CODE_ERROR, GPU_OOM, HOST_OOM)
 TIMEOUT_PATTERNS = (
     r"DUE TO TIME LIMIT",
     r"Job not requeued because: timed-out",
@@ -209,7 +287,10 @@ class Evidence:
     the job; ``logs``: task index -> tail of that task's stdout+stderr; ``nodes``: the
     job's nodes in task-block order (task t runs on ``nodes[t // tasks_per_node]``);
     ``records``: the ranks' failure records and the launcher's own error (job.json), as
-    text, read for storage faults only (a full disk may leave no log line at all).
+    text, read for storage faults and GPU hardware faults (a full disk may leave no log
+    line at all); ``failure_records``: the same ranks' failure records as written
+    (``common/jobdir.record_failure``: ``rank``, ``host``, ``time``, ``exception``,
+    ``tail``, and a rank's own diagnosis: ``failure_class`` and its evidence).
     """
 
     state: str = ""
@@ -220,6 +301,7 @@ class Evidence:
     nodes: tuple[str, ...] = ()
     tasks_per_node: int = 1
     records: tuple[str, ...] = ()
+    failure_records: tuple[dict, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -227,6 +309,10 @@ class Diagnosis:
     failure: str  # one of CLASSES
     reason: str = ""  # the line or state that decided it
     bad_nodes: tuple[str, ...] = ()  # nodes to exclude on a resubmission
+    # what a hang or a non-finite step left as evidence: for a hang ``section``, ``step``,
+    # ``stalled_s``, ``suspects`` ([{"rank", "node"}]) and ``stacks``; for a non-finite
+    # step ``step`` and ``first`` (``loss`` or ``gradients``); {} for the other classes
+    detail: dict = field(default_factory=dict, compare=False)
 
     @property
     def action(self) -> str:
@@ -251,9 +337,9 @@ def classify(ev: Evidence) -> Diagnosis:
         return Diagnosis(NODE_FAILURE, ev.state, _failed_nodes(ev) or ev.nodes)
     if state in STATE_CLASSES:
         return Diagnosis(STATE_CLASSES[state], ev.state)
-    by_log = classify_storage("\n".join(ev.records)) or classify_text("\n".join(_texts(ev)))
-    if by_log is not None:
-        return _with_nodes(by_log, ev)
+    explained = explain(ev)
+    if explained is not None:
+        return explained
     if _killed_by_signal(ev.exit_code):
         return Diagnosis(RANK_KILLED, f"exit code {ev.exit_code}")
     if state == "COMPLETED":
@@ -263,6 +349,115 @@ def classify(ev: Evidence) -> Diagnosis:
             f"sacct says COMPLETED but {returned} of {ev.expected_results} tasks returned",
         )
     return Diagnosis(UNKNOWN, ev.state or "no state, no result, no recognizable log line")
+
+
+def explain(ev: Evidence) -> Diagnosis | None:
+    """The class the records and logs of an ended job show, with its nodes, or None: a
+    storage fault, a GPU's hardware fault, a rank's own diagnosis, then the logs alone."""
+    records, logs = "\n".join(ev.records), "\n".join(_texts(ev))
+    found = classify_storage(records) or classify_storage(logs)
+    if found is None:
+        line = first_match(records + "\n" + logs, GPU_FAULT_PATTERNS)
+        found = Diagnosis(NODE_FAILURE, line) if line is not None else None
+    if found is None:
+        found = diagnosed(ev)
+        if found is not None:
+            return found
+    found = found or classify_text(logs)
+    return _with_nodes(found, ev) if found is not None else None
+
+
+def diagnosed(ev: Evidence) -> Diagnosis | None:
+    """The class that ranks diagnosed themselves (``failure_class`` in their failure
+    records: hang, non_finite), or None; an error another rank recorded before it (a code
+    error, an out-of-memory) is the cause instead: its peers then waited for it."""
+    own = [r for r in ev.failure_records if r.get("failure_class") in DIAGNOSED_CLASSES]
+    if not own:
+        return None
+    first = min(own, key=_record_time)
+    cause = _earlier_cause(ev.failure_records, _record_time(first))
+    if cause is not None:
+        return _with_nodes(cause, ev)
+    if first["failure_class"] == NON_FINITE:
+        return non_finite_of(first)
+    return hang_of([r for r in own if r["failure_class"] == HANG], ev)
+
+
+def non_finite_of(record: dict) -> Diagnosis:
+    """non_finite from the guard's record: ``step`` and ``first`` (loss or gradients)."""
+    detail = {k: record[k] for k in ("step", "first") if k in record}
+    said = str(record.get("exception", "")).split(": ", 1)[-1]
+    reason = said or f"non-finite {detail.get('first', 'values')} at step {detail.get('step')}"
+    return Diagnosis(NON_FINITE, reason, (), detail)
+
+
+def hang_of(records: list[dict], ev: Evidence) -> Diagnosis:
+    """hang from the watchdogs' records (the earliest says where; every one's suspects
+    count): the suspects' nodes are left out."""
+    records = sorted(records, key=_record_time)
+    first = records[0]
+    suspects = _unique_suspects(s for r in records for s in r.get("suspects") or [])
+    detail = {k: first[k] for k in ("section", "step", "stalled_s", "stacks") if k in first}
+    said = HANG_LINE.search(str(first.get("exception", "")))  # its node as Slurm names it
+    node = said["node"] if said else first.get("host")
+    detail |= {"suspects": suspects, "rank": first.get("rank"), "node": node}
+    return Diagnosis(HANG, hang_reason(detail), suspect_nodes(suspects, ev), detail)
+
+
+def hang_reason(detail: dict) -> str:
+    """``section step of step 113 hung: no progress for 45 s; without progress: rank 2
+    (n2); stacks in <dir>`` (at most 4 ranks named, then how many more)."""
+    names = [f"rank {s.get('rank')} ({s.get('node') or '?'})" for s in detail.get("suspects", [])]
+    if len(names) > 4:
+        names = names[:4] + [f"{len(names) - 4} more"]
+    stalled = detail.get("stalled_s")
+    line = f"section {detail.get('section', '?')} of step {detail.get('step', '?')} hung"
+    line += f": no progress for {float(stalled):.0f} s" if stalled is not None else ""
+    line += "; without progress: " + (", ".join(names) or "no rank named (all stopped alike)")
+    return line + (f"; stacks in {detail['stacks']}" if detail.get("stacks") else "")
+
+
+def suspect_nodes(suspects: list[dict], ev: Evidence) -> tuple[str, ...]:
+    """The nodes of the ranks that stopped, unique and in order: each suspect's own node,
+    else its rank's place in the allocation; only nodes of the allocation when known."""
+    tasks_per_node = max(ev.tasks_per_node, 1)
+    nodes: list[str] = []
+    for suspect in suspects:
+        node = str(suspect.get("node") or "")
+        if not NODE_NAME.fullmatch(node) and isinstance(suspect.get("rank"), int):
+            node = "".join(nodes_of_tasks([suspect["rank"]], ev.nodes, tasks_per_node))
+        if NODE_NAME.fullmatch(node) and (not ev.nodes or node in ev.nodes):
+            nodes.append(node)
+    return tuple(dict.fromkeys(nodes))
+
+
+def _unique_suspects(suspects) -> list[dict]:
+    found: dict[object, dict] = {}
+    for suspect in suspects:
+        if isinstance(suspect, dict):
+            found.setdefault(suspect.get("rank"), suspect)
+    return list(found.values())
+
+
+def _earlier_cause(records: tuple[dict, ...], before: float) -> Diagnosis | None:
+    """A code error or an out-of-memory that a rank recorded before ``before``."""
+    for record in sorted(records, key=_record_time):
+        if _record_time(record) >= before or record.get("failure_class"):
+            continue
+        if str(record.get("exception", "")).startswith(("SystemExit", "KeyboardInterrupt")):
+            continue
+        text = "\n".join([str(record.get("exception", "")), *map(str, record.get("tail", []))])
+        found = classify_text(text)
+        if found is not None and found.failure in CAUSES_BEFORE_A_DIAGNOSIS:
+            return found
+    return None
+
+
+def _record_time(record: dict) -> float:
+    try:
+        return float(record.get("time", 0.0))
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def classify_text(text: str) -> Diagnosis | None:
@@ -276,9 +471,12 @@ def classify_text(text: str) -> Diagnosis | None:
     if storage is not None:
         return storage
     checks = (
+        (NODE_FAILURE, GPU_FAULT_PATTERNS),
         (GPU_OOM, GPU_OOM_PATTERNS),
         (NODE_FAILURE, NODE_FAILURE_PATTERNS),
         (HOST_OOM, HOST_OOM_PATTERNS),
+        (NON_FINITE, (NON_FINITE_LINE.pattern,)),
+        (HANG, (HANG_LINE.pattern,)),
         (TIMEOUT, TIMEOUT_PATTERNS),
         (PREEMPTED, PREEMPT_PATTERNS),
         (COLLECTIVE_FAILURE, PRIMARY_COLLECTIVE_PATTERNS),
@@ -365,14 +563,59 @@ def _texts(ev: Evidence) -> list[str]:
 
 
 def _with_nodes(diagnosis: Diagnosis, ev: Evidence) -> Diagnosis:
-    """Attach the nodes to exclude for the classes whose action excludes nodes."""
+    """Attach the nodes to exclude for the classes whose action excludes nodes (and what a
+    hang's or a non-finite step's log line says)."""
+    if diagnosis.failure == NON_FINITE:
+        return replace(diagnosis, detail=_non_finite_said(diagnosis.reason))
     if diagnosis.action != RESUME_EXCLUDING:
         return diagnosis
+    if diagnosis.failure == HANG:
+        detail = _hang_said(ev)
+        nodes = suspect_nodes(detail.get("suspects", []), ev)
+        return Diagnosis(HANG, diagnosis.reason, nodes, detail)
+    if diagnosis.failure == NODE_FAILURE and first_match(diagnosis.reason, GPU_FAULT_PATTERNS):
+        return replace(diagnosis, bad_nodes=_gpu_fault_nodes(ev))
     if diagnosis.failure == NODE_FAILURE:
         return Diagnosis(diagnosis.failure, diagnosis.reason, _failed_nodes(ev) or ev.nodes)
     tasks = [t for t, text in ev.logs.items() if _primary_collective_error(text)]
     nodes = nodes_of_tasks(tasks, ev.nodes, max(ev.tasks_per_node, 1))
     return Diagnosis(diagnosis.failure, diagnosis.reason, nodes)
+
+
+def _gpu_fault_nodes(ev: Evidence) -> tuple[str, ...]:
+    """The nodes whose tasks logged a GPU's hardware fault (a task's place in the
+    allocation), then the hosts of the failure records that hold one."""
+    tasks = [t for t, text in ev.logs.items() if first_match(text, GPU_FAULT_PATTERNS)]
+    nodes = list(nodes_of_tasks(tasks, ev.nodes, max(ev.tasks_per_node, 1)))
+    for record in ev.failure_records:
+        text = "\n".join([str(record.get("exception", "")), *map(str, record.get("tail", []))])
+        host = str(record.get("host") or "")
+        if first_match(text, GPU_FAULT_PATTERNS) and NODE_NAME.fullmatch(host):
+            nodes.append(host)
+    return tuple(dict.fromkeys(nodes))
+
+
+def _hang_said(ev: Evidence) -> dict:
+    """What the watchdogs' hang lines in the logs say: the first one's rank, node,
+    section, step, stall and stacks; every line's suspects."""
+    detail: dict = {}
+    suspects = []
+    for text in _texts(ev):
+        for found in HANG_LINE.finditer(text):
+            if not detail:
+                detail = {"section": found["section"], "step": int(found["step"]),
+                          "stalled_s": float(found["stalled"]), "rank": int(found["rank"]),
+                          "node": found["node"]}  # fmt: skip
+                if found["stacks"]:
+                    detail["stacks"] = found["stacks"]
+            for named in SUSPECT_WORDS.finditer(found["suspects"] or ""):
+                suspects.append({"rank": int(named["rank"]), "node": named["node"]})
+    return detail | {"suspects": _unique_suspects(suspects)} if detail else {}
+
+
+def _non_finite_said(line: str) -> dict:
+    found = NON_FINITE_LINE.search(line)
+    return {"step": int(found["step"]), "first": found["first"]} if found else {}
 
 
 def _primary_collective_error(text: str) -> bool:

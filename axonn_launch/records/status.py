@@ -35,6 +35,7 @@ from axonn_launch.common.jobdir import (
     read_failures,
     read_record,
     read_record_or_empty,
+    read_stragglers,
     read_summary,
     update_record,
 )
@@ -53,6 +54,9 @@ class SchedulerInfo:
     exit_code: str = ""
     nodelist: str = ""
     times: tuple[float, float, float] | None = None  # submit, start, end once ended
+    # every ended allocation (submit, start, end), oldest first: a job requeued in place
+    # (a time limit, a preemption) ran in several (sacct -D)
+    allocations: tuple[tuple[float, float, float], ...] = ()
 
 
 @dataclass
@@ -87,6 +91,14 @@ class JobStatus:
     stop_reason: str = ""
     allocation: list[float] = field(default_factory=list)  # submit, start, end once ended
     goodput: dict = field(default_factory=dict)  # the run's (records/goodput.py), once ended
+    # every allocation of the job (a requeued job has several: sacct -D), oldest first
+    allocations: list[list[float]] = field(default_factory=list)
+    # a hang's section, step, stall, suspects and stacks; a non-finite step's step and
+    # first (loss or gradients): what the diagnosing rank recorded (records/failures.py)
+    detail: dict = field(default_factory=dict)
+    # the newest straggler report's ranks (stragglers.json): rank, node, ratio, ...
+    stragglers: list[dict] = field(default_factory=list)
+    straggler_step: int | None = None  # the step of that report
 
 
 RUN_RUNNING, RUN_WAITING, RUN_RECOVERING, RUN_DONE, RUN_STOPPED = (
@@ -151,7 +163,11 @@ def goodput_of(group: list[JobStatus]) -> dict:
     attempts = sorted(group, key=lambda r: r.attempt)
     if any(len(r.allocation) != 3 for r in attempts):
         return {}
-    allocations = [goodput.Allocation(Path(r.job_dir), *r.allocation) for r in attempts]
+    allocations = [
+        goodput.Allocation(Path(r.job_dir), *times)
+        for r in attempts
+        for times in (r.allocations or [r.allocation])
+    ]
     found = goodput.of_run(allocations, finished=attempts[-1].failure == failures.COMPLETED)
     return found.as_dict() if found else {}
 
@@ -273,14 +289,31 @@ def scheduler_states(job_ids: list[str]) -> dict[str, SchedulerInfo]:
 
 
 def sacct_states(job_ids: list[str]) -> dict[str, SchedulerInfo] | None:
-    """None when sacct is missing or fails (no accounting)."""
-    out = command_output(slurmtext.sacct_command(job_ids))
-    if out is None:
-        return None
-    rows = slurmtext.parse_sacct(out)
-    return {
-        job: SchedulerInfo(r.state, r.exit_code, r.nodelist, r.times) for job, r in rows.items()
-    }
+    """None when sacct is missing or fails (no accounting). Asked with ``--duplicates``:
+    without it sacct shows a requeued job's newest allocation only, and the earlier ones
+    (allocated time, maybe hung) would pass for time in the queue."""
+    out = command_output([*slurmtext.sacct_command(job_ids), "--duplicates"])
+    return None if out is None else sacct_infos(out)
+
+
+def sacct_infos(text: str) -> dict[str, SchedulerInfo]:
+    """``sacct -X -D`` rows by job id: the state of its newest row (the one without an end
+    yet, else the latest submitted: Slurm resets a requeued job's submit time), and every
+    ended allocation."""
+    rows: dict[str, list[slurmtext.JobRow]] = {}
+    for line in text.splitlines():
+        for job, row in slurmtext.parse_sacct(line).items():
+            rows.setdefault(job, []).append(row)
+    infos = {}
+    for job, found in rows.items():
+        ongoing = [r for r in found if r.times is None]
+        ended = sorted((r for r in found if r.times), key=lambda r: (r.times[0], r.times[1]))
+        newest = ongoing[-1] if ongoing else ended[-1]
+        allocations = tuple(r.times for r in ended if r.times)
+        infos[job] = SchedulerInfo(
+            newest.state, newest.exit_code, newest.nodelist, newest.times, allocations
+        )
+    return infos
 
 
 def squeue_states(job_ids: list[str]) -> dict[str, SchedulerInfo]:
@@ -400,26 +433,40 @@ def evidence(
         logs=task_logs(job_dir, job_id, files, every_task),
         nodes=nodelist,
         tasks_per_node=int(record.get("tasks_per_node", 1)),
-        records=storage_evidence(job_dir, record),
+        **record_evidence(job_dir, record),
     )
 
 
 RECORD_CLOCK_SLACK_S = 5.0  # a rank's clock may run behind the launcher's
 
 
-def storage_evidence(job_dir: Path, record: dict) -> tuple[str, ...]:
-    """Where a full disk leaves its trace when the logs could not be written: the failure
-    records of this attempt's ranks (``os_error``: the errno behind a failed checkpoint
-    save) and the launcher's own failed record write (job.json's ``record_error``)."""
+def attempt_failures(job_dir: Path, record: dict) -> tuple[dict, ...]:
+    """The failure records this attempt's ranks left, oldest first (not an earlier
+    attempt's in a reused job dir)."""
     since = attempt_start(record) - RECORD_CLOCK_SLACK_S
+    return tuple(r for r in read_failures(job_dir) if _record_time(r) >= since)
+
+
+def _record_time(record: dict) -> float:
+    try:
+        return float(record.get("time", 0.0))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def record_evidence(job_dir: Path, record: dict) -> dict:
+    """``Evidence``'s ``failure_records`` (this attempt's) and ``records``: where a full
+    disk leaves its trace when the logs could not be written, the same records as text
+    (``os_error``: the errno behind a failed checkpoint save) and the launcher's own
+    failed record write (job.json's ``record_error``)."""
+    found = attempt_failures(job_dir, record)
     texts = [
         "\n".join([str(r.get("exception", "")), str(r.get("os_error", "")), *r.get("tail", [])])
-        for r in read_failures(job_dir)
-        if float(r.get("time", 0.0)) >= since
+        for r in found
     ]
     if record.get("record_error"):
         texts.append(str(record["record_error"]))
-    return tuple(texts)
+    return {"records": tuple(texts), "failure_records": found}
 
 
 def attempt_start(record: dict) -> float:
@@ -455,17 +502,16 @@ def local_evidence(job_dir: Path, record: dict, expected: int) -> Evidence:
         logs[rank] = "\n".join(filter(None, [logs.get(rank, ""), text]))
     if ended_by.get("signal"):
         logs = {ended_by["rank"]: logs.get(ended_by["rank"], "")}
-    return Evidence(exit_code=exit_code, logs=logs, records=storage_evidence(job_dir, record))
+    return Evidence(exit_code=exit_code, logs=logs, **record_evidence(job_dir, record))
 
 
 def failure_tails(job_dir: Path, record: dict) -> dict[int, str]:
     """The traceback tail each rank of this attempt recorded as it died (rank -> text): a
     waited local job's rank 0 prints its traceback to the terminal only."""
-    since = attempt_start(record) - RECORD_CLOCK_SLACK_S
     return {
         int(r["rank"]): "\n".join(str(line) for line in r.get("tail", []))
-        for r in read_failures(job_dir)
-        if isinstance(r.get("rank"), int) and float(r.get("time", 0.0)) >= since
+        for r in attempt_failures(job_dir, record)
+        if isinstance(r.get("rank"), int)
     }
 
 
@@ -539,23 +585,35 @@ def diagnose(
     if diagnosis.failure in (failures.COLLECTIVE_FAILURE, failures.UNKNOWN):
         ev = evidence(job_dir, record, info, every_task=True)
         diagnosis = failures.classify(ev)
+    if last_job_id(record).startswith("local-") and diagnosis.bad_nodes:
+        diagnosis = replace(diagnosis, bad_nodes=())  # one computer: nothing to leave out
     if diagnosis.failure not in (failures.COMPLETED, failures.RUNNING):
-        first = None
-        cause = supervisor_cause(record)
-        if diagnosis.failure in failures.STORAGE_CLASSES:  # which file system, how much room
-            diagnosis = replace(diagnosis, reason=storage_reason(job_dir, diagnosis))
-        elif not cause.get("signal"):
-            first = firstfail.first_failure(job_dir)
-        if first is not None:  # the rank that failed first says why, in its own words
-            diagnosis = replace(diagnosis, reason=firstfail.headline(first))
-        elif cause.get("line"):  # killed or stopped: the supervisor saw it happen
-            diagnosis = replace(diagnosis, reason=str(cause["line"]))
+        diagnosis = shown_reason(job_dir, record, diagnosis)
         if finished_by_itself(job_dir, record):  # what failed came after the training
             why = f"training finished, then the job ended ({diagnosis.failure}): {diagnosis.reason}"
             return "COMPLETED", Diagnosis(failures.COMPLETED, why)
     stopped = preflight_stop(preflight, diagnosis)
     shown = ev.state or _state_from_class(diagnosis.failure)
     return shown, stopped or diagnosis
+
+
+def shown_reason(job_dir: Path, record: dict, diagnosis: Diagnosis) -> Diagnosis:
+    """The reason a failed job shows: a storage fault's file system and room; a hang's or a
+    non-finite step's own words (where and why, from the rank that diagnosed it); else the
+    first failing rank's, or what the supervisor saw (a kill, a stop)."""
+    if diagnosis.failure in failures.DIAGNOSED_CLASSES:
+        return diagnosis
+    first = None
+    cause = supervisor_cause(record)
+    if diagnosis.failure in failures.STORAGE_CLASSES:  # which file system, how much room
+        diagnosis = replace(diagnosis, reason=storage_reason(job_dir, diagnosis))
+    elif not cause.get("signal"):
+        first = firstfail.first_failure(job_dir)
+    if first is not None:  # the rank that failed first says why, in its own words
+        return replace(diagnosis, reason=firstfail.headline(first))
+    if cause.get("line"):  # killed or stopped: the supervisor saw it happen
+        return replace(diagnosis, reason=str(cause["line"]))
+    return diagnosis
 
 
 # --- storage faults: which file system, how much room ---------------------------------------
@@ -697,7 +755,33 @@ def job_status(
         run_state=run_state(root, record if root == Path(job_dir) else None),
         excluded=[str(n) for n in record.get("excluded_nodes") or []],
         allocation=allocation_of(record, info),
+        allocations=allocations_of(record, info),
+        detail=dict(diagnosis.detail) if diagnosis else {},
+        **stragglers_of(job_dir),
     )
+
+
+def stragglers_of(job_dir: Path) -> dict:
+    """``stragglers`` and ``straggler_step`` of the newest straggler report (also while
+    the job runs); none without one."""
+    report = read_stragglers(job_dir) or {}
+    named = [s for s in report.get("stragglers") or [] if isinstance(s, dict)]
+    step = report.get("step")
+    return {"stragglers": named, "straggler_step": step if isinstance(step, int) else None}
+
+
+def straggler_line(row: JobStatus) -> str:
+    """``stragglers at step 300: rank 3 (n2) 2.4x the median step, ...`` ("" without)."""
+    if not row.stragglers:
+        return ""
+    named = []
+    for found in row.stragglers[:8]:
+        ratio = found.get("ratio")
+        times = f" {ratio:.1f}x the median step" if isinstance(ratio, (int, float)) else ""
+        named.append(f"rank {found.get('rank')} ({found.get('node', '?')}){times}")
+    more = f", {len(row.stragglers) - 8} more" if len(row.stragglers) > 8 else ""
+    at = f" at step {row.straggler_step}" if row.straggler_step is not None else ""
+    return f"stragglers{at}: {', '.join(named)}{more}"
 
 
 def allocation_of(record: dict, info: SchedulerInfo | None) -> list[float]:
@@ -713,6 +797,18 @@ def allocation_of(record: dict, info: SchedulerInfo | None) -> list[float]:
     except (KeyError, TypeError, ValueError):
         return []
     return [start, start, end] if start <= end else []
+
+
+def allocations_of(record: dict, info: SchedulerInfo | None) -> list[list[float]]:
+    """Every allocation of an ended attempt, oldest first: sacct's (a requeued job's
+    earlier ones too, those of this launch only: a job id may have served an older job);
+    a local job's one. Empty until it ended."""
+    current = allocation_of(record, info)
+    if not current:
+        return []
+    since = attempt_start(record) - RECORD_CLOCK_SLACK_S
+    found = [list(a) for a in (info.allocations if info else ()) if a[0] >= since]
+    return found if current in found else [*found, current]
 
 
 def after_training_of(job_dir: Path) -> dict[str, str]:
