@@ -94,3 +94,74 @@ def test_the_line_names_every_part(tmp_path):
     for word in ("start-up", "checkpoint", "recovery", "queued 5 s"):
         assert word in line, line
     assert line.endswith("time to recovery 8 s")
+
+
+# --- stalls and requeued allocations --------------------------------------------------------
+
+
+def hang_record(folder: Path, at: float, stalled_s: float) -> None:
+    """What a rank's watchdog writes when a section made no progress for ``stalled_s``."""
+    JobPaths(folder).failures.mkdir(parents=True, exist_ok=True)
+    record = {"rank": 1, "host": "n1", "time": at, "exception": "Hang: ...", "step": 4,
+              "failure_class": "hang", "section": "compute", "stalled_s": stalled_s}  # fmt: skip
+    (JobPaths(folder).failures / "rank_1.json").write_text(json.dumps(record))
+
+
+def test_a_hang_is_lost_from_its_section_start_to_the_allocations_end(tmp_path):
+    # attempt 1: steps 1-3 of 1 s, a save after step 2; step 4 hung from 14 (the watchdog
+    # fired at 54 after 40 s), the allocation ended at 60; attempt 2 redoes step 3 on
+    one = attempt(tmp_path / "a1", [
+        ("step", 1, 10, 11), ("step", 2, 11, 12), ("checkpoint", 2, 12, 13),
+        ("step", 3, 13, 14),
+    ])  # fmt: skip
+    hang_record(one, at=54, stalled_s=40)
+    two = attempt(tmp_path / "a2", [("step", s, 70 + s, 71 + s) for s in (3, 4, 5)])
+    found = of_run([Allocation(one, 0, 0, 60), Allocation(two, 62, 65, 78)], True)
+    assert found.stalled_s == 60 - 14
+    assert found.lost_s == 1 + 46 and found.lost_steps == 1  # step 3, then the stall
+    assert found.recovery_s == 0 + 8  # nothing after the hang began; attempt 2's start-up
+    assert found.useful_s == 2 + 3
+    assert total(found) == pytest.approx(found.allocated_s) == 60 + 13
+    assert "lost 47 s (1 steps; 46 s stalled)" in describe(found.as_dict())
+
+
+def test_a_step_ten_times_the_median_is_a_stall_beyond_the_median(tmp_path):
+    """A rank stopped for 735 s then went on: the step is kept (useful, as long as the
+    median step), the rest is lost; slow first steps and evaluating steps are not."""
+    steps = [("step", 1, 0, 5), ("step", 2, 5, 8)]  # warm-up: slow, never a stall
+    steps += [("step", s, 8 + s, 9 + s) for s in range(3, 8)]  # 1 s each: 11..16
+    steps += [("step", 8, 16, 751), ("step", 9, 751, 752), ("step", 10, 752, 772)]
+    only = attempt(tmp_path / "a1", steps)
+    JobPaths(only).metrics.write_text(json.dumps({"step": 10, "loss": 1.0, "val_loss": 2.0}))
+    found = of_run([Allocation(only, 0, 0, 772)], True)
+    assert found.stalled_s == 735 - 1 and found.lost_s == found.stalled_s
+    assert found.useful_s == 772 - 734  # step 10 (20 s) evaluated: all of it useful
+    assert total(found) == pytest.approx(found.allocated_s)
+
+
+SACCT_D = """\
+812|REQUEUED|0:0|n1|2026-12-04T10:00:00|2026-12-04T10:00:10|2026-12-04T10:10:10
+812|COMPLETED|0:0|n2|2026-12-04T10:10:10|2026-12-04T10:10:40|2026-12-04T10:15:40
+"""
+
+
+def test_every_allocation_of_a_requeued_job_counts(tmp_path):
+    """sacct -D: a job requeued in place (one job dir) ran twice; the first allocation is
+    allocated time (its steps after the last save lost), not queue time."""
+    from axonn_launch.records.status import sacct_infos
+
+    (first, second) = sacct_infos(SACCT_D)["812"].allocations
+    t0 = first[1]  # the first allocation's start
+    events = [("step", s, t0 + 10 * s, t0 + 10 * s + 10) for s in range(1, 6)]
+    events.insert(3, ("checkpoint", 3, t0 + 40, t0 + 41))
+    events += [("step", s, second[1] + 10 * (s - 3), second[1] + 10 * (s - 3) + 10)
+               for s in range(4, 11)]  # fmt: skip
+    folder = attempt(tmp_path / "a1", sorted(events, key=lambda e: e[2]))
+    found = of_run([Allocation(folder, *first), Allocation(folder, *second)], True)
+    assert found.allocated_s == 600 + 300
+    assert found.queue_s == 10 + 30  # each allocation's own wait
+    assert found.lost_steps == 2  # steps 4 and 5 ran again in the second allocation
+    assert total(found) == pytest.approx(found.allocated_s)
+    kept_submit = Allocation(folder, first[0], *second[1:])  # a Slurm that keeps the submit
+    again = of_run([Allocation(folder, *first), kept_submit], True)
+    assert again.queue_s == found.queue_s and again.allocated_s == found.allocated_s

@@ -9,10 +9,15 @@ import time
 
 import pytest
 
-from axonn_launch.common.jobdir import write_record_file
+from axonn_launch.common.jobdir import (
+    JobPaths,
+    skipped_steps,
+    write_json_atomically,
+    write_record_file,
+)
 from axonn_launch.config.compose import RecoveryConfig
 from axonn_launch.records import failures
-from axonn_launch.submit import chain
+from axonn_launch.submit import chain, recovery, resubmit
 from axonn_launch.submit.recovery import limit_reached
 from tests.conftest import run_launcher
 
@@ -23,8 +28,10 @@ def test_default_policy_follows_the_classes():
                failures.TIMEOUT]  # fmt: skip
     assert {chain.policy_of(settings, c) for c in resumed} == {chain.RESUME}
     assert chain.policy_of(settings, failures.NODE_FAILURE) == chain.RESUME_EXCLUDE
+    assert chain.policy_of(settings, failures.HANG) == chain.RESUME_EXCLUDE
     stopped = [failures.CODE_ERROR, failures.HOST_OOM, failures.GPU_OOM, failures.UNKNOWN,
-               failures.STORAGE_FULL, failures.STORAGE_ERROR, failures.CANCELLED]  # fmt: skip
+               failures.STORAGE_FULL, failures.STORAGE_ERROR, failures.CANCELLED,
+               failures.NON_FINITE]  # fmt: skip
     assert {chain.policy_of(settings, c) for c in stopped} == {chain.STOP}
     assert set(chain.DEFAULT_POLICY) == set(failures.CLASSES) - {"completed", "running"}
     mine = RecoveryConfig(policy={failures.CODE_ERROR: chain.RESUME})
@@ -48,6 +55,156 @@ def test_limits_say_which_one_stopped_the_run():
     assert limit_reached(settings, ended("timeout"), two_hours_ago).startswith(
         "recovery.budget_h=1: 2.00 h"
     )
+
+
+def test_a_hang_that_repeats_counts_against_max_same_class():
+    settings = RecoveryConfig(max_same_class=3, max_no_progress=9)
+    assert limit_reached(settings, ended("hang", "hang"), time.time()) == ""
+    assert limit_reached(settings, ended("hang", "hang", "hang"), time.time()) == (
+        "recovery.max_same_class=3: hang 3 times in a row"
+    )
+
+
+def progressed(*latest: int | None) -> list[dict]:
+    classes = ("timeout", "rank_killed", "hang")  # never 3 alike in a row
+    return [{"class": classes[i % 3], "latest": s} for i, s in enumerate(latest)]
+
+
+@pytest.mark.parametrize(
+    ("latest", "stops"),
+    [
+        ((0, 0), False),  # two attempts: not yet
+        ((0, 0, 0), True),  # three attempts, no checkpoint at all
+        ((50, 50, 50), False),  # the first one saved step 50: progress since the start
+        ((50, 50, 50, 50), True),  # then three more without a newer one
+        ((50, 60, 60, 60), False),
+        ((50, 60, 40, 50, 60), False),  # a damaged save: back to 40, and on again
+        ((50, 60, 40, 40, 40), True),
+        ((None, 0, 0), False),  # an attempt recorded before latest was kept: cannot tell
+    ],
+)
+def test_a_chain_that_saves_nothing_newer_in_k_attempts_stops(latest, stops):
+    settings = RecoveryConfig(max_attempts=99, max_same_class=99, max_no_progress=3)
+    why = limit_reached(settings, progressed(*latest), time.time())
+    assert bool(why) == stops, why
+    if stops:
+        assert why.startswith("recovery.max_no_progress=3: 3 attempts in a row saved no")
+        assert "\n" not in why
+
+
+def test_rollback_is_valid_for_non_finite_only():
+    assert chain.problem(RecoveryConfig(policy={"non_finite": "rollback"})) is None
+    why = chain.problem(RecoveryConfig(policy={"hang": "rollback"}))
+    assert why == (
+        "recovery.policy.hang='rollback': valid: resume, resume_exclude, stop"
+        " (rollback is only for non_finite)"
+    )
+    assert chain.problem(RecoveryConfig(max_no_progress=0)).startswith(
+        "recovery.max_no_progress=0: must be at least 1"
+    )
+
+
+def status_row(job_dir, failure: str, **more) -> object:
+    """What ``collect`` gives the recovery step for a failed attempt."""
+    from axonn_launch.records.status import JobStatus
+
+    fields = dict(job_dir=str(job_dir), job_id="local-1", name="run", machine="local",
+                  model="gpt_tiny", grid="", nodes=2, state="ENDED", step=9, steps=20,
+                  loss=None, tokens_per_s=None, step_time_s=None, failure=failure,
+                  action=failures.ACTIONS[failure], reason="", attempt=1)  # fmt: skip
+    return JobStatus(**{**fields, **more})
+
+
+def test_exclude_stragglers_adds_the_reports_nodes_and_turns_a_resume_into_an_exclusion(tmp_path):
+    report = {"step": 300, "median_s": 0.1, "stragglers": [
+        {"rank": 3, "node": "n2", "ratio": 3.1}, {"rank": 5, "node": "n3", "ratio": 2.0},
+        {"rank": 6, "node": "?", "ratio": 2.0}]}  # fmt: skip
+    write_json_atomically(JobPaths(tmp_path).stragglers, report)
+    row = status_row(tmp_path, failures.TIMEOUT, bad_nodes=["n3"])
+    off = recovery.with_stragglers(RecoveryConfig(), row, chain.RESUME, tmp_path)
+    assert off == (row, chain.RESUME)
+    on = RecoveryConfig(exclude_stragglers=True)
+    found, action = recovery.with_stragglers(on, row, chain.RESUME, tmp_path)
+    assert (found.bad_nodes, action) == (["n3", "n2"], chain.RESUME_EXCLUDE)
+    assert recovery.with_stragglers(on, row, chain.STOP, tmp_path) == (row, chain.STOP)
+    assert recovery.straggler_nodes(tmp_path / "none") == []
+
+
+def test_a_hang_without_suspects_resumes_with_an_empty_exclusion(tmp_path):
+    """The resubmission's overrides gain no --exclude (and keep an earlier one)."""
+    old = ["machine=slurm_local", "grid.x=2"]
+    assert resubmit.new_overrides(old, [], ()) == [*old, "wait=false"]
+    earlier = [*old, f"{resubmit.EXCLUDE_KEY}=n9"]
+    assert resubmit.new_overrides(earlier, [], ())[-2:] == [f"{resubmit.EXCLUDE_KEY}=n9",
+                                                            "wait=false"]  # fmt: skip
+    write_record_file(tmp_path, {"command_line": ["axonn_launch", *old]})
+    assert recovery.exclusion(tmp_path, {"command_line": ["x", *old]}, [], None) == ([], [])
+    named = resubmit.new_overrides(old, [], ("n2",))
+    assert named[-2:] == [f"{resubmit.EXCLUDE_KEY}=n2", "wait=false"]
+
+
+def failed_attempt(tmp_path, failure_record: dict, latest: int = 4, attempts=()) -> object:
+    """A failed local attempt with recovery on (its run's own root), whose ranks left
+    ``failure_record``; the run's chain holds ``attempts`` already."""
+    job_dir = tmp_path / "run"
+    JobPaths(job_dir).failures.mkdir(parents=True)
+    (JobPaths(job_dir).failures / "rank_0.json").write_text(json.dumps(failure_record))
+    JobPaths(job_dir).step(f"step_{latest}").mkdir(parents=True)
+    JobPaths(job_dir).latest.write_text(f"step_{latest}")
+    settings = {"mode": "on", "policy": {"non_finite": "rollback"}, "backoff_s": 0}
+    write_record_file(job_dir, {
+        "name": "run", "job_ids": ["local-999999999"], "machine": "local", "scheduler": "local",
+        "nodes": 1, "tasks_per_node": 2, "steps": 20, "status": "failed", "exit_code": 1,
+        "submit_time": "2026-12-04T10:00:00+0000", "recovery": settings,
+        "chain": {"state": "running", "attempts": list(attempts)}})  # fmt: skip
+    return job_dir
+
+
+NON_FINITE_RECORD = {"rank": 0, "host": "h", "time": 1.9e9, "failure_class": "non_finite",
+                     "step": 7, "first": "loss", "tail": [],
+                     "exception": "NonFiniteError: non-finite loss at step 7 (gradients not"
+                     " finite); the step was not applied"}  # fmt: skip
+
+
+def test_rollback_skips_the_step_once_and_the_next_attempt_holds_it(tmp_path, monkeypatch):
+    job_dir = failed_attempt(tmp_path, NON_FINITE_RECORD)
+    target = tmp_path / "run_attempt2"
+
+    def resubmitted(status, args, out):  # the resubmission, as submit/resubmit.py makes it
+        assert status.failure == failures.NON_FINITE and status.detail["step"] == 7
+        target.mkdir()
+        write_record_file(job_dir, {**json.loads(JobPaths(job_dir).record.read_text()),
+                                    "resubmitted_as": str(target)})  # fmt: skip
+        return f"resubmitted local-999999999 (non_finite) as job local-2 in {target}"
+
+    monkeypatch.setattr(recovery, "resubmit_one", resubmitted)
+    line = recovery.recover(job_dir)
+    assert line.startswith("resubmitted"), line
+    assert skipped_steps(job_dir) == [7] and skipped_steps(target) == [7]
+    chain_record = json.loads(JobPaths(job_dir).record.read_text())["chain"]
+    (attempt,) = chain_record["attempts"]
+    assert attempt["action"] == chain.ROLLBACK and attempt["failed_step"] == 7
+    assert attempt["latest"] == 4 and chain_record["state"] == chain.RUNNING
+
+
+def test_a_second_non_finite_at_the_same_step_stops(tmp_path, monkeypatch):
+    before = {"class": "non_finite", "action": "rollback", "failed_step": 7, "latest": 4}
+    job_dir = failed_attempt(tmp_path, NON_FINITE_RECORD, attempts=[before])
+    monkeypatch.setattr(recovery, "resubmit_one", lambda *a: pytest.fail("resubmitted"))
+    line = recovery.recover(job_dir)
+    assert line.endswith(
+        "stop: non_finite at step 7 again after a rollback past it (once per step)"
+    )
+    assert json.loads(JobPaths(job_dir).record.read_text())["chain"]["state"] == chain.STOPPED
+
+
+def test_no_rollback_past_a_checkpoint_at_or_after_the_step(tmp_path, monkeypatch):
+    job_dir = failed_attempt(tmp_path, NON_FINITE_RECORD, latest=7)
+    monkeypatch.setattr(recovery, "resubmit_one", lambda *a: pytest.fail("resubmitted"))
+    assert recovery.recover(job_dir).endswith(
+        "stop: non_finite at step 7: the newest checkpoint (step 7) is not older"
+    )
+    assert skipped_steps(job_dir) == []
 
 
 @pytest.mark.parametrize(

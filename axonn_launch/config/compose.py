@@ -52,9 +52,12 @@ class RecoveryConfig:
     """How a failed attempt is brought back (conf/recovery/, submit/recovery.py)."""
 
     mode: str = "auto"  # auto: on for Slurm machines, off for local; on: every machine; off
-    policy: dict[str, str] = field(default_factory=dict)  # class -> resume|resume_exclude|stop
+    # class -> resume|resume_exclude|stop (and rollback for non_finite)
+    policy: dict[str, str] = field(default_factory=dict)
     max_attempts: int = 5
     max_same_class: int = 3
+    max_no_progress: int = 3  # attempts in a row whose checkpointed step did not advance
+    exclude_stragglers: bool = False  # also leave out the nodes stragglers.json names
     backoff_s: float = 30.0
     budget_h: float = 0.0  # 0: no wall-clock budget
     on_fewer_nodes: str = "shrink"  # shrink | wait | stop

@@ -65,8 +65,11 @@ from axonn_launch.records.status import (
 )
 from axonn_launch.submit import local
 
-RESUME, RESUME_EXCLUDE, STOP = "resume", "resume_exclude", "stop"
-POLICY_ACTIONS = (RESUME, RESUME_EXCLUDE, STOP)
+RESUME, RESUME_EXCLUDE, STOP, ROLLBACK = "resume", "resume_exclude", "stop", "rollback"
+POLICY_ACTIONS = (RESUME, RESUME_EXCLUDE, STOP, ROLLBACK)
+# an action that only some classes take: rollback resumes from the newest checkpoint
+# before a non-finite step and skips that step's batch (submit/recovery.py)
+ACTION_CLASSES = {ROLLBACK: (failures.NON_FINITE,)}
 # Resume what a fresh start cures; leave out the nodes that failed; never loop on a bug.
 DEFAULT_POLICY = {
     failures.TIMEOUT: RESUME,
@@ -74,10 +77,12 @@ DEFAULT_POLICY = {
     failures.RANK_KILLED: RESUME,
     failures.COLLECTIVE_FAILURE: RESUME,
     failures.NODE_FAILURE: RESUME_EXCLUDE,
+    failures.HANG: RESUME_EXCLUDE,  # without the suspects' nodes; none named: a plain resume
     failures.CANCELLED: STOP,  # a person (or jobs stop) ended it
     failures.HOST_OOM: STOP,
     failures.GPU_OOM: STOP,
     failures.CODE_ERROR: STOP,
+    failures.NON_FINITE: STOP,  # the same batch diverges again; rollback skips it
     failures.STORAGE_FULL: STOP,
     failures.STORAGE_ERROR: STOP,
     failures.UNKNOWN: STOP,
@@ -101,9 +106,12 @@ def problem(settings: RecoveryConfig) -> str | None:
             return (
                 f"recovery.policy.{name}: not a failure class; valid: {', '.join(DEFAULT_POLICY)}"
             )
-        if action not in POLICY_ACTIONS:
-            return f"recovery.policy.{name}={action!r}: valid: {', '.join(POLICY_ACTIONS)}"
-    for key in ("max_attempts", "max_same_class"):
+        valid = [a for a in POLICY_ACTIONS if name in ACTION_CLASSES.get(a, (name,))]
+        if action not in valid:
+            only = [a for a in POLICY_ACTIONS if a not in valid and a == action]
+            why = f" ({action} is only for {', '.join(ACTION_CLASSES[action])})" if only else ""
+            return f"recovery.policy.{name}={action!r}: valid: {', '.join(valid)}{why}"
+    for key in ("max_attempts", "max_same_class", "max_no_progress"):
         if getattr(settings, key) < 1:
             return f"recovery.{key}={getattr(settings, key)}: must be at least 1"
     for key in ("backoff_s", "budget_h"):

@@ -1,6 +1,15 @@
 """The recovery step (``python -m axonn_launch.recover``): classify the failed attempt, apply
 the policy and the limits, shrink the grid when nodes are gone, and resubmit. How the step
 is started, and the run's record, are ``submit/chain.py``'s.
+
+Each attempt the chain records (``chain.attempts`` in the run's job.json) keeps its class,
+action, the step its metrics reached, the step it failed at (a hang's or a non-finite
+step's, when one was named: ``failed_step``) and its newest complete checkpoint
+(``latest``), which ``recovery.max_no_progress`` compares across attempts. A rollback (a
+non-finite step under ``recovery.policy.non_finite=rollback``) adds the step to the failed
+attempt's ``skipped_steps.json``, which the next attempt, seeded from that attempt's
+newest checkpoint (older than the step: nothing is saved at or after a non-finite step),
+reads to skip the step's batch; once per step.
 """
 
 from __future__ import annotations
@@ -8,17 +17,26 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from axonn_launch.common.jobdir import read_record, read_record_or_empty
+from axonn_launch.common.jobdir import (
+    add_skipped_step,
+    checkpointed_step,
+    read_record,
+    read_record_or_empty,
+    read_stragglers,
+    skipped_steps,
+)
 from axonn_launch.config.compose import RecoveryConfig
 from axonn_launch.records import failures
-from axonn_launch.records.status import collect, command_output, run_root_of
+from axonn_launch.records.status import JobStatus, collect, command_output, run_root_of
 from axonn_launch.submit.chain import (
     DONE,
     RECOVERING,
     RESUME,
     RESUME_EXCLUDE,
+    ROLLBACK,
     RUNNING,
     STOP,
     STOPPED,
@@ -49,10 +67,77 @@ def limit_reached(settings: RecoveryConfig, attempts: list[dict], started: float
         repeats += 1
     if repeats >= settings.max_same_class:
         return f"recovery.max_same_class={settings.max_same_class}: {last} {repeats} times in a row"
+    stalled = no_progress(settings.max_no_progress, attempts)
+    if stalled:
+        return stalled
     hours = (time.time() - started) / 3600
     if settings.budget_h and hours >= settings.budget_h:
         return f"recovery.budget_h={settings.budget_h:g}: {hours:.2f} h spent"
     return ""
+
+
+def no_progress(limit: int, attempts: list[dict]) -> str:
+    """Why the run stops when each of its last ``limit`` attempts ended without a
+    checkpoint newer than the attempt before it left (each resumes from that one; the run
+    starts from step 0), whatever their classes; '' otherwise, or when an attempt's
+    ``latest`` was not recorded."""
+    latest = [0, *(a.get("latest") for a in attempts)]
+    window = latest[-limit - 1 :]
+    if len(latest) <= limit or not all(isinstance(s, int) for s in window):
+        return ""
+    if any(now > before for before, now in zip(window, window[1:])):
+        return ""
+    return (
+        f"recovery.max_no_progress={limit}: {limit} attempts in a row saved no checkpoint"
+        f" newer than the one they resumed from (the newest: step {window[-1]})"
+    )
+
+
+def straggler_nodes(job_dir: Path) -> list[str]:
+    """The nodes the attempt's newest straggler report names (``stragglers.json``)."""
+    report = read_stragglers(job_dir) or {}
+    nodes = [str(s.get("node", "")) for s in report.get("stragglers") or [] if isinstance(s, dict)]
+    return list(dict.fromkeys(n for n in nodes if failures.NODE_NAME.fullmatch(n)))
+
+
+def with_stragglers(
+    settings: RecoveryConfig, status: JobStatus, action: str, job_dir: Path
+) -> tuple[JobStatus, str]:
+    """``recovery.exclude_stragglers``: the straggler report's nodes join the nodes the
+    next attempt leaves out (a resume then leaves them out too)."""
+    named = straggler_nodes(job_dir) if settings.exclude_stragglers else []
+    new = [n for n in named if n not in status.bad_nodes]
+    if not new or action == STOP:
+        return status, action
+    return replace(status, bad_nodes=[*status.bad_nodes, *new]), (
+        RESUME_EXCLUDE if action == RESUME else action
+    )
+
+
+def rollback(job_dir: Path, status: JobStatus, history: list[dict]) -> str:
+    """Make the next attempt skip the non-finite step's batch: add it to the failed
+    attempt's skipped steps. Why it cannot ('' when done): no step named, a rollback past
+    this step before (once per step), or no checkpoint older than the step."""
+    step = status.detail.get("step")
+    if not isinstance(step, int):
+        return "non_finite: policy rollback, but the failure names no step"
+    rolled = [a for a in history if a.get("action") == ROLLBACK and a.get("failed_step") == step]
+    if rolled or step in skipped_steps(job_dir):
+        return f"non_finite at step {step} again after a rollback past it (once per step)"
+    saved = checkpointed_step(job_dir)
+    if saved >= step:
+        return f"non_finite at step {step}: the newest checkpoint (step {saved}) is not older"
+    add_skipped_step(job_dir, step)
+    return ""
+
+
+def carry_skipped_steps(job_dir: Path, target: Path) -> None:
+    """The next attempt's dir holds every step the failed one skips (a resubmission seeds
+    it with them; this adds any it lacks)."""
+    have = set(skipped_steps(target))
+    for step in skipped_steps(job_dir):
+        if step not in have:
+            add_skipped_step(target, step)
 
 
 def usable_nodes(partition: str) -> list[str] | None:
@@ -142,10 +227,13 @@ def recover(job_dir: Path, out=sys.stdout) -> str:
     action = policy_of(settings, status.failure)
     if status.slow_nodes and action == RESUME:
         action = RESUME_EXCLUDE  # the preflight named slow nodes: leave them out
+    status, action = with_stragglers(settings, status, action, job_dir)
+    history = list(chain_record.get("attempts", []))
     ended = {"job_dir": str(job_dir), "job_id": status.job_id, "class": status.failure,
              "action": action, "step": status.step, "reason": status.reason,
+             "failed_step": status.detail.get("step"), "latest": checkpointed_step(job_dir),
              "ended_at": time.time()}  # fmt: skip
-    attempts = [*chain_record.get("attempts", []), ended]
+    attempts = [*history, ended]
     started = float(chain_record.get("started_at") or record.get("submitted_at") or time.time())
     why = f"{status.failure}: policy {action}" if action == STOP else ""
     why = why or limit_reached(settings, attempts, started)
@@ -156,6 +244,8 @@ def recover(job_dir: Path, out=sys.stdout) -> str:
         overrides = grow_overrides(record, read_record_or_empty(root), excluded, up)
     overrides += readmit
     why = why or fewer
+    if not why and action == ROLLBACK:
+        why = rollback(job_dir, status, history)
     if why:
         stop = {"reason": why, "class": status.failure, "attempt": len(attempts)}
         set_chain(root, settings, state=STOPPED, attempts=attempts, stop=stop)
@@ -174,6 +264,7 @@ def resubmit(status, job_dir: Path, root: Path, settings: RecoveryConfig,
     line = resubmit_one(status, args, out)
     target = read_record_or_empty(job_dir).get("resubmitted_as")
     if target and line.startswith("resubmitted"):
+        carry_skipped_steps(job_dir, Path(target))
         set_chain(root, settings, state=RUNNING, current=target)
     else:
         set_chain(root, settings, state=STOPPED, stop={"reason": line, "class": status.failure})
