@@ -65,13 +65,13 @@ def test_a_hang_that_repeats_counts_against_max_same_class():
     )
 
 
-def progressed(*latest: int | None) -> list[dict]:
+def progressed(*saved: int | None) -> list[dict]:
     classes = ("timeout", "rank_killed", "hang")  # never 3 alike in a row
-    return [{"class": classes[i % 3], "latest": s} for i, s in enumerate(latest)]
+    return [{"class": classes[i % 3], "checkpointed": s} for i, s in enumerate(saved)]
 
 
 @pytest.mark.parametrize(
-    ("latest", "stops"),
+    ("saved", "stops"),
     [
         ((0, 0), False),  # two attempts: not yet
         ((0, 0, 0), True),  # three attempts, no checkpoint at all
@@ -80,12 +80,12 @@ def progressed(*latest: int | None) -> list[dict]:
         ((50, 60, 60, 60), False),
         ((50, 60, 40, 50, 60), False),  # a damaged save: back to 40, and on again
         ((50, 60, 40, 40, 40), True),
-        ((None, 0, 0), False),  # an attempt recorded before latest was kept: cannot tell
+        ((None, 0, 0), False),  # an attempt recorded before this was kept: cannot tell
     ],
 )
-def test_a_chain_that_saves_nothing_newer_in_k_attempts_stops(latest, stops):
+def test_a_chain_that_saves_nothing_newer_in_k_attempts_stops(saved, stops):
     settings = RecoveryConfig(max_attempts=99, max_same_class=99, max_no_progress=3)
-    why = limit_reached(settings, progressed(*latest), time.time())
+    why = limit_reached(settings, progressed(*saved), time.time())
     assert bool(why) == stops, why
     if stops:
         assert why.startswith("recovery.max_no_progress=3: 3 attempts in a row saved no")
@@ -184,11 +184,11 @@ def test_rollback_skips_the_step_once_and_the_next_attempt_holds_it(tmp_path, mo
     chain_record = json.loads(JobPaths(job_dir).record.read_text())["chain"]
     (attempt,) = chain_record["attempts"]
     assert attempt["action"] == chain.ROLLBACK and attempt["failed_step"] == 7
-    assert attempt["latest"] == 4 and chain_record["state"] == chain.RUNNING
+    assert attempt["checkpointed"] == 4 and chain_record["state"] == chain.RUNNING
 
 
 def test_a_second_non_finite_at_the_same_step_stops(tmp_path, monkeypatch):
-    before = {"class": "non_finite", "action": "rollback", "failed_step": 7, "latest": 4}
+    before = {"class": "non_finite", "action": "rollback", "failed_step": 7, "checkpointed": 4}
     job_dir = failed_attempt(tmp_path, NON_FINITE_RECORD, attempts=[before])
     monkeypatch.setattr(recovery, "resubmit_one", lambda *a: pytest.fail("resubmitted"))
     line = recovery.recover(job_dir)

@@ -4,12 +4,12 @@ is started, and the run's record, are ``submit/chain.py``'s.
 
 Each attempt the chain records (``chain.attempts`` in the run's job.json) keeps its class,
 action, the step its metrics reached, the step it failed at (a hang's or a non-finite
-step's, when one was named: ``failed_step``) and its newest complete checkpoint
-(``latest``), which ``recovery.max_no_progress`` compares across attempts. A rollback (a
-non-finite step under ``recovery.policy.non_finite=rollback``) adds the step to the failed
-attempt's ``skipped_steps.json``, which the next attempt, seeded from that attempt's
-newest checkpoint (older than the step: nothing is saved at or after a non-finite step),
-reads to skip the step's batch; once per step.
+step's, when one was named: ``failed_step``) and the step of its newest complete
+checkpoint (``checkpointed``), which ``recovery.max_no_progress`` compares across
+attempts. A rollback (a non-finite step under ``recovery.policy.non_finite=rollback``)
+adds the step to the failed attempt's ``skipped_steps.json``, which the next attempt,
+seeded from that attempt's newest checkpoint (older than the step: nothing is saved at
+or after a non-finite step), reads to skip the step's batch; once per step.
 """
 
 from __future__ import annotations
@@ -80,10 +80,10 @@ def no_progress(limit: int, attempts: list[dict]) -> str:
     """Why the run stops when each of its last ``limit`` attempts ended without a
     checkpoint newer than the attempt before it left (each resumes from that one; the run
     starts from step 0), whatever their classes; '' otherwise, or when an attempt's
-    ``latest`` was not recorded."""
-    latest = [0, *(a.get("latest") for a in attempts)]
-    window = latest[-limit - 1 :]
-    if len(latest) <= limit or not all(isinstance(s, int) for s in window):
+    ``checkpointed`` step was not recorded."""
+    saved = [0, *(a.get("checkpointed") for a in attempts)]
+    window = saved[-limit - 1 :]
+    if len(saved) <= limit or not all(isinstance(s, int) for s in window):
         return ""
     if any(now > before for before, now in zip(window, window[1:])):
         return ""
@@ -231,7 +231,7 @@ def recover(job_dir: Path, out=sys.stdout) -> str:
     history = list(chain_record.get("attempts", []))
     ended = {"job_dir": str(job_dir), "job_id": status.job_id, "class": status.failure,
              "action": action, "step": status.step, "reason": status.reason,
-             "failed_step": status.detail.get("step"), "latest": checkpointed_step(job_dir),
+             "failed_step": status.detail.get("step"), "checkpointed": checkpointed_step(job_dir),
              "ended_at": time.time()}  # fmt: skip
     attempts = [*history, ended]
     started = float(chain_record.get("started_at") or record.get("submitted_at") or time.time())
