@@ -8,18 +8,22 @@ profile or the renderer, regenerate them with
 and review the diff before committing.
 """
 
+import functools
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from axonn_launch.config.compose import ConfigError, load
 from axonn_launch.config.validate import resolve
-from axonn_launch.submit.render import render_script
+from axonn_launch.submit.render import RELAY_SUFFIX, render_script
+from axonn_launch.submit.task import apply_task_env
 
 GOLDEN = Path(__file__).parent / "golden"
 JOB_DIR = Path("/scratch/jobs/run")
@@ -53,9 +57,16 @@ def alps_login_environment(monkeypatch):
     monkeypatch.setenv("SCRATCH", SCRATCH)
 
 
+@functools.cache
+def composed(overrides: tuple[str, ...]):
+    """The config and its resolution, composed once per list of overrides (Hydra's compose
+    is most of a render's time; the profiles read no variable but $SCRATCH, fixed above)."""
+    cfg = load(list(overrides))
+    return cfg, resolve(cfg)
+
+
 def render(overrides, python=PYTHON):
-    cfg = load(overrides)
-    resolved = resolve(cfg)
+    cfg, resolved = composed(tuple(overrides))
     return render_script(
         machine=cfg.machine,
         nodes=resolved.nodes,
@@ -85,8 +96,10 @@ def exports(script):
 
 
 def srun_line(script):
+    """submitit's srun command, without the relay that runs it in the background."""
     (line,) = [ln for ln in script.splitlines() if ln.startswith("srun ")]
-    return line
+    assert line.endswith(RELAY_SUFFIX), line
+    return line.removesuffix(RELAY_SUFFIX)
 
 
 def test_frontier_carries_rccl_libfabric_and_binding_settings():
@@ -235,3 +248,99 @@ def test_slurm_local_uses_the_same_renderer_with_profile_lines_only():
         srun_line(local).split(" --kill-on-bad-exit=1")[0]
         == srun_line(frontier).split(" --kill-on-bad-exit=1")[0]
     )
+
+
+# --- signals to the batch shell reach the ranks --------------------------------------------
+
+FAKE_SRUN = """#!/bin/bash
+trap 'echo srun got USR2 >> "$RELAY_LOG"' USR2
+trap 'echo srun got TERM >> "$RELAY_LOG"; exit 7' TERM
+echo srun started >> "$RELAY_LOG"
+for _ in $(seq 1000); do [ -e "$RELAY_LOG.stop" ] && exit 3; sleep 0.02; done
+exit 9
+"""
+FAKE_SCANCEL = """#!/bin/bash
+echo "scancel $*" >> "$RELAY_LOG"
+touch "$RELAY_LOG.stop"
+"""
+
+
+def caught_signals(pid):
+    """The signals process ``pid`` has a handler for (/proc: SigCgt)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, flags=re.M)[1], 16)
+    return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+
+
+def wait_for(predicate, what, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("machine", sorted(CASES))
+def test_every_script_runs_srun_in_the_background_and_waits_for_it(machine):
+    script = render(CASES[machine])
+    command = script.split("# command\n")[1]
+    lines = command.splitlines()
+    assert lines[-1] == srun_line(script) + ' & axonn_wait "$!"'
+    assert lines.index("axonn_wait() {") < lines.index(lines[-1])
+    assert 'scancel --signal=TERM "$SLURM_JOB_ID"' in command  # TERM to the steps, not srun
+
+
+def test_usr2_and_term_to_the_batch_shell_reach_the_step_and_srun_status_is_kept(tmp_path):
+    """The rendered script in bash with stand-ins: USR2 to the shell goes to srun, TERM goes
+    to the job's steps through scancel (srun itself would kill its step), the shell goes on
+    waiting after each, and ends with srun's exit status."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scancel", FAKE_SCANCEL)):
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text(render(CASES["slurm_local"]))
+    log = tmp_path / "relay.log"
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "RELAY_LOG": str(log), "SLURM_JOB_ID": "42"}
+    shell = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path)
+    try:
+        wait_for(
+            lambda: log.exists() and {signal.SIGUSR2, signal.SIGTERM} <= caught_signals(shell.pid),
+            "the traps",
+        )
+        shell.send_signal(signal.SIGUSR2)
+        wait_for(lambda: "srun got USR2" in log.read_text(), "USR2 to reach srun")
+        shell.send_signal(signal.SIGTERM)
+        assert shell.wait(timeout=10) == 3  # srun's own status, after both signals
+    finally:
+        shell.kill()
+        Path(f"{log}.stop").touch()  # ends the stand-in srun, whatever happened
+    assert log.read_text().splitlines() == [
+        "srun started",
+        "srun got USR2",
+        "scancel --signal=TERM 42",
+    ]
+
+
+# --- the Flight Recorder on the NCCL/RCCL machines -----------------------------------------
+
+GPU_SITES = ("perlmutter", "frontier", "alps")
+
+
+@pytest.mark.parametrize("machine", GPU_SITES)
+def test_gpu_machines_turn_on_the_flight_recorder_with_dumps_in_the_job_dir(
+    machine, tmp_path, monkeypatch
+):
+    """Names every torch from 2.4 to 2.14 reads; the dump prefix is expanded per task from
+    the job dir, and its folder made (torch does not make it)."""
+    env = exports(render(CASES[machine]))
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    task_env = composed(tuple(CASES[machine]))[0].machine.task_env
+    for key in task_env:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    apply_task_env({k: v for k, v in task_env.items() if "{job_dir}" in v}, job_dir=str(tmp_path))
+    prefix = tmp_path / "logs" / "flight_recorder" / "rank_"
+    assert os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(prefix)
+    assert prefix.parent.is_dir()

@@ -11,6 +11,14 @@ Fail fast: each module load and set-up line runs as ``axonn_setup N 'LINE'``, wh
 evaluates it in the batch shell and, when it fails, prints the line and its exit code to
 the job's error log and ends the script before srun starts (a broken environment never
 reaches the ranks). A line's status is that of its last command, as for any shell line.
+
+Signals to the batch shell reach the ranks: srun runs in the background while the shell
+waits for it (``relay_signals``), so that a USR2 or TERM sent to the shell alone
+(``scancel --signal=USR2 --batch``, ``#SBATCH --signal=B:USR2@90``) is passed on instead of
+killing the shell and, with it, the job. USR2 goes to srun, which passes it to the tasks;
+TERM goes to the job's steps through ``scancel --signal=TERM`` (as a plain
+``scancel --signal=TERM JOB`` would send it): srun itself answers a TERM by killing its
+step, and that kill would cut the ranks' last save short.
 """
 
 from __future__ import annotations
@@ -186,6 +194,33 @@ def tasks_python(machine: MachineProfile, login_python: str, copy: PythonCopy | 
 
 def script_of(params: dict[str, Any], *, folder: Path, python: str) -> str:
     """The batch script submitit makes of ``params`` (``slurm_parameters``, or a
-    rehearsal's substitution of them) for tasks that run ``python``."""
+    rehearsal's substitution of them) for tasks that run ``python``, with its signals
+    relayed to the ranks (``relay_signals``)."""
     command = submitit_command(python=python, folder=folder)
-    return _make_sbatch_string(command=command, folder=folder, **params)
+    return relay_signals(_make_sbatch_string(command=command, folder=folder, **params))
+
+
+# Defined just before srun starts (a signal during the set-up still ends the script, before
+# any rank runs). axonn_wait waits for srun, and again after each signal the shell handles
+# (``wait`` returns early then), then returns srun's own exit status (bash keeps it).
+RELAY_FUNCTION = (
+    "axonn_wait() {",
+    '  axonn_srun="$1"',
+    "  trap 'kill -s USR2 \"$axonn_srun\" 2>/dev/null' USR2",
+    "  trap 'scancel --signal=TERM \"$SLURM_JOB_ID\" >/dev/null 2>&1' TERM",
+    '  while kill -0 "$axonn_srun" 2>/dev/null; do wait "$axonn_srun"; done',
+    '  wait "$axonn_srun"',
+    "}",
+)
+RELAY_COMMENT = "# srun in the background: USR2 and TERM to this shell reach the ranks (axonn_wait)"
+RELAY_SUFFIX = ' & axonn_wait "$!"'
+
+
+def relay_signals(script: str) -> str:
+    """``script`` (submitit's batch script) with its srun line run in the background and
+    waited for by ``axonn_wait``, so that a USR2 or TERM to the batch shell reaches the
+    ranks (module docstring). The srun line itself stays one line, as submitit wrote it."""
+    lines = script.split("\n")
+    (at,) = [n for n, line in enumerate(lines) if line.startswith("srun ")]
+    lines[at : at + 1] = [*RELAY_FUNCTION, RELAY_COMMENT, lines[at] + RELAY_SUFFIX]
+    return "\n".join(lines)

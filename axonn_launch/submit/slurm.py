@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from axonn_launch.common import slurmtext
+from axonn_launch.submit.render import relay_signals
 from axonn_launch.submit.task import TrainJob
 
 # sacct is asked at 1, 2, 4 ... s, then once a minute (submitit's own watcher backs off to
@@ -20,12 +21,16 @@ FIRST_CHECK_S, MAX_CHECK_S, STREAM_S = 1.0, 60.0, 1.0
 def submit(
     *, folder: Path, params: dict[str, Any], job: TrainJob, max_requeue: int, python: str
 ) -> Any:
-    """Submit ``job`` with submitit's Slurm executor; each task runs ``python``."""
+    """Submit ``job`` with submitit's Slurm executor; each task runs ``python``. The batch
+    script is submitit's with its signals relayed to the ranks (``render.relay_signals``),
+    the same text ``render.script_of`` gives for submission.sh."""
     import submitit
 
-    executor = submitit.SlurmExecutor(
-        folder=folder, max_num_timeout=max_requeue, python=shlex.quote(python)
-    )
+    class Executor(submitit.SlurmExecutor):
+        def _make_submission_file_text(self, command: str, uid: str) -> str:
+            return relay_signals(super()._make_submission_file_text(command, uid))
+
+    executor = Executor(folder=folder, max_num_timeout=max_requeue, python=shlex.quote(python))
     executor.update_parameters(**params)
     return executor.submit(job)
 

@@ -11,6 +11,16 @@ define that method by this name in submitit 1.5.4), writes the new submission an
 ``scontrol requeue`` (at most ``max_requeue`` times for time limits); the requeued job
 resumes from the checkpoint.
 
+Cancellation: a SIGTERM (``scancel``, preemption with a grace time, ``scancel
+--signal=TERM``) sets the same flag, so the ranks save at the next step boundary too; then
+each rank ends as the TERM would have ended it (``end_by_sigterm``), without a requeue:
+the job's class comes from Slurm's record (CANCELLED, PREEMPTED). Slurm kills what is
+left after ``KillWait`` (or the grace time); a save cut short there never moves
+``checkpoints/latest`` (``train/checkpoint.py``), so the resume starts from the last
+complete step. submitit installs its own handlers before it calls the job (SIGUSR2:
+requeue; SIGTERM: logged and ignored), so the ones set in ``TrainJob.__call__`` replace
+them in every rank; submitit's SIGUSR2 handler is kept for the requeue.
+
 A job in a recovery chain (``chained``) is submitted with ``--no-requeue`` so that a node
 failure ends it (``submit/chain.py``). Its rank 0 marks it requeueable just before its own
 requeue, and not requeueable again when the requeued allocation starts.
@@ -45,7 +55,9 @@ class TrainJob(Checkpointable):
         self.chained = chained
 
     def __call__(self) -> dict:
-        apply_task_env(self.task_env)
+        submitit_handler = signal.getsignal(signal.SIGUSR2)
+        stop = StopSignals()  # before the imports below: torch takes seconds to import
+        apply_task_env(self.task_env, job_dir=self.job_dir)
         chained = getattr(self, "chained", False)  # a job pickled before chains existed
         rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
         if chained and rank == 0 and int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0:
@@ -53,16 +65,14 @@ class TrainJob(Checkpointable):
         from axonn_launch.common.spec import JobSpec
         from axonn_launch.train import run_job
         from axonn_launch.train.faults import step_hook
-        from axonn_launch.train.loop import StopFlag
 
-        stop = StopFlag()
-        submitit_handler = signal.getsignal(signal.SIGUSR2)
-        signal.signal(signal.SIGUSR2, stop.request)
         start, attempt = checkpointed_step(self.job_dir), attempt_number(self.job_dir)
         hook = step_hook(stop, rank=rank, start_step=start, attempt=attempt)
         spec = JobSpec.load(JobPaths(self.job_dir).spec)
         summary = run_job(spec, should_stop=hook)
         unfinished = summary.get("stopped") and summary["steps"] < spec.train.steps
+        if unfinished and signal.SIGTERM in stop.received:
+            end_by_sigterm(rank, summary["steps"])
         if unfinished and callable(submitit_handler):
             if chained and rank == 0:
                 set_requeueable(True)
@@ -72,6 +82,41 @@ class TrainJob(Checkpointable):
     def checkpoint(self, *args: Any, **kwargs: Any) -> DelayedSubmission:
         """The submission to requeue: the same job; training state is in the checkpoints."""
         return DelayedSubmission(self, *args, **kwargs)
+
+
+class StopSignals:
+    """The ranks' ``should_stop``: true once SIGUSR2 or SIGTERM arrived. Its handler
+    replaces submitit's for both and only notes which signal came."""
+
+    SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: set[int] = set()
+        for signum in self.SIGNALS:
+            signal.signal(signum, self.request)
+
+    def request(self, signum: int, frame: Any = None) -> None:
+        self.received.add(signum)
+
+    def __call__(self) -> bool:
+        return bool(self.received)
+
+
+def end_by_sigterm(rank: int, step: int) -> None:
+    """After the stop checkpoint of a SIGTERM: say so in one line, then end this process
+    with the TERM's default action, as if no handler had delayed it. No requeue, and no
+    submitit result: a job that only got the signal (``scancel --signal=TERM``) ends
+    FAILED with its tasks terminated, never COMPLETED with steps left to train."""
+    print(
+        f"axonn_launch: rank {rank}: SIGTERM: stopped after step {step}, checkpoint saved;"
+        " ending without a requeue",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stdout.flush()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+    os._exit(128 + signal.SIGTERM)  # not reached: the default action ends the process
 
 
 def hand_over_to_requeue(submitit_handler: Any, rank: int) -> None:
@@ -103,15 +148,22 @@ def set_requeueable(requeueable: bool) -> None:
         )
 
 
-def apply_task_env(task_env: dict[str, str]) -> None:
-    """Per-task variables, expanded in Python (never by a shell); creates /tmp dirs."""
+def apply_task_env(task_env: dict[str, str], job_dir: str = "") -> None:
+    """Per-task variables, expanded in Python (never by a shell): ``{user}``,
+    ``{node_id}``, ``{local_rank}``, ``{rank}`` and ``{job_dir}``. A value under /tmp/
+    is a folder, made here; a value in the job dir names a file or a file-name prefix (the
+    Flight Recorder's ``.../logs/flight_recorder/rank_``), whose folder is made here."""
     fields = {
         "user": os.environ.get("USER") or getpass.getuser(),
         "node_id": os.environ.get("SLURM_NODEID", "0"),
         "local_rank": os.environ.get("SLURM_LOCALID", os.environ.get("LOCAL_RANK", "0")),
+        "rank": os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")),
+        "job_dir": job_dir,
     }
     for key, template in task_env.items():
         value = template.format(**fields)
         os.environ[key] = value
         if value.startswith("/tmp/"):
             Path(value).mkdir(parents=True, exist_ok=True)
+        elif job_dir and "{job_dir}" in template:
+            Path(value).parent.mkdir(parents=True, exist_ok=True)
