@@ -34,6 +34,7 @@ from axonn_launch.records.status import (
     NotAJobPath,
     collect,
     runs,
+    straggler_line,
 )
 from axonn_launch.submit import chain
 from axonn_launch.submit.resubmit import resubmit_one
@@ -103,6 +104,8 @@ def notes(row: JobStatus) -> list[str]:
     lines = []
     if row.resubmitted_as:
         lines.append(f"resubmitted as {row.resubmitted_as}")
+        if row.failure in failures.DIAGNOSED_CLASSES and row.reason:  # what the ranks saw
+            lines.append(f"{row.failure}: {row.reason}")
     elif row.failure not in ("", failures.COMPLETED, failures.RUNNING) and row.reason:
         lines.append(f"{row.reason} (action: {row.action})")
     elif row.failure == failures.COMPLETED:
@@ -113,6 +116,8 @@ def notes(row: JobStatus) -> list[str]:
         lines.append(f"excluded nodes: {', '.join(row.excluded)}")
     if row.goodput and row.attempts > 1:  # where the failures' cost is worth a line
         lines.append(goodput.describe(row.goodput))
+    if row.stragglers:
+        lines.append(straggler_line(row))
     if row.slow_nodes and not any("slow nodes" in line for line in lines):
         lines.append(f"preflight named slow nodes: {', '.join(row.slow_nodes)}")
     return lines

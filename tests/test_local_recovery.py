@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from tests.test_local_supervisor import poll, rank_pids_under, reap  # noqa: F40
 
 SMALL = ["machine=local", "model=gpt_tiny", "grid.x=2", "train.steps=8",
          "train.checkpoint_every=2", "train.warmup_steps=0", "train.sample_tokens=0",
-         "train.progress=false"]  # fmt: skip
+         "train.progress=false", "train.gemm_tuning=false"]  # fmt: skip
 RECOVERY_ON = ["recovery=on", "recovery.backoff_s=0"]
 RUN_ENDS_S = 300
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("reap")]  # ends what a failure leaves
@@ -36,20 +37,27 @@ def ended(root: Path) -> str:
     return state if state in (chain.DONE, chain.STOPPED) else ""
 
 
-def test_a_killed_rank_of_a_detached_run_is_resumed_to_the_uninterrupted_loss(tmp_path):
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """The summary of SMALL run without interruption (shared by the tests that resume)."""
+    folder = tmp_path_factory.mktemp("reference")
+    plain = run_launcher([*SMALL, "recovery=off", f"hydra.run.dir={folder / 'run'}"],
+                         cwd=folder, timeout=RUN_ENDS_S)  # fmt: skip
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    return read_summary(folder / "run")
+
+
+def test_a_killed_rank_of_a_detached_run_is_resumed_to_the_uninterrupted_loss(tmp_path, request):
     """Rank 1 is killed after step 5 of attempt 1 (its newest checkpoint: step 4); attempt 2
     resumes from step 4 and ends with the loss of a run that was never interrupted."""
-    root, reference = tmp_path / "run", tmp_path / "reference"
+    root = tmp_path / "run"
     launched = run_launcher(
         [*SMALL, *RECOVERY_ON, "wait=false", f"hydra.run.dir={root}"], cwd=tmp_path,
         env={"AXONN_FAULT": "kill@step5:rank1:attempt1"}, timeout=120,
     )  # fmt: skip
     assert launched.returncode == 0, launched.stdout[-2000:] + launched.stderr[-2000:]
     assert f"started {read_record(root)['job_ids'][0]}" in launched.stdout  # returned at once
-    # the uninterrupted run, while the other runs by itself
-    plain = run_launcher([*SMALL, "recovery=off", f"hydra.run.dir={reference}"], cwd=tmp_path,
-                         timeout=RUN_ENDS_S)  # fmt: skip
-    assert plain.returncode == 0, plain.stderr[-2000:]
+    uninterrupted = request.getfixturevalue("reference")  # run (once) while the other runs
 
     assert poll(lambda: ended(root), RUN_ENDS_S, "the run done or stopped") == chain.DONE
     poll(lambda: not rank_pids_under(tmp_path), 60, "no process of the run left")
@@ -66,7 +74,7 @@ def test_a_killed_rank_of_a_detached_run_is_resumed_to_the_uninterrupted_loss(tm
     # from attempt 1's newest complete checkpoint (step 4, or 2 when step 4's save had not
     # finished when the rank died), not from scratch
     assert last["resumed_from"] == checkpointed_step(attempts[0]) in (2, 4)
-    assert last["final_loss"] == read_summary(reference)["final_loss"]
+    assert last["final_loss"] == uninterrupted["final_loss"]
     supervisor = (attempts[0] / "axonn_launch.log").read_text()  # a detached job's console
     assert f"supervisor: resubmitted {first['job_ids'][0]} (rank_killed)" in supervisor
     rows = subprocess.run([sys.executable, "-m", "axonn_launch.jobs", "status", str(root),
@@ -76,6 +84,42 @@ def test_a_killed_rank_of_a_detached_run_is_resumed_to_the_uninterrupted_loss(tm
     found = run["goodput"]  # local: from the launch to the supervisor's end, per attempt
     assert sum(found[f"{p}_s"] for p in PARTS) == pytest.approx(found["allocated_s"]), found
     assert found["useful_s"] > 0 and found["recovery_s"] > 0 and len(found["ttr_s"]) == 1
+
+
+STEP_DEADLINE_S = 4  # the watchdog's, once start-up is over
+WATCHDOG = [f"train.watchdog.step_floor_s={STEP_DEADLINE_S}", "train.watchdog.step_factor=3",
+            "train.watchdog.beat_s=0.5"]  # fmt: skip
+
+
+def test_a_stopped_rank_of_a_local_run_is_a_hang_and_the_run_resumes_exactly(tmp_path, request):
+    """Steps take 1 s from step 3 of attempt 1; rank 1 gets a real SIGSTOP after step 4.
+    Rank 0's watchdog names it within the deadline (4 s) and a few beats, the supervisor
+    ends the stopped rank, and attempt 2 resumes to the uninterrupted loss."""
+    root = tmp_path / "run"
+    launched = run_launcher(
+        [*SMALL, *RECOVERY_ON, *WATCHDOG, "wait=false", f"hydra.run.dir={root}"], cwd=tmp_path,
+        env={"AXONN_FAULT": "slow@step3:1:attempt1"}, timeout=120,
+    )  # fmt: skip
+    assert launched.returncode == 0, launched.stdout[-2000:] + launched.stderr[-2000:]
+    uninterrupted = request.getfixturevalue("reference")
+    metrics = root / "metrics.jsonl"
+    poll(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 4, 120, "step 4")
+    os.kill(read_record(root)["rank_pids"][1], signal.SIGSTOP)
+    stopped_at = time.time()
+    assert poll(lambda: ended(root), RUN_ENDS_S, "the run done or stopped") == chain.DONE
+    (failed,) = chain.chain_of(root)["attempts"]
+    assert failed["class"] == "hang", failed
+    (record,) = [
+        json.loads(p.read_text()) for p in (root / "logs" / "failures").glob("rank_*.json")
+    ]
+    assert record["time"] - stopped_at <= STEP_DEADLINE_S + 60, record
+    assert [s["rank"] for s in record["suspects"]] == [1] and record["rank"] == 0
+    assert "Thread" in (root / "logs" / "stacks" / "rank_0.txt").read_text()
+    shown = subprocess.run([sys.executable, "-m", "axonn_launch.jobs", "status", str(root)],
+                           capture_output=True, text=True, timeout=120).stdout  # fmt: skip
+    assert "hang" in shown and "rank 1" in shown, shown
+    last = read_summary(chain.attempts_of(root)[-1])
+    assert last["final_loss"] == uninterrupted["final_loss"]
 
 
 @pytest.mark.parametrize("rank", [0, 1])

@@ -228,6 +228,8 @@ def recover(job_dir: Path, out=sys.stdout) -> str:
     if status.slow_nodes and action == RESUME:
         action = RESUME_EXCLUDE  # the preflight named slow nodes: leave them out
     status, action = with_stragglers(settings, status, action, job_dir)
+    if action == RESUME:  # the policy says a plain resume: on the same nodes
+        status = replace(status, bad_nodes=[])
     history = list(chain_record.get("attempts", []))
     ended = {"job_dir": str(job_dir), "job_id": status.job_id, "class": status.failure,
              "action": action, "step": status.step, "reason": status.reason,

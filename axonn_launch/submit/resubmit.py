@@ -170,6 +170,8 @@ def seed_from_checkpoint(old: Path, new: Path) -> str:
         after.latest.write_text(name)
         copied = name
     copy_metrics_through(before.metrics, after.metrics, checkpointed_step(new))
+    if before.skipped_steps.exists():  # a rollback's skipped batches hold in every attempt
+        shutil.copy2(before.skipped_steps, after.skipped_steps)
     return copied
 
 

@@ -12,6 +12,8 @@ its own: taking n2 down would end the other runs' tasks there too.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,11 +21,18 @@ from pathlib import Path
 
 import pytest
 
-from axonn_launch.common.jobdir import JobPaths, read_record
+from axonn_launch.common.jobdir import JobPaths, checkpointed_step, read_record, skipped_steps
 from axonn_launch.submit.chain import DONE, STOPPED, attempts_of, run_state
 from axonn_launch.submit.recovery import exclusion, grow_overrides, nodes_up, usable_nodes
 from tests.conftest import run_launcher
-from tests.slurm.test_faults import Job, jobs_cli, paused_at_step_9, sacct_state, wait_until
+from tests.slurm.test_faults import (
+    Job,
+    jobs_cli,
+    paused_at_step_9,
+    rank_pids,
+    sacct_state,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -42,6 +51,9 @@ BASE = [
     "train.gemm_tuning=false",
 ]
 TWO_NODES = ["grid.x=2", "grid.z=2", "nodes=2"]
+STEP_DEADLINE_S = 6  # the watchdog's deadline of a step once start-up is over
+WATCHDOG = [f"train.watchdog.step_floor_s={STEP_DEADLINE_S}", "train.watchdog.step_factor=3",
+            "train.watchdog.beat_s=1"]  # fmt: skip
 ONE_NODE = ["grid.x=2", "nodes=1"]
 RUNS = {
     # name: (AXONN_FAULT, overrides)
@@ -51,6 +63,29 @@ RUNS = {
     "code": ("code@step3", ONE_NODE),
     "repeats": ("kill@step3:rank1", [*ONE_NODE, "recovery.max_same_class=2"]),
     "queued": ("", [*ONE_NODE, "+machine.slurm.extra_sbatch.begin=now+3600"]),
+    # issue 30: what does not announce itself. Each step sleeps 1 s from step 4 in the first
+    # attempt, so that the test can stop rank 3 (on n2) with SIGSTOP mid-training; resumed
+    # on the same nodes (policy resume) to compare the loss exactly
+    "hang_stopped": (
+        "slow@step4:1:attempt1",
+        [*TWO_NODES, *WATCHDOG, "recovery.policy.hang=resume"],
+    ),
+    # rank 3 burns 0.4 s of CPU per step from step 1 (a straggler), then sleeps in step 8
+    # outside any collective; the default policy and exclude_stragglers leave n2 out
+    "hang_fault": (
+        "straggle@step1:rank3:400:attempt1,hang@step8:rank3:attempt1",
+        [*TWO_NODES, *WATCHDOG, "train.stragglers.every=2", "recovery.exclude_stragglers=true"],
+    ),
+    "nan_stop": ("nan_grad@step5:rank1", ONE_NODE),
+    "nan_rollback": (
+        "nan_loss@step5:rank0:attempt1",
+        [*ONE_NODE, "recovery.policy.non_finite=rollback"],
+    ),
+    # killed before its first checkpoint in every attempt: never any progress
+    "no_progress": (
+        "kill@step1:rank1",
+        [*ONE_NODE, "recovery.max_no_progress=2", "recovery.max_same_class=5"],
+    ),
 }
 
 
@@ -229,7 +264,8 @@ def test_a_lost_node_is_left_out_and_the_grid_shrinks(runs):
     """n2 goes down mid-training (x=2 z=2 on 2 nodes); the run comes back on n1 alone with a
     replanned grid, from the same checkpoint resharded, and finishes by itself. Over 60 s:
     the pause, Slurm marking the job NODE_FAIL, the recovery job and the new attempt."""
-    assert ended(runs["healed"]) == DONE  # nothing else of this module runs on n2 now
+    for other in ("healed", "hang_stopped", "hang_fault"):  # nothing else of this module
+        assert ended(runs[other]) in (DONE, STOPPED)  # runs on n2 now
     job_dir = runs["reference"].parent / "lost_node"
     result = run_launcher(  # exclusive: no job of another test file is on n2 when it goes down
         [*BASE, *TWO_NODES, "+machine.slurm.exclusive=true", f"hydra.run.dir={job_dir}"],
@@ -267,3 +303,114 @@ def test_a_lost_node_is_left_out_and_the_grid_shrinks(runs):
     (run,) = [r for r in json.loads(jobs_cli("status", str(job_dir), str(last), "--json",
                                              cwd=job_dir.parent).stdout)]  # fmt: skip
     check_goodput(run["goodput"], [job_dir, last], lost_steps=0)  # paused before step 9's end
+
+
+# --- issue 30: hangs, stragglers, non-finite steps, no progress ----------------------------
+
+
+def metrics_rows(job_dir: Path) -> list[dict]:
+    path = JobPaths(job_dir).metrics
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def failure_records(job_dir: Path) -> list[dict]:
+    folder = JobPaths(job_dir).failures
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("rank_*.json"))]
+
+
+def hang_record(job_dir: Path) -> dict:
+    (record, *_) = [r for r in failure_records(job_dir) if r.get("failure_class") == "hang"]
+    return record
+
+
+def test_a_stopped_rank_is_a_hang_named_with_its_node_and_the_run_resumes_exactly(runs):
+    """Rank 3 (on n2) of an x=2 z=2 run on two nodes gets a real SIGSTOP mid-training. The
+    other ranks' watchdogs fire within the step deadline (6 s) plus a few beats, name rank
+    3 and n2, dump their stacks, and the job ends; the chain resumes on the same nodes and
+    ends at the uninterrupted run's loss. Over 60 s: two attempts and a recovery job."""
+    root = runs["hang_stopped"]
+    job_id = read_record(root)["job_ids"][0]
+    wait_until(lambda: len(metrics_rows(root)) >= 5, 300, "step 5 of the first attempt")
+    pid = wait_until(lambda: rank_pids(job_id).get(3), 60, "rank 3's process")
+    os.kill(pid, signal.SIGSTOP)
+    stopped_at = time.time()
+    assert ended(root) == DONE
+    record = hang_record(root)
+    assert record["time"] - stopped_at <= STEP_DEADLINE_S + 60, record
+    assert [(s["rank"], s["node"]) for s in record["suspects"]] == [(3, "n2")], record
+    stacks = JobPaths(root).stacks
+    assert {p.name for p in stacks.glob("rank_*.txt")} >= {"rank_0.txt", "rank_1.txt"}
+    assert "Thread" in (stacks / "rank_0.txt").read_text()
+    (failed,) = chain(root)["attempts"]
+    assert (failed["class"], failed["action"]) == ("hang", "resume")
+    shown = jobs_cli("status", str(root), cwd=root.parent).stdout
+    assert "hang" in shown and "rank 3" in shown and "n2" in shown and str(stacks) in shown
+    attempts = attempts_of(root)
+    assert final_loss(attempts[-1]) == reference_loss(runs["reference"])
+    wait_until(lambda: no_job_left(root), 120, "the run's jobs to end in sacct")
+    (run,) = json.loads(jobs_cli("status", str(root), str(attempts[-1]), "--json",
+                                 cwd=root.parent).stdout)  # fmt: skip
+    found = run["goodput"]
+    assert found["lost_s"] >= STEP_DEADLINE_S, found  # the stall is lost, not useful
+
+
+def test_a_hang_outside_a_collective_names_its_section_and_a_straggler_is_left_out(runs):
+    """Rank 3 is a straggler from step 1 (named within three exchanges, every 2 steps, in
+    metrics.jsonl and by jobs status), then sleeps in step 8 outside any collective. The
+    watchdog names it in section compute; the next attempt leaves n2 out (the hang's node
+    and the straggler's) and finishes on n1 with a replanned grid, so its loss is compared
+    to a tolerance, as a lost node's is. Over 60 s: two attempts and a recovery job."""
+    root = runs["hang_fault"]
+    assert ended(root) == DONE
+    named = [(row["step"], s) for row in metrics_rows(root) for s in row.get("stragglers", [])]
+    assert named and named[0][0] <= 6, named
+    assert (named[0][1]["rank"], named[0][1]["node"]) == (3, "n2")
+    assert named[0][1]["ratio"] > 1.5
+    record = hang_record(root)
+    assert [(s["rank"], s["node"], s["section"], s["step"]) for s in record["suspects"]] == [
+        (3, "n2", "compute", 8)
+    ], record
+    (failed,) = chain(root)["attempts"]
+    assert (failed["class"], failed["action"]) == ("hang", "resume_exclude")
+    shown = jobs_cli("status", str(root), cwd=root.parent).stdout
+    assert "hang" in shown and "compute" in shown and "straggler" in shown.lower(), shown
+    last = attempts_of(root)[-1]
+    assert "n2" in read_record(last)["excluded_nodes"]
+    summary = json.loads(JobPaths(last).summary.read_text())
+    assert summary["final_loss"] == pytest.approx(reference_loss(runs["reference"]), rel=1e-4)
+
+
+def test_a_non_finite_step_stops_the_run_before_it_is_applied_or_saved(runs):
+    root = runs["nan_stop"]
+    assert ended(root) == STOPPED
+    assert attempts_of(root) == [root]  # nothing retried
+    stop = chain(root)["stop"]
+    assert stop["class"] == "non_finite", stop
+    (record, *_) = [r for r in failure_records(root) if r.get("failure_class") == "non_finite"]
+    assert (record["step"], record["first"]) == (5, "gradients")
+    assert checkpointed_step(root) == 4
+    saved = sorted(p.name for p in JobPaths(root).checkpoints.glob("step_*"))
+    assert saved and all(int(name.split("_")[1]) < 5 for name in saved), saved
+    assert max(row["step"] for row in metrics_rows(root)) == 4
+    shown = jobs_cli("status", str(root), cwd=root.parent).stdout
+    assert "non_finite" in shown and "step 5" in shown and "gradients" in shown, shown
+
+
+def test_a_rollback_skips_the_batch_that_made_the_step_non_finite(runs):
+    root = runs["nan_rollback"]
+    assert ended(root) == DONE
+    (failed,) = chain(root)["attempts"]
+    assert (failed["class"], failed["action"]) == ("non_finite", "rollback")
+    last = attempts_of(root)[-1]
+    summary = json.loads(JobPaths(last).summary.read_text())
+    assert summary["resumed_from"] == 4 and summary["steps"] == STEPS
+    assert skipped_steps(last) == [5]
+    assert "skipping the batch" in (JobPaths(last).rank_log(0)).read_text()
+
+
+def test_a_chain_that_makes_no_progress_stops(runs):
+    root = runs["no_progress"]
+    assert ended(root) == STOPPED
+    stop = chain(root)["stop"]
+    assert "recovery.max_no_progress=2" in stop["reason"], stop
+    assert "\n" not in stop["reason"] and len(attempts_of(root)) == 2
