@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from axonn_launch.common.spec import StragglerConfig
 from axonn_launch.train.groups import Groups
+from axonn_launch.train.startup import node_name
 from axonn_launch.train.watchdog import (
     Watchdog,
     checkpoint_deadline,
@@ -155,8 +156,6 @@ class StepMonitor:
         if world == 1:
             return
         if self.nodes is None:
-            from axonn_launch.train.startup import node_name
-
             self.nodes = [""] * world
             dist.all_gather_object(self.nodes, node_name(), group=self.groups.world)
         gathered = [torch.zeros(1, device=self.device) for _ in range(world)]

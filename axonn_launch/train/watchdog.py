@@ -101,6 +101,12 @@ def progress(beat: dict) -> tuple[int, int]:
     return int(beat.get("step", 0)), SECTION_ORDER.get(str(beat.get("section")), 0)
 
 
+def answered(beat: dict | None, asked_at: float) -> bool:
+    """The heartbeat answers the request whose file time is ``asked_at``: it names that
+    time (read from the same file, so no two nodes' clocks are compared)."""
+    return beat is not None and float(beat.get("answered", 0)) >= asked_at
+
+
 def find_suspects(beats: dict[int, dict | None], asked_at: float) -> list[int]:
     """The ranks that stopped making progress, from every rank's heartbeat (None: none).
 
@@ -109,7 +115,7 @@ def find_suspects(beats: dict[int, dict | None], asked_at: float) -> list[int]:
     furthest behind are named if another rank is further ahead; when all are at the same
     point (a deadlock, or all waiting on something outside the job) no one is named.
     """
-    silent = [r for r, b in sorted(beats.items()) if b is None or b.get("beat", 0) < asked_at]
+    silent = [r for r, b in sorted(beats.items()) if not answered(b, asked_at)]
     if silent:
         return silent
     points = {rank: progress(beat) for rank, beat in beats.items() if beat is not None}
@@ -204,6 +210,7 @@ class Watchdog:
             "step": section.step,
             "since": section.since,
             "beat": time.time(),
+            "answered": self.answered,  # the request file's time this beat answers
         }
         try:
             write_json_atomically(self.paths.heartbeat(self.rank), beat)
@@ -237,10 +244,10 @@ class Watchdog:
         wait_until = time.time() + ANSWER_BEATS * self.cfg.beat_s + 1
         while True:
             beats = {r: self.read_beat(r) for r in range(self.world_size)}
-            answered = all(b is not None and b.get("beat", 0) >= asked_at for b in beats.values())
-            if answered or time.time() > wait_until:
+            if all(answered(b, asked_at) for b in beats.values()) or time.time() > wait_until:
                 return beats
             time.sleep(min(0.5, self.cfg.beat_s))
+            self.answer_request()  # another rank that fired asks too: answer it meanwhile
 
     def read_beat(self, rank: int) -> dict | None:
         found = read_json_or_none(self.paths.heartbeat(rank))
@@ -277,7 +284,7 @@ def describe_suspect(rank: int, beat: dict | None, asked_at: float) -> dict:
     stopped or gone, has no section: its last heartbeat is older than the request)."""
     beat = beat or {}
     found = {"rank": rank, "node": str(beat.get("node", "?"))}
-    if beat.get("beat", 0) >= asked_at:
+    if answered(beat, asked_at):
         found |= {"section": beat.get("section"), "step": beat.get("step")}
     return found
 

@@ -138,6 +138,38 @@ def no_job_left(root: Path) -> bool:
     return all(s.split(" ")[0] not in ("PENDING", "RUNNING", "REQUEUED", "") for s in states)
 
 
+def test_a_stopped_rank_is_a_hang_named_with_its_node_and_the_run_resumes_exactly(runs):
+    """Rank 3 (on n2) of an x=2 z=2 run on two nodes gets a real SIGSTOP mid-training.
+    The other ranks' watchdogs fire within the step deadline (3x the 3 s steps) plus a few
+    beats, name rank 3 and n2, dump their stacks, and the job ends; the chain resumes on
+    the same nodes and ends at the uninterrupted run's loss. Over 60 s: two attempts and a
+    recovery job. First in the module, while the run is still in its slow steps."""
+    root = runs["hang_stopped"]
+    job_id = read_record(root)["job_ids"][0]
+    wait_until(lambda: len(metrics_rows(root)) >= 3, 300, "step 3 of the first attempt")
+    pid = wait_until(lambda: rank_pids(job_id).get(3), 60, "rank 3's process")
+    os.kill(pid, signal.SIGSTOP)
+    stopped_at = time.time()
+    assert ended(root) == DONE
+    record = hang_record(root)
+    assert record["time"] - stopped_at <= STEP_DEADLINE_S + 60, record
+    assert [(s["rank"], s["node"]) for s in record["suspects"]] == [(3, "n2")], record
+    stacks = JobPaths(root).stacks
+    assert {p.name for p in stacks.glob("rank_*.txt")} >= {"rank_0.txt", "rank_1.txt"}
+    assert "Thread" in (stacks / "rank_0.txt").read_text()
+    (failed,) = chain(root)["attempts"]
+    assert (failed["class"], failed["action"]) == ("hang", "resume")
+    shown = jobs_cli("status", str(root), cwd=root.parent).stdout
+    assert "hang" in shown and "rank 3" in shown and "n2" in shown and str(stacks) in shown
+    attempts = attempts_of(root)
+    assert final_loss(attempts[-1]) == reference_loss(runs["reference"])
+    wait_until(lambda: no_job_left(root), 120, "the run's jobs to end in sacct")
+    (run,) = json.loads(jobs_cli("status", str(root), str(attempts[-1]), "--json",
+                                 cwd=root.parent).stdout)  # fmt: skip
+    found = run["goodput"]
+    assert found["lost_s"] >= STEP_DEADLINE_S, found  # the stall is lost, not useful
+
+
 def test_two_faults_in_a_row_are_healed(runs):
     """Over 60 s: three attempts and two recovery jobs, one after another."""
     root = runs["healed"]
@@ -321,37 +353,6 @@ def failure_records(job_dir: Path) -> list[dict]:
 def hang_record(job_dir: Path) -> dict:
     (record, *_) = [r for r in failure_records(job_dir) if r.get("failure_class") == "hang"]
     return record
-
-
-def test_a_stopped_rank_is_a_hang_named_with_its_node_and_the_run_resumes_exactly(runs):
-    """Rank 3 (on n2) of an x=2 z=2 run on two nodes gets a real SIGSTOP mid-training. The
-    other ranks' watchdogs fire within the step deadline (6 s) plus a few beats, name rank
-    3 and n2, dump their stacks, and the job ends; the chain resumes on the same nodes and
-    ends at the uninterrupted run's loss. Over 60 s: two attempts and a recovery job."""
-    root = runs["hang_stopped"]
-    job_id = read_record(root)["job_ids"][0]
-    wait_until(lambda: len(metrics_rows(root)) >= 5, 300, "step 5 of the first attempt")
-    pid = wait_until(lambda: rank_pids(job_id).get(3), 60, "rank 3's process")
-    os.kill(pid, signal.SIGSTOP)
-    stopped_at = time.time()
-    assert ended(root) == DONE
-    record = hang_record(root)
-    assert record["time"] - stopped_at <= STEP_DEADLINE_S + 60, record
-    assert [(s["rank"], s["node"]) for s in record["suspects"]] == [(3, "n2")], record
-    stacks = JobPaths(root).stacks
-    assert {p.name for p in stacks.glob("rank_*.txt")} >= {"rank_0.txt", "rank_1.txt"}
-    assert "Thread" in (stacks / "rank_0.txt").read_text()
-    (failed,) = chain(root)["attempts"]
-    assert (failed["class"], failed["action"]) == ("hang", "resume")
-    shown = jobs_cli("status", str(root), cwd=root.parent).stdout
-    assert "hang" in shown and "rank 3" in shown and "n2" in shown and str(stacks) in shown
-    attempts = attempts_of(root)
-    assert final_loss(attempts[-1]) == reference_loss(runs["reference"])
-    wait_until(lambda: no_job_left(root), 120, "the run's jobs to end in sacct")
-    (run,) = json.loads(jobs_cli("status", str(root), str(attempts[-1]), "--json",
-                                 cwd=root.parent).stdout)  # fmt: skip
-    found = run["goodput"]
-    assert found["lost_s"] >= STEP_DEADLINE_S, found  # the stall is lost, not useful
 
 
 def test_a_hang_outside_a_collective_names_its_section_and_a_straggler_is_left_out(runs):

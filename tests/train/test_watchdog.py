@@ -49,7 +49,7 @@ def test_collectives_time_out_after_the_watchdog_speaks():
 
 
 def beat(step: int, section: str, at: float) -> dict:
-    return {"step": step, "section": section, "beat": at, "node": "n1"}
+    return {"step": step, "section": section, "beat": at, "answered": at, "node": "n1"}
 
 
 def test_a_silent_rank_is_named_alone():
