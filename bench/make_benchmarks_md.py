@@ -24,6 +24,7 @@ ORDER = [
     ("bench_ztraffic.md", "Planner"),
     ("bench_status.md", "Failures"),
     ("bench_recovery.md", "Failures"),
+    ("bench_watchdog.md", "Failures"),
     ("bench_generation.md", "Generation"),
     ("bench_hf_import.md", "Hugging Face import"),
     ("memorization_study.md", "Memorization"),
