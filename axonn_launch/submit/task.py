@@ -71,7 +71,7 @@ class TrainJob(Checkpointable):
         spec = JobSpec.load(JobPaths(self.job_dir).spec)
         summary = run_job(spec, should_stop=hook)
         unfinished = summary.get("stopped") and summary["steps"] < spec.train.steps
-        if unfinished and signal.SIGTERM in stop.received:
+        if unfinished and stop.cancelled(rank):
             end_by_sigterm(rank, summary["steps"])
         if unfinished and callable(submitit_handler):
             if chained and rank == 0:
@@ -100,6 +100,14 @@ class StopSignals:
 
     def __call__(self) -> bool:
         return bool(self.received)
+
+    def cancelled(self, rank: int) -> bool:
+        """Whether this rank is to end without a requeue: it got a TERM. A rank other
+        than 0 that got USR2 first leaves that to rank 0, which requeues the job: the
+        requeue's own TERM may reach it before its part of the stop is done."""
+        if signal.SIGTERM not in self.received:
+            return False
+        return rank == 0 or signal.SIGUSR2 not in self.received
 
 
 def end_by_sigterm(rank: int, step: int) -> None:

@@ -19,7 +19,10 @@ periodic checkpoint of step 4. A signal that comes during that sleep takes effec
 ends (``time.sleep`` resumes after a Python signal handler), at the same step boundary.
 Each scenario then runs in a thread of its own (the ``wave`` fixture, as in
 ``test_faults.py``), so that the waits overlap, and each test raises what its scenario
-raised. Cost: COST_PLACEHOLDER
+raised. Cost, measured on the 2-core machine shared with other test runs: 90 s for the
+file, 35 s of it queued behind other jobs on the cluster; the rest is the four jobs'
+start-up side by side (about 20 s), four slowed steps, then the resubmitted job's start-up
+and last steps (about 20 s). On an idle cluster that is about 55 s.
 """
 
 from __future__ import annotations
@@ -175,9 +178,10 @@ def check_usr2(jobs: dict[str, Job]) -> None:
     saved = assert_saved_at_the_step_reached(job, reached)  # before the requeued run trains
     subprocess.run(["scancel", job.job_id], capture_output=True)  # that run is not needed
     assert not [state for state in history() if state.startswith("FAILED")], history()
-    # submitit's handler, which rank 0 calls after the save; the requeue then sends TERM,
-    # which may still find another rank finishing the save (``end_by_sigterm``: no matter)
-    assert "Caught signal SIGUSR2" in rank_logs(job) and saved
+    # submitit's handler, which rank 0 calls after the save; the requeue's own TERM may
+    # still find rank 1 finishing its part of the stop: it leaves the ending to the requeue
+    logs = rank_logs(job)
+    assert "Caught signal SIGUSR2" in logs and "SIGTERM: stopped" not in logs and saved
 
 
 WAVE = {"term": check_term, "cut": check_cut, "usr2": check_usr2}
@@ -197,7 +201,8 @@ def outcome(wave: dict[str, BaseException | None], name: str) -> None:
 
 
 def test_sigterm_saves_at_the_step_reached_and_the_resume_ends_at_the_reference_loss(wave):
-    """The first test waits for the whole wave (COST_SHORT)."""
+    """Over 60 s with the wait in the queue: the first test waits for the whole wave (the
+    jobs' start-up, the signals, then the resubmitted job; module docstring)."""
     outcome(wave, "term")
 
 
