@@ -404,10 +404,19 @@ def hang_of(records: list[dict], ev: Evidence) -> Diagnosis:
     return Diagnosis(HANG, hang_reason(detail), suspect_nodes(suspects, ev), detail)
 
 
+def suspect_words(suspect: dict) -> str:
+    """``rank 2 (n2)``, and where it was when it answered the watchdog (``in compute of
+    step 8``); a rank that never answered is only named."""
+    words = f"rank {suspect.get('rank')} ({suspect.get('node') or '?'})"
+    if suspect.get("section"):
+        words += f" in {suspect['section']} of step {suspect.get('step', '?')}"
+    return words
+
+
 def hang_reason(detail: dict) -> str:
     """``section step of step 113 hung: no progress for 45 s; without progress: rank 2
     (n2); stacks in <dir>`` (at most 4 ranks named, then how many more)."""
-    names = [f"rank {s.get('rank')} ({s.get('node') or '?'})" for s in detail.get("suspects", [])]
+    names = [suspect_words(s) for s in detail.get("suspects", [])]
     if len(names) > 4:
         names = names[:4] + [f"{len(names) - 4} more"]
     stalled = detail.get("stalled_s")
