@@ -21,6 +21,7 @@ serves its executor and the submitted process). Layout::
                                a hang or a non-finite step adds its class and evidence
       logs/heartbeats/rank_<r>.json  each rank's section, step and last beat (train/watchdog.py)
       logs/stacks/rank_<r>.txt every thread's Python stack, dumped when a hang was detected
+      logs/flight_recorder/rank_<r>  NCCL/RCCL Flight Recorder dumps on a collective timeout
       stragglers.json          the newest straggler report (rank 0; train/watchdog.py)
       skipped_steps.json       steps whose batch a rollback skips (recovery, non_finite)
 

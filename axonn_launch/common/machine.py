@@ -186,6 +186,7 @@ class MachineProfile:
     env: dict[str, str] = field(default_factory=dict)
     multinode_env: dict[str, str] = field(default_factory=dict)
     # set per task in Python (never by a shell); may use {user} {node_id} {local_rank}
+    # {rank} {job_dir}
     task_env: dict[str, str] = field(default_factory=dict)
     container: Container = field(default_factory=Container)
     # the interpreter srun starts in each task; empty: the container's, else the login node's

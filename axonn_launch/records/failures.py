@@ -256,7 +256,11 @@ TIMEOUT_PATTERNS = (
 )
 PREEMPT_PATTERNS = (r"DUE TO PREEMPTION",)
 # scancel of the whole job (a step-only banner also follows a rank's crash)
-CANCEL_PATTERNS = (r"\*\*\* JOB \w+ ON \S+ CANCELLED AT \S+ \*\*\*",)
+CANCEL_PATTERNS = (
+    r"\*\*\* JOB \w+ ON \S+ CANCELLED AT \S+ \*\*\*",
+    # a rank that saved on SIGTERM (submit/task.py): scancel --signal=TERM, or a preemption
+    r"axonn_launch: rank \d+: SIGTERM: stopped after step \d+, checkpoint saved",
+)
 KILLED_TASK = re.compile(
     r"srun: error: (?P<node>[\w.-]+): tasks? (?P<tasks>[\d,-]+): "
     r"(?P<reason>Killed|Segmentation fault|Aborted|Bus error)"
