@@ -138,7 +138,7 @@ class StepMonitor:
         groups = {id(g): g for g in self.step_groups()}
         for group in groups.values():
             setter(timedelta(seconds=seconds), group)
-        log.info("collective timeout after start-up: %.0f s", seconds)
+        log.debug("collective timeout after start-up: %.0f s", seconds)
 
     def step_groups(self) -> list:
         g = self.groups
