@@ -66,12 +66,12 @@ RUNS = {
     "code": ("code@step3", ONE_NODE),
     "repeats": ("kill@step3:rank1", [*ONE_NODE, "recovery.max_same_class=2"]),
     "queued": ("", [*ONE_NODE, "+machine.slurm.extra_sbatch.begin=now+3600"]),
-    # issue 30: what does not announce itself. Each step sleeps 1 s from step 4 in the first
+    # issue 30: what does not announce itself. Each step sleeps 3 s from step 2 in the first
     # attempt, so that the test can stop rank 3 (on n2) with SIGSTOP mid-training; resumed
     # on the same nodes (policy resume) to compare the loss exactly
     "hang_stopped": (
-        "slow@step4:1:attempt1",
-        [*TWO_NODES, *WATCHDOG, "recovery.policy.hang=resume"],
+        "slow@step2:3:attempt1",
+        [*TWO_NODES, *WATCHDOG[1:], STOPPED_FLOOR, "recovery.policy.hang=resume"],
     ),
     # rank 3 burns 0.4 s of CPU per step from step 1 (a straggler), then sleeps in step 8
     # outside any collective; the default policy and exclude_stragglers leave n2 out
