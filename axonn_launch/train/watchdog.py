@@ -13,7 +13,9 @@ floor, a save's bytes at the file system's bandwidth). When a deadline passes:
    which each rank's watchdog looks for at every beat, and waits a few beats for them;
 3. the ranks that did not answer (a stopped process, a node gone) are the ones that
    stopped making progress; when all answered, those furthest behind (in step, then in
-   section order) are, if any rank is further ahead. ``find_suspects`` decides;
+   section order) are, if any rank is further ahead. ``find_suspects`` decides; when
+   every rank answers at the same point, all are alive and equally slow, and the section
+   gets one more deadline (once) before that is a hang too;
 4. it writes its failure record (class ``hang``: section, step, suspects and their
    nodes, the stacks' folder) and one log line, and ends the process: srun's
    ``--kill-on-bad-exit`` or the local supervisor ends the other ranks.
@@ -155,6 +157,7 @@ class Watchdog:
         self.end = end
         self.section = Section("init", 0, time.time(), cfg.startup_s)
         self.answered = 0.0  # the last request this rank answered
+        self.graced_since: float | None = None  # the section clock given one more deadline
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
 
@@ -184,9 +187,13 @@ class Watchdog:
         while not self.stopping.wait(self.cfg.beat_s):
             self.answer_request()
             section = self.section
-            if time.time() - section.since > section.deadline_s:
-                self.fire(section)
+            if time.time() - section.since > self.allowed_s(section) and self.fire(section):
                 return
+
+    def allowed_s(self, section: Section) -> float:
+        """The section's deadline, twice over once every rank was found alive at the same
+        point when it first passed (``fire``)."""
+        return section.deadline_s * (2 if section.since == self.graced_since else 1)
 
     def request_time(self) -> float | None:
         try:
@@ -253,7 +260,11 @@ class Watchdog:
         found = read_json_or_none(self.paths.heartbeat(rank))
         return found if isinstance(found, dict) else None
 
-    def fire(self, section: Section) -> None:
+    def fire(self, section: Section) -> bool:
+        """Ask every rank, then end the process with a hang record; True when it ended.
+        When every rank answers at the same point, the first time for this section's clock,
+        all are alive and equally slow (a loaded machine, a slow file system): the section
+        gets one more deadline, with a warning, before that is a hang too."""
         stalled = time.time() - section.since
         self.answered = asked_at = self.ask_everyone()
         self.dump_stacks()
@@ -262,6 +273,14 @@ class Watchdog:
         suspects = [
             describe_suspect(r, beats.get(r), asked_at) for r in find_suspects(beats, asked_at)
         ]
+        if not suspects and self.graced_since != section.since:
+            self.graced_since = section.since
+            log.warning(
+                "watchdog: section %s of step %d took %.0f s (deadline %.0f s); every rank "
+                "is alive at the same point: one more deadline before it is a hang",
+                section.name, section.step, stalled, section.deadline_s,
+            )  # fmt: skip
+            return False
         message = hang_line(self.rank, self.node, section, stalled, suspects, self.paths.stacks)
         print(message, file=sys.stderr, flush=True)
         log.error(message)
@@ -277,6 +296,7 @@ class Watchdog:
         record_failure(self.paths.folder, self.rank, Hang(message), evidence)
         logging.shutdown()
         self.end(HANG_EXIT)
+        return True
 
 
 def describe_suspect(rank: int, beat: dict | None, asked_at: float) -> dict:

@@ -44,7 +44,7 @@ def test_a_save_gets_its_bytes_at_the_file_systems_bandwidth():
 
 
 def test_collectives_time_out_after_the_watchdog_speaks():
-    assert collective_timeout(CFG, 120) == 240
+    assert collective_timeout(CFG, 120) == 360
     assert collective_timeout(WatchdogConfig(collective_factor=0), 120) is None
 
 
@@ -136,3 +136,23 @@ def test_a_watchdog_fires_names_the_silent_rank_and_collects_the_stacks(tmp_path
     assert "in section sync of step 3" in paths.stack_dump(1).read_text()
     assert "Thread" in paths.stack_dump(1).read_text()  # faulthandler's dump of every thread
     assert not paths.stack_dump(2).exists()
+
+
+def test_ranks_all_alive_at_the_same_point_get_one_more_deadline(tmp_path):
+    """Both ranks sit in step 4's sync past the 0.3 s deadline and both answer: slow, not
+    silent. Rank 0's watchdog waits a second deadline, then records a hang naming no one."""
+    paths = JobPaths(tmp_path)
+    cfg = WatchdogConfig(beat_s=0.05, step_floor_s=0.3)
+    ended = threading.Event()
+    peer = Watchdog(cfg, tmp_path, rank=1, world_size=2, node="n2").start()
+    peer.enter("sync", 4, 60)
+    dog = Watchdog(cfg, tmp_path, rank=0, world_size=2, node="n1", end=lambda c: ended.set())
+    dog.start().enter("sync", 4, 0.3)
+    started = time.time()
+    assert ended.wait(10)
+    waited = time.time() - started
+    peer.stop()
+    assert waited > 2 * 0.3, waited
+    assert dog.graced_since == dog.section.since
+    record = json.loads((paths.failures / "rank_0.json").read_text())
+    assert record["suspects"] == [] and "none named" in record["exception"]
