@@ -39,26 +39,28 @@ HELP = help_page(
         "the built-in corpus (an id above 255 shows as <id:N>).\n\n"
         "Greedy decoding (the default) of an early checkpoint repeats itself: a model after\n"
         'a few hundred steps continues with spaces or "the the the". Sampling gives text\n'
-        "that reads like its training data: temperature=0.8 (with top_k=50, say)."
+        "that reads like its training data: temperature=0.8 (with top_k=50, say).\n\n"
+        "A prompt plus max_new_tokens must fit model.max_seq_len (64 for gpt_tiny), or the\n"
+        "login node refuses it. A continuation ends at the end-of-sequence id, as\n"
+        "transformers' generate: the HF config's eos_token_id, else the tokenizer's (a model\n"
+        "trained on the built-in byte corpus has none: it writes max_new_tokens)."
     ),
     keys=[
         ("SOURCE", "job dir, checkpoints/step_N, or an HF directory with config.json"),
         ("prompts=FILE", 'JSONL of {"text": ...} or {"ids": [...]} (one prompt per line)'),
         ("out=FILE", "JSONL written when the job ends"),
-        ("max_new_tokens=N", "tokens to generate per prompt (default 32)"),
+        ("max_new_tokens=N", "tokens per prompt (default 32); prompt + N <= model.max_seq_len"),
         ("temperature=T top_k=K", "sampling (default greedy: temperature=0; see above)"),
         ("batch_size=B", "prompts per batch (default 16)"),
         ("tokenizer=PATH", "tokenizer.json or HF dir (default: the HF source's, or bytes)"),
-        ("stop_at_eos=true", "end a continuation at the tokenizer's end-of-sequence"),
+        ("stop_at_eos=false", "run N tokens past the end-of-sequence id (default: stop at it)"),
         ("KEY=VALUE", "launcher overrides: machine=, grid.x=, nodes=, name=, site.accounts..."),
     ],
     examples=[
         "python -m axonn_launch.generate jobs/gpt_tiny-local/2026-12-01_08-00-00 "
-        "prompts=p.jsonl max_new_tokens=64 out=o.jsonl",
-        "python -m axonn_launch.generate jobs/gpt_tiny-local/2026-12-01_08-00-00 "
-        "prompts=p.jsonl out=o.jsonl temperature=0.8 top_k=50",
-        "python -m axonn_launch.generate ~/Llama-3.2-1B prompts=p.jsonl out=o.jsonl "
-        "grid.x=2 grid.z=2",
+        "prompts=p.jsonl max_new_tokens=48 out=o.jsonl grid.x=2",
+        "python -m axonn_launch.generate /models/Llama-3.2-1B prompts=p.jsonl out=o.jsonl "
+        "machine=slurm_local grid.x=2 grid.z=2 wait=true",
     ],
 )
 
@@ -196,7 +198,9 @@ def run_generation(
     prompt_file.write_text("".join(json.dumps(p) + "\n" for p in prompts))
     argv = [
         source, f"prompts={prompt_file}", f"out={out}", f"max_new_tokens={max_new_tokens}",
-        f"temperature={temperature}", f"top_k={top_k}", "wait=true", *overrides,
+        f"temperature={temperature}", f"top_k={top_k}", "wait=true",
+        "stop_at_eos=false",  # memorization scores the whole continuation; overrides may differ
+        *overrides,
     ]  # fmt: skip
     code = main(argv)
     if code != 0 or not out.is_file():

@@ -11,7 +11,8 @@ all jobs; without accounting, from ``squeue`` for queued jobs and from submitit'
 pickles and the logs for ended ones.
 
 ``resubmit [PATH...] [--dry-run] [--only CLASS...] [--max-attempts N] [KEY=VALUE...]``:
-for each failed job whose class allows it, submit a new attempt (``submit/resubmit.py``).
+for each failed job whose class allows it, submit a new attempt (``submit/resubmit.py``);
+a completed job given ``train.steps=N`` is extended to step N from its last checkpoint.
 
 Login-node code: never imports torch.
 """
@@ -110,7 +111,7 @@ def notes(row: JobStatus) -> list[str]:
         lines.append(f"{row.reason} (action: {row.action})")
     elif row.failure == failures.COMPLETED:
         lines += after_training_notes(row)
-    if row.stop_reason:
+    if row.stop_reason and row.stop_reason not in row.reason:  # not said twice
         lines.append(f"run stopped: {row.stop_reason}")
     if row.excluded:
         lines.append(f"excluded nodes: {', '.join(row.excluded)}")
@@ -176,6 +177,17 @@ STATUS_EXAMPLES = (
 RESUBMIT_EXAMPLES = (
     "python -m axonn_launch.jobs resubmit jobs/ --dry-run  # what would be resubmitted, and why",
     "python -m axonn_launch.jobs resubmit jobs/gpt_80b-frontier/<time> nodes=64 grid=auto",
+    "python -m axonn_launch.jobs resubmit jobs/gpt_tiny-local/<time> train.steps=400 wait=true"
+    "  # 200 more",
+)
+RESUBMIT_NOTE = (
+    "KEY=VALUE words are launcher overrides for the new attempts, validated like a launch.\n"
+    "\n"
+    "Extending a completed job: train.steps=N (above the step it completed) continues it from\n"
+    "its last checkpoint to step N in <dir>_attempt<K>. The learning rate restarts there:\n"
+    "warmup over train.warmup_steps, then a cosine from train.lr down to train.min_lr at\n"
+    "step N (train.schedule_start is set to the checkpoint's step). Add train.warmup_steps=0\n"
+    "train.lr=<min_lr> to go on at the final learning rate instead."
 )
 
 
@@ -204,12 +216,9 @@ def parser() -> argparse.ArgumentParser:
     )
     again = commands.add_parser(
         "resubmit",
-        help="resubmit the failed jobs whose failure class allows it",
+        help="resubmit the failed jobs whose failure class allows it; extend completed ones",
         usage="python -m axonn_launch.jobs resubmit [options] [PATH ...] [KEY=VALUE ...]",
-        epilog=_examples(
-            RESUBMIT_EXAMPLES,
-            "KEY=VALUE words are launcher overrides for the new attempts, validated like a launch.",
-        ),
+        epilog=_examples(RESUBMIT_EXAMPLES, RESUBMIT_NOTE),
         formatter_class=raw,
     )
     again.add_argument(
@@ -220,7 +229,7 @@ def parser() -> argparse.ArgumentParser:
         "--only",
         nargs="+",
         metavar="CLASS",
-        help=f"only these classes: {', '.join(failures.CLASSES)}",
+        help=f"only these classes: {', '.join(failures.CLASSES)} (completed: with train.steps=N)",
     )
     again.add_argument(
         "--max-attempts", type=int, default=5, metavar="N", help="attempts per job, all told"

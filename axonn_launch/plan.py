@@ -25,6 +25,7 @@ from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import TrainConfig
 from axonn_launch.cost import goodput
 from axonn_launch.cost.jobcost import job_cost
+from axonn_launch.cost.memory import fit_micro_batch
 from axonn_launch.cost.perf import (
     COMM_AXES,
     DEFAULT_GEMM_EFFICIENCY,
@@ -32,6 +33,7 @@ from axonn_launch.cost.perf import (
     load_calibration,
 )
 from axonn_launch.cost.planner import (
+    HEADROOM,
     MAX_NODES,
     PlanError,
     PlanRow,
@@ -182,7 +184,8 @@ def plan_report(args: PlanArgs) -> tuple[str, bool]:
     hw, tr = args.machine.hardware, args.train
     header = (
         f"{note}{args.model.name} on {nodes} node(s) of {args.machine.name} = "
-        f"{nodes * hw.gpus_per_node} GPUs; global_batch={tr.global_batch} seq_len={tr.seq_len} "
+        f"{nodes * hw.gpus_per_node} GPUs ({hw.gpu_model}); global_batch={tr.global_batch} "
+        f"seq_len={tr.seq_len} "
         f"activation_checkpointing={tr.activation_checkpointing}\n"
         f"{ranking.considered} grids, {len(ranking.rows)} runnable"
         + "".join(f", {n} rejected ({k})" for k, n in ranking.rejected.items())
@@ -191,7 +194,7 @@ def plan_report(args: PlanArgs) -> tuple[str, bool]:
         return f"{header}\n{why}", False
     table = format_table(rows, hw.peak_tflops_per_gpu)
     lines = [header, table, job_start_line(args, rows[0].grid)]
-    lines += checkpoint_lines(checkpointing(args, rows[0], nodes)) + [legend(hw)]
+    lines += checkpoint_lines(checkpointing(args, rows[0], nodes), args.machine) + [legend(hw)]
     lines += [calibration_note(args), *launch_lines(args, rows[0], nodes)]
     return "\n".join(lines), True
 
@@ -201,7 +204,11 @@ def legend(hw: Hardware) -> str:
     memory = f" (a GPU has {hw.mem_per_gpu_gb:g})" if hw.mem_per_gpu_gb > 0 else ""
     peak = f"{hw.peak_tflops_per_gpu:g} TFLOP/s" if hw.peak_tflops_per_gpu > 0 else "unknown: -"
     columns = [
-        ("rank", "place in this ranking by predicted step time (1 = fastest); not an MPI rank"),
+        (
+            "rank",
+            f"place in this ranking: grids within {HEADROOM:.0%} of GPU memory first, each"
+            " by predicted step time (1 = what grid=auto runs); not an MPI rank",
+        ),
         ("grid", "ranks on each axis: data replicas, x and y (tensor), z (depth)"),
         ("mb", "micro-batch: sequences per micro-step of a data replica, split over z"),
         ("cache", "blocks whose gathered weights stay from forward to backward (cache_layers)"),
@@ -249,10 +256,19 @@ def launch_command(args: PlanArgs, row: PlanRow, nodes: int) -> str:
         f"grid.data={g.data}", f"grid.x={g.x}", f"grid.y={g.y}", f"grid.z={g.z}", f"nodes={nodes}",
     ]  # fmt: skip
     words += [o for o in args.overrides if not _set_by_launch(_override_key(o))]
+    if args.train.micro_batch is None and launcher_micro_batch(args, g) != row.micro_batch:
+        words.append(f"train.micro_batch={row.micro_batch}")  # the planner's, for headroom
     tr = dataclasses.replace(args.train, micro_batch=row.micro_batch)
     if resolve_cache_layers(args.machine.hardware, args.model, tr, g) != row.cache_layers:
         words.append(f"train.cache_layers={row.cache_layers}")
     return " ".join(["python", "-m", "axonn_launch", *map(shlex.quote, words)])
+
+
+def launcher_micro_batch(args: PlanArgs, grid: Grid) -> int | None:
+    """The micro-batch the launcher takes on its own for an explicit ``grid``: the largest
+    that fits (``fit_micro_batch``), which may leave less headroom than the planner's."""
+    chosen = fit_micro_batch(args.model, grid, args.train, args.machine.hardware)
+    return None if isinstance(chosen, str) else chosen[0]
 
 
 def launch_lines(args: PlanArgs, row: PlanRow, nodes: int) -> list[str]:
@@ -300,8 +316,9 @@ def checkpointing(args: PlanArgs, row: PlanRow, nodes: int) -> goodput.Checkpoin
     )
 
 
-def checkpoint_lines(ck: goodput.Checkpointing | None) -> list[str]:
-    """Two lines: the interval and goodput of the best grid, then what they rest on."""
+def checkpoint_lines(ck: goodput.Checkpointing | None, machine: MachineProfile) -> list[str]:
+    """Two lines: the interval and goodput of the best grid, then what they rest on (on a
+    CPU profile, failure figures that are test values: said so)."""
     if ck is None:
         return [
             "checkpoints: no failure rate in the machine profile"
@@ -314,7 +331,13 @@ def checkpoint_lines(ck: goodput.Checkpointing | None) -> list[str]:
         f" expected goodput {ck.auto_goodput:.1%}{'' if ck.auto else composed}",
         f"  from: job MTBF {ck.mtbf_s / 3600:.3g} h ({ck.node_mtbf_hours:,.4g} h per node /"
         f" {ck.nodes:,} nodes), a save {ck.save_s:.3g} s ({ck.checkpoint_gb:,.4g} GB at"
-        f" {ck.write_gbps:,.4g} GB/s), restart {ck.restart_s:.0f} s (cost/goodput.py)",
+        f" {ck.write_gbps:,.4g} GB/s), restart {ck.restart_s:.0f} s (cost/goodput.py)"
+        + (
+            f"; machine={machine.name}'s failure figures are test values: no prediction for a"
+            " CPU run"
+            if machine.hardware.gpu_model == "cpu"
+            else ""
+        ),
     ]
 
 

@@ -148,8 +148,17 @@ def pyplot():
     return plt
 
 
-def plot(
-    path: Path,
+def plot(path: Path, series: Sequence[Series], **options: Any) -> Path:
+    """One PNG of ``series``, drawn by ``draw`` with ``options``."""
+    plt = pyplot()
+    fig, _ = draw(plt, series, **options)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def draw(
+    plt: Any,
     series: Sequence[Series],
     *,
     xlabel: str,
@@ -160,12 +169,12 @@ def plot(
     logx: bool = False,
     dashed: str = "",
     xticks: Sequence[tuple[float, str]] | None = None,
-) -> Path:
-    """One PNG of ``series`` (lines, or markers with ``points``); series whose label
-    starts with ``dashed`` are drawn dashed with crosses, so lines that coincide stay
-    visible. ``xticks``: (position, label) of every tick, for values that are names or
-    whole numbers (a grid axis of 1 and 2 has no tick at 1.5)."""
-    plt = pyplot()
+) -> tuple[Any, Any]:
+    """(figure, axes) of ``series`` (lines, or markers with ``points``); series whose
+    label starts with ``dashed`` are drawn dashed with crosses, so lines that coincide
+    stay visible. ``xticks``: (position, label) of every tick, for values that are names
+    or chosen numbers (a grid axis of 1 and 2 has no tick at 1.5). Tick labels are never
+    shifted by an offset (``+5.512`` in a corner), which a reader misses."""
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for label, xs, ys in series:
         style = "o" if points else "-o" if len(xs) < 30 else "-"
@@ -182,15 +191,42 @@ def plot(
         high = max(max(max(xs), max(ys)) for _, xs, ys in series)
         ax.plot([low, high], [low, high], "k--", lw=0.8, label="predicted = measured")
     if xticks is not None:
-        ax.set_xticks([at for at, _ in xticks], [label for _, label in xticks])
+        set_ticks(ax, xticks)
+    no_offset(ax)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.grid(alpha=0.3)
     if len(series) > 1 or diagonal:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return fig, ax
+
+
+TICK_CHARS = 48  # about what fits under a 6.4-inch plot at matplotlib's 10 pt labels
+
+
+def set_ticks(ax: Any, ticks: Sequence[tuple[float, str]]) -> None:
+    """Exactly these ticks (no minor labels beside them); slanted when side by side
+    they would run together."""
+    from matplotlib.ticker import NullFormatter
+
+    labels = [label for _, label in ticks]
+    ax.set_xticks([at for at, _ in ticks], labels)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    if sum(len(label) + 2 for label in labels) > TICK_CHARS:
+        ax.tick_params(axis="x", labelrotation=30)
+        for text in ax.get_xticklabels():
+            text.set_horizontalalignment("right")
+
+
+def no_offset(ax: Any) -> None:
+    """Whole tick values on both axes, never ``+5.512`` or ``1e-3`` in a corner."""
+    from matplotlib.ticker import ScalarFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):
+        formatter = axis.get_major_formatter()
+        if isinstance(formatter, ScalarFormatter):
+            formatter.set_useOffset(False)
+            formatter.set_scientific(False)
 
 
 def fmt(value: Any, form: str = "{:.4g}") -> str:
@@ -415,26 +451,62 @@ def _sweep_plot(
         xs = [as_number(x) if numeric else categories.index(x) for x, _ in pairs]
         series.append((label, xs, [y for _, y in pairs]))
     path = out / f"sweep_{metric}_{key.replace('/', '_')}.png"
+    log = numeric and log_axis(key, [as_number(x) for x in categories])
     plot(
         path,
         series,
-        xlabel=key,
+        xlabel=key + (" (log scale)" if log else ""),
         ylabel=metric,
         title=f"{metric} against {key}",
-        xticks=sweep_ticks(categories, numeric),
+        logx=log,
+        xticks=sweep_ticks(categories, numeric, log=log),
     )
     return path
 
 
-def sweep_ticks(values: Sequence[str], numeric: bool) -> list[tuple[float, str]] | None:
+def log_axis(key: str, numbers: Sequence[float]) -> bool:
+    """A learning rate, or positive values over a factor of 10 or more, are read on a log
+    scale: an optimizer's trials spread evenly in log(lr) and crowd at the left of a
+    linear axis."""
+    if not numbers or min(numbers) <= 0:
+        return False
+    return key.rsplit(".", 1)[-1].endswith("lr") or max(numbers) >= 10 * min(numbers)
+
+
+def sweep_ticks(
+    values: Sequence[str], numeric: bool, *, log: bool = False
+) -> list[tuple[float, str]] | None:
     """A tick at each swept value when they are names or a few whole numbers (a grid
-    axis); None (matplotlib's own) for fractions such as learning rates."""
+    axis); on a log axis otherwise ticks at 1, 2 and 5 times powers of ten (``log_ticks``);
+    None (matplotlib's own) for fractions on a linear axis."""
     if not numeric:
         return [(float(i), name) for i, name in enumerate(values)]
     numbers = sorted({as_number(v) for v in values})
-    if len(numbers) > 12 or not all(n.is_integer() for n in numbers):
-        return None
-    return [(n, str(int(n))) for n in numbers]
+    if len(numbers) <= 12 and all(n.is_integer() for n in numbers):
+        return [(n, str(int(n))) for n in numbers]
+    return log_ticks(numbers[0], numbers[-1]) if log else None
+
+
+def log_ticks(low: float, high: float, most: int = 8) -> list[tuple[float, str]]:
+    """Ticks from ``low`` to ``high`` (> 0) at 1, 2 and 5 times powers of ten, thinned to
+    1 and 3, then to powers of ten, until at most ``most`` remain; at least two (more
+    steps within a decade when the range is narrow). Labels are plain (``0.0003``)."""
+    for steps in ((1, 2, 5), (1, 3), (1,)):
+        ticks = _ticks_between(low, high, steps)
+        if len(ticks) <= most:
+            break
+    if len(ticks) < 2:
+        ticks = _ticks_between(low, high, range(1, 10))
+    if len(ticks) < 2:
+        ticks = [low, high]
+    return [(t, f"{t:.3g}") for t in ticks]
+
+
+def _ticks_between(low: float, high: float, steps: Iterable[int]) -> list[float]:
+    steps = tuple(steps)
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    ticks = (float(f"{s}e{e}") for e in range(first, last + 1) for s in steps)
+    return [t for t in ticks if low * (1 - 1e-9) <= t <= high * (1 + 1e-9)]
 
 
 # ---------------------------------------------------------------- memorization study

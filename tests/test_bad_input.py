@@ -12,7 +12,9 @@ F5 = ["machine=frontier", "model=gpt_5b"]
 CASES = [
     (["machine=foo"], "machine='foo'"),
     (["model=gpt_7b"], "model='gpt_7b'"),
-    (["train.stpes=3"], "train.stpes"),
+    (["train.stpes=3"], "train.stpes: unknown key; did you mean train.steps?"),
+    (["gird.x=2"], "gird.x: unknown key; did you mean grid.x?"),
+    (["model=gpt_tnyi"], "model='gpt_tnyi': no such model; did you mean gpt_tiny?"),
     (["+foo=1"], "foo"),
     (["train.steps=abc"], "train.steps='abc'"),
     (["train.steps=0"], "train.steps=0"),
@@ -51,6 +53,10 @@ CASES = [
     (["grid.z=3", "train.micro_batch=6", "train.global_batch=12"], "grid.z=3"),
     (["grid.data=65", "train.micro_batch=1", "train.global_batch=65"], "max_local_processes"),
     (["nodes=2"], "nodes=2"),
+    # more than this computer's RAM (issue 31): refused before any rank starts
+    (["model=gpt_320b"], "4 ranks x 3502.92 GiB (the estimate per rank of model=gpt_320b)"),
+    (["machine=local", "model=gpt_320b"], "or machine.host_memory_check=false to start it"),
+    (["machine.host_memory_headroom=1"], "machine.host_memory_headroom=1.0: must be >= 0 and < 1"),
     (["grid=auto", "grid.x=2"], "grid=auto"),
     (["model.n_head=5"], "model.d_model=64"),
     (["name=a/b"], "name='a/b'"),

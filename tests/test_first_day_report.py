@@ -178,7 +178,9 @@ def test_a_sweep_of_what_is_computed_plots_the_loss(tmp_path, monkeypatch):
               for lr, loss in (("0.001", 4.8), ("0.003", 4.2))]  # fmt: skip
     markdown, calls = plotted(make_sweep(tmp_path / "a", points), monkeypatch)
     assert list(calls) == ["sweep_final_loss_train.lr.png"]  # grid.x is not swept
-    assert calls["sweep_final_loss_train.lr.png"]["xticks"] is None  # fractions: matplotlib's
+    lr_plot = calls["sweep_final_loss_train.lr.png"]
+    assert lr_plot["logx"] and lr_plot["xlabel"] == "train.lr (log scale)"
+    assert lr_plot["xticks"] == [(0.001, "0.001"), (0.002, "0.002")]
     markdown, calls = plotted(make_sweep(tmp_path / "b", points, val_loss=True), monkeypatch)
     assert list(calls) == ["sweep_val_loss_train.lr.png"]
     assert "metric: val_loss (a swept key changes what the jobs compute" in markdown
@@ -203,6 +205,48 @@ def test_the_sweep_report_command_names_its_metric(tmp_path):
 def test_sweep_ticks(values, ticks):
     numeric = all(report.as_number(v) is not None for v in values)
     assert report.sweep_ticks(values, numeric) == ticks
+
+
+def test_an_optuna_lr_sweep_reads_on_a_log_axis_without_offsets():
+    """Trials spread in log(lr); losses that differ in the 6th digit."""
+    lrs = [0.00031, 0.00052, 0.0011, 0.0024, 0.0047, 0.0098]
+    losses = [5.512310 + 1e-6 * i for i in range(len(lrs))]
+    assert report.log_axis("train.lr", lrs) and report.log_axis("grid.x", [1, 64])
+    assert not report.log_axis("train.warmup_steps", [10, 50])
+    ticks = report.sweep_ticks([str(lr) for lr in lrs], True, log=True)
+    assert ticks == [(5e-4, "0.0005"), (1e-3, "0.001"), (2e-3, "0.002"), (5e-3, "0.005")]
+    plt = report.pyplot()
+    fig, ax = report.draw(plt, [("loss", lrs, losses)], xlabel="train.lr", ylabel="loss",
+                          title="t", logx=True, xticks=ticks)  # fmt: skip
+    fig.canvas.draw()
+    assert ax.get_xscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0.0005", "0.001", "0.002", "0.005"]
+    assert [t.get_text() for t in ax.get_xticklabels(minor=True) if t.get_text()] == []
+    assert ax.yaxis.get_major_formatter().get_offset() == ""  # no "+5.51231e0" corner
+    assert all(t.get_text().startswith("5.5123") for t in ax.get_yticklabels())
+    assert all(t.get_rotation() == 0 for t in ax.get_xticklabels())
+    plt.close(fig)
+
+
+def test_long_tick_labels_are_slanted_not_run_together():
+    names = [f"train.overlap.mode_{i}" for i in range(5)]
+    plt = report.pyplot()
+    fig, ax = report.draw(plt, [("m", [0, 1, 2, 3, 4], [1, 2, 3, 4, 5])], xlabel="k",
+                          ylabel="m", title="t", xticks=list(enumerate(names)))  # fmt: skip
+    assert all(t.get_rotation() == 30 for t in ax.get_xticklabels())
+    plt.close(fig)
+
+
+@pytest.mark.parametrize(
+    "low, high, expected",
+    [
+        (1e-4, 1e-2, ["0.0001", "0.0002", "0.0005", "0.001", "0.002", "0.005", "0.01"]),
+        (1e-6, 1e-1, ["1e-06", "1e-05", "0.0001", "0.001", "0.01", "0.1"]),  # thinned
+        (3e-4, 4.5e-4, ["0.0003", "0.0004"]),  # within a decade: more steps
+    ],
+)
+def test_log_ticks(low, high, expected):
+    assert [label for _, label in report.log_ticks(low, high)] == expected
 
 
 # ---------------------------------------------------------------------------- status

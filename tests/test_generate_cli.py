@@ -28,25 +28,53 @@ def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_hf_source_on_a_grid_equals_transformers(tmp_path):
+def set_eos(hf_dir: Path, eos: int) -> None:
+    """``eos`` as the directory's end-of-sequence id: a list in generation_config.json
+    (as Llama 3 has), an int in config.json."""
+    for name, value in (("generation_config.json", [eos]), ("config.json", eos)):
+        config = json.loads((hf_dir / name).read_text())
+        (hf_dir / name).write_text(json.dumps({**config, "eos_token_id": value}))
+
+
+def test_hf_source_on_a_grid_equals_transformers_and_stops_at_its_eos(tmp_path):
+    """The HF config's end-of-sequence id, put on the greedy path of the first prompt (its
+    3rd new token), ends that row as transformers' generate ends it; a prompt one token too
+    long for model.max_seq_len=128 is refused on the login node, counted as the job counts."""
     hf_dir = tiny_llama_dir(tmp_path / "hf")
     tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    texts = ["To be, or not", "First"]
+    expected_prompts = [tokenizer.encode(texts[0]), [5, 6, 7], tokenizer.encode(texts[1])]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).float().eval()
+    first = torch.tensor([expected_prompts[0]])
+    path = hf.generate(first, do_sample=False, max_new_tokens=12, min_new_tokens=12,
+                       eos_token_id=None, pad_token_id=0)[0, first.shape[1] :].tolist()  # fmt: skip
+    eos = path[2]
+    set_eos(hf_dir, eos)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).float().eval()
     prompts = write_jsonl(
-        tmp_path / "p.jsonl", [{"text": "To be, or not"}, {"ids": [5, 6, 7]}, {"text": "First"}]
+        tmp_path / "p.jsonl", [{"text": texts[0]}, {"ids": [5, 6, 7]}, {"text": texts[1]}]
     )
     out = tmp_path / "o.jsonl"
+    longest = max(len(p) for p in expected_prompts)
+    refused = generate(str(hf_dir), f"prompts={prompts}", f"max_new_tokens={129 - longest}",
+                       f"out={out}", cwd=tmp_path)  # fmt: skip
+    assert refused.returncode == 2 and not out.exists(), refused.stderr
+    assert refused.stderr.strip() == (
+        f"error: generate.prompts={str(prompts)!r} line 1: a prompt of {longest} tokens plus "
+        f"generate.max_new_tokens={129 - longest} exceeds model.max_seq_len=128 (at most "
+        f"{longest - 1} prompt tokens with {129 - longest} new)"
+    )
     result = generate(str(hf_dir), f"prompts={prompts}", "max_new_tokens=12", f"out={out}",
                       "grid.y=2", "grid.z=2", "batch_size=2", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    assert f"end-of-sequence id {eos} ({hf_dir}'s eos_token_id)" in result.stdout
     rows = read_rows(out)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).float().eval()
-    expected_prompts = [tokenizer.encode("To be, or not"), [5, 6, 7], tokenizer.encode("First")]
     assert [r["prompt_ids"] for r in rows] == expected_prompts  # in the prompts' order
+    assert rows[0]["output_ids"] == path[: path.index(eos) + 1]  # it stopped right after it
     for row in rows:
         ids = torch.tensor([row["prompt_ids"]])
-        theirs = hf.generate(ids, do_sample=False, max_new_tokens=12, min_new_tokens=12,
-                             eos_token_id=None, pad_token_id=0)[0, ids.shape[1] :]  # fmt: skip
-        assert row["output_ids"] == theirs.tolist()
+        theirs = hf.generate(ids, do_sample=False, max_new_tokens=12, pad_token_id=0)
+        assert row["output_ids"] == theirs[0, ids.shape[1] :].tolist()
         assert row["text"] == tokenizer.decode(row["output_ids"], skip_special_tokens=True)
 
 
@@ -63,6 +91,12 @@ def test_training_job_source_and_byte_text(tmp_path):
     result = generate(str(job_dir), f"prompts={prompts}", "max_new_tokens=8", f"out={out}",
                       "grid.x=2", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    # a generation job's summary and next: line, not a training job's
+    assert "ends at    max_new_tokens=8 (this model's vocabulary has no end-of-sequence id)" in (
+        result.stdout
+    )
+    assert "batch " not in result.stdout and "goodput" not in result.stdout
+    assert result.stdout.splitlines()[-1].startswith("next: head ./o.jsonl  (one JSON line")
     rows = read_rows(out)
     assert rows[0]["prompt_ids"] == list(b"ROMEO:") and rows[1]["prompt_ids"] == [10, 65]
     for row in rows:

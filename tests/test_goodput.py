@@ -221,7 +221,8 @@ def test_the_summary_states_the_interval_and_the_job_gets_the_integer(tmp_path):
     resolved = resolve(load([*args, "train.checkpoint_every=auto"]))
     assert every == resolved.train.checkpoint_every
     assert summary_field(proc.stdout, "goodput").startswith(
-        f"{resolved.checkpointing.goodput:.1%} expected: job MTBF 6.2 h (6,335 h per node /"
+        f"{resolved.checkpointing.goodput:.1%} expected on frontier: job MTBF 6.2 h (6,335 h"
+        " per node /"
         " 1,024 nodes)"
     )
 

@@ -39,7 +39,9 @@ def test_a_sweep_with_an_invalid_point_prints_the_summary_and_exits_1(
     table = result.stdout.split("sweep summary:")[1]
     assert re.search(r"\n0 .*grid.z=1 dry_run=True\s+dry_run\s+-\s+1\s", table), table
     assert re.search(r"\n1 .*grid.z=2 dry_run=True\s+dry_run\s+-\s+2\s", table), table
-    assert re.search(r"\n2 .*grid.z=3 dry_run=True\s+invalid(?:\s+-){5}\s+grid.z=3: ", table), table
+    assert re.search(r"\n2 .*grid.z=3 dry_run=True\s+invalid(?:\s+-){7}\s+grid.z=3: ", table), table
+    table, next_line = table.split("next: ")
+    assert next_line.startswith("fix or leave out point 2 ")
     assert (sweep_dir / "summary.txt").read_text() == "sweep summary:" + table
     nodes = sorted(json.loads(p.read_text())["nodes"] for p in sweep_dir.glob("*/job.json"))
     assert nodes == [1, 2]  # the invalid point left no job directory

@@ -20,6 +20,7 @@ import pytest
 from axonn_launch.common.jobdir import checkpointed_step, read_record, read_summary
 from axonn_launch.records.goodput import PARTS
 from axonn_launch.submit import chain
+from tests.cli_server import run_module
 from tests.conftest import run_launcher
 from tests.test_local_supervisor import poll, rank_pids_under, reap  # noqa: F401 (a fixture)
 
@@ -28,6 +29,7 @@ SMALL = ["machine=local", "model=gpt_tiny", "grid.x=2", "train.steps=8",
          "train.progress=false", "train.gemm_tuning=false"]  # fmt: skip
 RECOVERY_ON = ["recovery=on", "recovery.backoff_s=0"]
 RUN_ENDS_S = 300
+REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("reap")]  # ends what a failure leaves
 
 
@@ -201,3 +203,53 @@ def test_jobs_stop_ends_a_running_local_run(tmp_path):
     assert (record["status"], record["failure"]) == ("failed", "cancelled")
     assert chain.run_state(root) == chain.STOPPED
     assert chain.attempts_of(root) == [root] and not (tmp_path / "run_attempt2").exists()
+
+
+def test_ctrl_c_on_a_local_run_saves_then_stops_and_resubmit_resumes_it_exactly(tmp_path, request):
+    """No periodic checkpoint (``checkpoint_every=0``, the default); steps take 1 s from
+    step 2 of attempt 1. A Ctrl-C (SIGINT to the launcher's process group, as a terminal
+    sends it) once step k is logged: the ranks save at the next step boundary (k or k+1)
+    and stop; the launcher exits 130 naming the resume, job.json says the user stopped it,
+    and ``jobs resubmit`` resumes from that step to the loss of a run never interrupted."""
+    root = tmp_path / "run"
+    small = [a for a in SMALL if not a.startswith("train.checkpoint_every=")]
+    argv = [*small, "train.checkpoint_every=0", "recovery=off", f"hydra.run.dir={root}"]
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env |= {"AXONN_FAULT": "slow@step2:1:attempt1", "PYTHONPATH": str(REPO)}
+    out, err = tmp_path / "console.out", tmp_path / "console.err"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        launcher = subprocess.Popen([sys.executable, "-m", "axonn_launch", *argv], cwd=tmp_path,
+                                    env=env, stdout=stdout, stderr=stderr,
+                                    start_new_session=True)  # fmt: skip
+        try:
+            metrics = root / "metrics.jsonl"
+            poll(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, 120,
+                 "step 3 logged")  # fmt: skip
+            k = len(metrics.read_text().splitlines())
+            os.killpg(launcher.pid, signal.SIGINT)
+            code = launcher.wait(timeout=60)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+    assert code == 130, err.read_text()[-2000:]
+    record = read_record(root)
+    saved = checkpointed_step(root)
+    assert k <= saved < 8 and record["ended_by"]["saved_step"] == saved, (k, record)
+    assert record["ended_by"]["by_user"] and record["ended_by"]["signal"] == "SIGINT"
+    assert (record["status"], record["failure"]) == ("failed", "cancelled")
+    said = [ln for ln in err.read_text().splitlines() if ln.startswith("supervisor: SIGINT")]
+    assert said[0] == ("supervisor: SIGINT: saving a checkpoint at the next step boundary,"
+                       " then stopping (Ctrl-C again stops at once)"), said  # fmt: skip
+    last = out.read_text().splitlines()[-1]
+    assert last.endswith(f"-m axonn_launch.jobs resubmit ./run  (resumes from step {saved})")
+    plain = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "AXONN_FAULT")}
+    shown = run_module("axonn_launch.jobs", ["status", str(root)], cwd=tmp_path, env=plain).stdout
+    assert f"stopped by the user after step {saved}" in shown, shown
+
+    resumed = run_module("axonn_launch.jobs", ["resubmit", str(root), "wait=true"], cwd=tmp_path,
+                         env=plain, timeout=RUN_ENDS_S)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    (second,) = chain.attempts_of(root)[1:]
+    last_summary = read_summary(second)
+    assert last_summary["resumed_from"] == saved and last_summary["steps"] == 8
+    assert last_summary["final_loss"] == request.getfixturevalue("reference")["final_loss"]

@@ -91,22 +91,33 @@ def test_batch_validity_and_micro_batch_candidates():
     assert micro_batch_candidates(tr, Grid(data=2, z=16)) == []
 
 
-def test_every_ranked_row_is_valid_fits_and_uses_the_largest_fitting_micro_batch():
+def test_every_ranked_row_is_valid_fits_and_uses_the_largest_micro_batch_with_headroom():
+    """The largest micro-batch within 90% of the GPU (HEADROOM), else the largest that
+    fits; rows with headroom rank first, each group fastest first."""
     ranking = rank_grids(hardware=A100, model=GPT_5B, train=BIG, world_size=64)
     rows = ranking.rows
     assert rows and [r.rank for r in rows] == list(range(1, len(rows) + 1))
-    times = [r.step_time_s for r in rows]
-    assert times == sorted(times)
+    roomy = [r for r in rows if r.headroom]
+    assert roomy and rows[: len(roomy)] == roomy  # with headroom first
+    for group in (roomy, rows[len(roomy) :]):
+        times = [r.step_time_s for r in group]
+        assert times == sorted(times)
     assert len(rows) + sum(ranking.rejected.values()) == ranking.considered == 84
     for r in rows:
         assert shape_problem(GPT_5B, r.grid) is None
         tr = dataclasses.replace(BIG, micro_batch=r.micro_batch)
         assert batch_problem(tr, r.grid) is None
-        assert estimate_memory(model=GPT_5B, grid=r.grid, train=tr).fits(40)
+        est = estimate_memory(model=GPT_5B, grid=r.grid, train=tr)
+        assert est.fits(40) and r.memory_share == pytest.approx(est.total / (40 * 2**30))
+        assert r.headroom == est.fits(36)
         larger = [m for m in micro_batch_candidates(BIG, r.grid) if m > r.micro_batch]
         for m in larger:
             tr = dataclasses.replace(BIG, micro_batch=m)
-            assert not estimate_memory(model=GPT_5B, grid=r.grid, train=tr).fits(40)
+            room = 36 if r.headroom else 40
+            assert not estimate_memory(model=GPT_5B, grid=r.grid, train=tr).fits(room)
+        if not r.headroom:  # no smaller micro-batch gives headroom either
+            smallest = dataclasses.replace(BIG, micro_batch=micro_batch_candidates(BIG, r.grid)[-1])
+            assert not estimate_memory(model=GPT_5B, grid=r.grid, train=smallest).fits(36)
 
 
 def test_memory_limit_rejects_and_a_pinned_micro_batch_is_kept():
@@ -173,7 +184,9 @@ def test_an_automatic_cache_takes_the_most_blocks_that_fit_when_that_is_faster()
     assert any(r.cache_layers > 0 for r in rows)
     for r in rows:
         tr = dataclasses.replace(auto, micro_batch=r.micro_batch, cache_layers=0)
-        most = largest_cache_that_fits(GPT_80B, r.grid, tr, 40)
+        uncached = estimate_memory(model=GPT_80B, grid=r.grid, train=tr)
+        room = 36 if uncached.fits(36) else 40  # the cache keeps a row's headroom (90%)
+        most = largest_cache_that_fits(GPT_80B, r.grid, tr, room)
         assert r.cache_layers in (0, most)
         kept = dataclasses.replace(tr, cache_layers=r.cache_layers)
         est = estimate_memory(model=GPT_80B, grid=r.grid, train=kept)

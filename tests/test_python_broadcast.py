@@ -3,12 +3,15 @@ settings it refuses (tests/slurm/test_rehearsal.py runs it on the local cluster)
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_launcher
+from axonn_launch.submit.render import PythonCopy, package_outside
+from tests.conftest import REPO, run_launcher
 
 FRONTIER = ["machine=frontier", "model=gpt_tiny", "site.accounts.frontier=acct", "dry_run=true"]
 NODES_16 = ["grid.data=16", "grid.x=8", "train.global_batch=16"]  # 128 GCDs = 16 nodes
@@ -30,8 +33,10 @@ def test_frontier_broadcasts_from_16_nodes_to_the_nvme(tmp_path):
     assert "#SBATCH --constraint=nvme" in script
     lines = script.splitlines()
     setup = [ln for ln in lines if ln.startswith("axonn_setup ")]
-    assert f"tar -C {venv} -cf /mnt/bb/" in setup[-3] and "sbcast -f /mnt/bb/" in setup[-2]
-    assert setup[-1].startswith("axonn_setup") and "--ntasks-per-node=1" in setup[-1]
+    assert f"tar -C {venv} -cf /mnt/bb/" in setup[-4] and "sbcast -f /mnt/bb/" in setup[-3]
+    assert "--ntasks-per-node=1" in setup[-2]
+    # this checkout's package is not in the venv (an editable install): packed and put first
+    assert f"tar -C {REPO} -cf /mnt/bb/" in setup[-4] and "export PYTHONPATH=/mnt/bb/" in setup[-1]
     srun = lines[-1]
     assert srun.startswith("srun ") and "/env/bin/python -u -m submitit" in srun
     tasks_python = srun.split(" -u -m ")[0].rsplit(" ", 1)[-1]
@@ -74,3 +79,34 @@ def test_an_interpreter_outside_a_venv_cannot_be_copied(tmp_path, dry):
         assert result.returncode == 2 and not job_dir.exists()
         (line,) = result.stderr.strip().splitlines()
         assert message in line and "machine.python_broadcast=false" in line
+
+
+FAKE_SBCAST = 'cp "$2" "$3"\n'
+FAKE_SRUN = 'while [ "${1#-}" != "$1" ]; do shift; done; exec "$@"\n'  # options off, run the rest
+
+
+def test_the_copy_holds_the_package_the_tasks_import(tmp_path):
+    """An editable install leaves the package in the checkout: the copied venv alone would
+    still import it from there. Run the batch script's copy commands (sbcast a copy, srun
+    a plain run) and check which axonn_launch the copied interpreter imports."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)  # fmt: skip
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, text in (("sbcast", FAKE_SBCAST), ("srun", FAKE_SRUN)):
+        (bindir / name).write_text("#!/bin/sh\n" + text)
+        (bindir / name).chmod(0o755)
+    node = tmp_path / "node-local" / "axonn-tag"
+    copy = PythonCopy(str(venv), str(node), str(node / "env" / "bin" / "python"),
+                      package_outside(str(venv)))  # fmt: skip
+    assert copy.package == str(REPO)
+    where = f'{copy.python} -c "import axonn_launch; print(axonn_launch.__file__)"'
+    script = "\n".join(["set -e", *copy.commands(), where])
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    ran = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                         cwd=REPO, timeout=120)  # fmt: skip  # a job started from the checkout
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == str(node / "src" / "axonn_launch" / "__init__.py")
+    assert (node / "env" / "pyvenv.cfg").is_file() and not list(tmp_path.glob("node-local/*.tar"))
+    assert package_outside(str(REPO)) == ""  # a package inside the copied tree: nothing more

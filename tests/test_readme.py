@@ -19,7 +19,10 @@ a temporary directory (job directories land there, not in the repository), as fo
   (``jobs/sweeps/<time>``, ``jobs/gpt_80b-frontier/<time>``) are first made there by dry runs;
 - ``calibrate`` with local processes runs with fewer repetitions and smaller messages added
   (CALIBRATE_QUICK, the same code path), and ``calibrate machine=perlmutter``, which the
-  README says to run inside an allocation, must stop here with its one-line error, exit 2.
+  README says to run inside an allocation, must stop here with its one-line error, exit 2;
+- ``generate`` lines over a job dir run exactly as written, after a 2-step training of the
+  default model into the job dir they name, with a ``p.jsonl`` of two short prompts; each
+  must write one row per prompt. ``generate --help``'s examples are README lines.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ CALIBRATE_QUICK = [
     "block_seconds=0.005",
 ]
 QUICK_TRIALS = "hydra.sweeper.n_trials=2"
+GENERATE_LLAMA = (
+    "python -m axonn_launch.generate /models/Llama-3.2-1B prompts=p.jsonl out=o.jsonl"
+    " machine=slurm_local grid.x=2 grid.z=2 wait=true"
+)
 NOT_RUN = {
     "bash machines/local/setup.sh && .venv/bin/python -m axonn_launch": (
         "installs the environment these tests run in (its second half is the README's"
@@ -55,7 +62,13 @@ NOT_RUN = {
     "bash machines/slurm_local/start.sh": (
         "starts the local Slurm cluster (as root); .ci/run starts it before these tests"
     ),
+    GENERATE_LLAMA: (
+        "needs a 1B Llama the tests do not download; tests/test_generate_cli.py runs an HF"
+        " source (a tiny Llama built there) on a grid against transformers"
+    ),
 }
+GENERATE_JOB = "jobs/gpt_tiny-local/2026-12-01_08-00-00"  # the job dir generate lines name
+GENERATE_PROMPTS = [{"text": "ROMEO:"}, {"ids": [10, 65]}]  # short: 48 new tokens fit in 64
 # paths the README's jobs lines name, made by a dry run of (overrides) before they run
 NAMED_JOB_DIRS = {
     "jobs/sweeps/2026-11-29_10-00-00/0-gpt_tiny-slurm_local": ["machine=slurm_local"],
@@ -112,6 +125,8 @@ def command_for(line: str) -> tuple[list[str], int, str | tuple[str, ...]]:
         return [module, *args], 2, "needs a GPU allocation (no srun task here)"
     if module == "axonn_launch.jobs":
         return [module, *args], 0, "skip" if args[0] == "resubmit" else "DRY_RUN"
+    if module == "axonn_launch.generate":
+        return [module, *args], 0, "next: head ./o.jsonl"
     return [module, *args], 0, "gpt_"  # plan: a table or JSON naming the model
 
 
@@ -125,6 +140,22 @@ def workspace(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def generate_source(workspace: Path) -> Path:
+    """The job dir the README's generate lines name, trained for 2 steps (a checkpoint at
+    the end), and their p.jsonl; each generate line then writes o.jsonl there anew."""
+    job = run(["axonn_launch", "train.steps=2", "train.sample_tokens=0", "train.eval_batches=0",
+               f"hydra.run.dir={GENERATE_JOB}"], workspace)  # fmt: skip
+    assert job.returncode == 0, job.stderr[-3000:]
+    prompts = workspace / "p.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in GENERATE_PROMPTS))
+    return workspace / GENERATE_JOB
+
+
+def generated_rows(workspace: Path) -> list[dict]:
+    return [json.loads(x) for x in (workspace / "o.jsonl").read_text().splitlines()]
+
+
 def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     env["EDF_PATH"] = str(REPO / "machines" / "alps")  # the EDF users copy to ~/.edf (Alps)
@@ -133,13 +164,15 @@ def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 def _marks(line: str) -> list:
     argv, _, _ = command_for(line)
-    slow = "train.steps=2" in argv or "axonn_launch.calibrate" in argv[0]
+    slow = "train.steps=2" in argv or argv[0] in ("axonn_launch.calibrate", "axonn_launch.generate")
     return [pytest.mark.slow] if slow else []
 
 
 @pytest.mark.parametrize("line", [pytest.param(x, marks=_marks(x)) for x in RUN], ids=RUN)
-def test_readme_line_runs(line: str, workspace: Path):
+def test_readme_line_runs(line: str, workspace: Path, request):
     argv, code, expected = command_for(line)
+    if argv[0] == "axonn_launch.generate":
+        request.getfixturevalue("generate_source")
     proc = run(argv, workspace)
     output = proc.stdout + proc.stderr
     assert proc.returncode == code, f"{' '.join(argv)} exited {proc.returncode}:\n{output[-3000:]}"
@@ -150,3 +183,16 @@ def test_readme_line_runs(line: str, workspace: Path):
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     if "output=json" in argv or "--json" in argv:
         json.loads(proc.stdout)
+    if argv[0] == "axonn_launch.generate":  # one row per prompt, max_new_tokens each (no EOS)
+        rows = generated_rows(workspace)
+        new = int(dict(a.partition("=")[::2] for a in argv if "=" in a).get("max_new_tokens", 32))
+        assert [len(r["output_ids"]) for r in rows] == [new] * len(GENERATE_PROMPTS), rows
+
+
+def test_generate_help_examples_are_readme_lines():
+    """What ``generate --help`` shows is what the README runs (or names in NOT_RUN)."""
+    from axonn_launch.generate import HELP
+
+    examples = [" ".join(x.split()) for x in HELP.splitlines() if "axonn_launch.generate " in x]
+    examples = [x for x in examples if not x.startswith("usage:")]
+    assert len(examples) >= 2 and set(examples) <= set(LINES), examples

@@ -87,6 +87,15 @@ def test_script_matches_reference(machine):
     assert script == path.read_text(), f"{machine}: script differs from {path}"
 
 
+def test_no_wckey_unless_the_profile_sets_one():
+    """submitit writes ``--wckey=submitit`` by default, which a site enforcing wckeys
+    may refuse; only a profile's own ``slurm.extra_sbatch.wckey`` is written."""
+    for machine, overrides in CASES.items():
+        assert "wckey" not in render(overrides), machine
+    given = render([*CASES["slurm_local"], "+machine.slurm.extra_sbatch.wckey=proj_a"])
+    assert [ln for ln in given.splitlines() if "wckey" in ln] == ["#SBATCH --wckey=proj_a"]
+
+
 def sbatch_flags(script):
     return dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(.*))?$", script, flags=re.M))
 
@@ -238,7 +247,6 @@ def test_slurm_local_uses_the_same_renderer_with_profile_lines_only():
         "#!/bin/bash",
         "# Parameters",
         "#SBATCH --open-mode=append",
-        "#SBATCH --wckey=submitit",
         "# command",
         "export SUBMITIT_EXECUTOR=slurm",
     ]

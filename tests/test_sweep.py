@@ -24,9 +24,15 @@ def test_sweep_points_get_their_own_node_counts_and_a_summary(tmp_path, fake_sba
     assert result.returncode == 1, result.stderr  # one point is invalid
     assert "point 2: invalid: grid.z=3" in result.stderr
     table = result.stdout.split("sweep summary:")[1]
-    assert re.search(r"grid.z=1 dry_run=True\s+dry_run\s+-\s+1\s", table)
-    assert re.search(r"grid.z=2 dry_run=True\s+dry_run\s+-\s+2\s", table)
+    # nodes, grid (data,x,y,z), predicted s/step: none for CPU ranks
+    assert re.search(r"grid.z=1 dry_run=True\s+dry_run\s+-\s+1\s+\(1,2,1,1\)\s+-\s", table)
+    assert re.search(r"grid.z=2 dry_run=True\s+dry_run\s+-\s+2\s+\(1,2,1,2\)\s+-\s", table)
     assert re.search(r"grid.z=3 dry_run=True\s+invalid", table)
+    assert table.splitlines()[-1] == (
+        "next: fix or leave out point 2 (its reason is in the table); then the same command"
+        " without dry_run=true submits 2 points"
+    )
+    assert "--- batch script ---" not in result.stdout  # a point names its script only
     points = sorted(p for p in sweep_dir.iterdir() if (p / "job.json").exists())
     nodes = sorted(json.loads((p / "job.json").read_text())["nodes"] for p in points)
     assert nodes == [1, 2]
@@ -72,6 +78,15 @@ def test_sweeping_grid_pick_runs_the_planners_top_candidates_as_separate_jobs(tm
     top = plan(machine=cfg.machine, model=cfg.model, train=cfg.train, nodes=128, top=3)
     assert [r["grid"] for r in records] == [row.grid.as_dict() for row in top]
     assert all(r["nodes"] == 128 for r in records)
+    # the table: each point's grid and the planner's predicted s/step; then what is next
+    header, *rows, last = result.stdout.split("sweep summary:\n")[1].splitlines()
+    at = header.index("grid (d,x,y,z)")
+    for row, best in zip(rows, top, strict=True):
+        g = best.grid
+        grid, predicted = row[at:].split()[:2]
+        assert grid == f"({g.data},{g.x},{g.y},{g.z})" and predicted == f"{best.step_time_s:.3g}"
+    assert last == "next: the same command without dry_run=true submits 3 points"
+    assert len((result.stdout + result.stderr).splitlines()) <= 80  # issue 31: 1,021 lines
 
 
 @pytest.mark.slow

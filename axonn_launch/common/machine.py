@@ -197,6 +197,10 @@ class MachineProfile:
     default_grid: dict[str, int] = field(default_factory=dict)
     master_port: int = 29500
     max_local_processes: int = 64  # scheduler=local only
+    # scheduler=local only: refuse a run whose ranks' estimated memory exceeds what this
+    # computer has available less this share of it (common/hostmem.py); false: no check
+    host_memory_check: bool = True
+    host_memory_headroom: float = 0.1
     preflight: PreflightSettings = field(default_factory=PreflightSettings)
     # copy the tasks' venv to node-local storage before srun: true, false, or null (auto:
     # from broadcast.min_nodes nodes on)

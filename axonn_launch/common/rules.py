@@ -214,6 +214,22 @@ def new_tokens_problem(key: str, new_tokens: int, model: ModelSpec) -> str | Non
     return None
 
 
+def prompt_length_problem(
+    where: str, prompt_tokens: int, key: str, new_tokens: int, model: ModelSpec
+) -> str | None:
+    """A prompt and its new tokens must fit the model's ``max_seq_len`` positions (the
+    KV cache and the position table); ``where`` names the prompt (file and line). The
+    login node (config/validate.py) and the job (train/generation.py) both ask this."""
+    if prompt_tokens + new_tokens > model.max_seq_len:
+        room = model.max_seq_len - new_tokens
+        return (
+            f"{where}: a prompt of {prompt_tokens} tokens plus {key}={new_tokens} exceeds "
+            f"model.max_seq_len={model.max_seq_len} (at most {room} prompt "
+            f"token{'' if room == 1 else 's'} with {new_tokens} new)"
+        )
+    return None
+
+
 def seq_len_problem(model: ModelSpec, train: TrainConfig) -> str | None:
     """The position table (GPT) and the rotary context (Llama) have ``max_seq_len`` rows."""
     if train.seq_len > model.max_seq_len:

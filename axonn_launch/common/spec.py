@@ -96,7 +96,7 @@ class WatchdogConfig:
     beat_s: float = 2.0  # how often a rank's watchdog refreshes its heartbeat file
     # collectives after start-up time out after this times the step deadline (torchtitan
     # lowers its timeout after the first step too); 0 = keep the start-up timeout
-    collective_factor: float = 2.0
+    collective_factor: float = 3.0
 
     def __post_init__(self) -> None:
         for name in ("startup_s", "step_factor", "step_floor_s", "checkpoint_factor",
@@ -104,11 +104,11 @@ class WatchdogConfig:
             _require(f"train.watchdog.{name}", getattr(self, name), "a number > 0", positive=True)
         for name in ("startup_steps", "checkpoint_gbps", "collective_factor"):
             _require(f"train.watchdog.{name}", getattr(self, name), "a number >= 0")
-        if 0 < self.collective_factor <= 1:
+        if 0 < self.collective_factor <= 2:
             raise ValueError(
                 f"train.watchdog.collective_factor={self.collective_factor}: use 0 (keep the"
-                " start-up timeout) or more than 1, so that the watchdog speaks before a collective"
-                " times out"
+                " start-up timeout) or more than 2, so that the watchdog speaks before a collective"
+                " times out (a section where every rank is alive gets two deadlines)"
             )
 
 
@@ -151,6 +151,9 @@ class TrainConfig:
     min_lr: float = 3e-4
     warmup_steps: int = 20
     schedule: str = "cosine"  # cosine | constant
+    # the step the warmup + cosine start from: 0, or where an extension of a finished run
+    # resumed (``jobs resubmit <dir> train.steps=N`` sets it; train/loop.learning_rate)
+    schedule_start: int = 0
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -193,6 +196,14 @@ class TrainConfig:
     # before an optimizer step that is not (class non_finite)
     check_finite: bool = True
 
+    def __post_init__(self) -> None:
+        start = self.schedule_start
+        if start != 0 and not (isinstance(start, int) and 0 < start < self.steps):
+            raise ValueError(
+                f"train.schedule_start={start!r}: expected a step from 0 to train.steps-1"
+                f" ({self.steps - 1})"
+            )
+
     def computes_in_bf16(self, on_gpu: bool) -> bool:
         """train.dtype bf16, or auto on a GPU (auto is fp32 on a CPU)."""
         return self.dtype == "bf16" or (self.dtype == "auto" and on_gpu)
@@ -217,7 +228,7 @@ class GenerateConfig:
     batch_size: int = 16  # prompts per batch (similar lengths together, output in order)
     checkpoint: str = ""  # a checkpoints/step_N directory to take the weights from
     tokenizer: str = ""  # tokenizer.json or HF dir; "" = model.init_from's, or bytes
-    stop_at_eos: bool = False  # end a continuation at the tokenizer's end-of-sequence
+    stop_at_eos: bool = True  # end at the HF config's or tokenizer's end-of-sequence id
 
 
 @dataclass(frozen=True)

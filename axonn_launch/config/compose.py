@@ -8,6 +8,7 @@ be valid.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import types
 import typing
@@ -73,8 +74,10 @@ class LaunchConfig:
     train: TrainConfig
     nodes: int | None = None
     dry_run: bool = False
+    show_config: bool = False  # a dry run also prints the resolved config (summary.dry_run_text)
     wait: bool | None = None
     max_requeue: int = 3
+    force: bool = False  # launch beside an identical queued or running job (submit/duplicates.py)
     site: Site = field(default_factory=Site)
     objective: str = "val_loss"  # what a sweep point returns to an optimizer (sweep.py)
     # check GEMM speed, bandwidth and network plugin in the allocation before training
@@ -90,7 +93,7 @@ class LaunchConfig:
 # Overrides that a point's name leaves out: already in the name, or not about the run.
 UNNAMED_KEYS = (
     "machine", "model", "name", "dry_run", "wait", "nodes", "objective", "preflight", "study",
-    "scale", "rehearse", "recovery",
+    "scale", "rehearse", "recovery", "force", "show_config",
 )  # fmt: skip
 NAME_MAX = 80
 
@@ -193,7 +196,8 @@ def build(cls: type, raw: Any, path: str) -> Any:
     for key in raw:
         if key not in names:
             where = f"{path}.{key}" if path else str(key)
-            raise ConfigError(f"{where}: unknown key; valid keys here: {', '.join(names)}")
+            hint = did_you_mean(str(key), names, prefix=f"{path}." if path else "")
+            raise ConfigError(f"{where}: unknown key;{hint} valid keys here: {', '.join(names)}")
     values = {}
     for f in dataclasses.fields(cls):
         if f.name in raw:
@@ -278,8 +282,12 @@ def explain_compose_error(exc: BaseException) -> str:
     text = _chain_text(exc)
     override = re.search(r"Could not override '([^']+)'", text)
     if override and "not in struct" in text:
+        key = override.group(1)
+        nearest = nearest_key(key)
+        if nearest:
+            return f"{key}: unknown key; did you mean {nearest}? (`--cfg job` lists all keys)"
         return (
-            f"{override.group(1)}: unknown key (check the spelling, or add a new key to a"
+            f"{key}: unknown key (check the spelling, or add a new key to a"
             " mapping with +KEY=VALUE; `--cfg job` lists all keys)"
         )
     if override:
@@ -289,8 +297,40 @@ def explain_compose_error(exc: BaseException) -> str:
         group, option = missing.groups()
         options = re.findall(r"^\t(\S+)$", text, flags=re.M)
         valid = ", ".join(options) if options else "see conf/" + group
-        return f"{group}={option!r}: no such {group}; valid: {valid}"
+        return f"{group}={option!r}: no such {group};{did_you_mean(option, options)} valid: {valid}"
     return _first_line(exc)
+
+
+def did_you_mean(word: str, options: list[str], prefix: str = "") -> str:
+    """`` did you mean PREFIXOPTION?`` for the option nearest to a misspelled ``word``,
+    else ``""``: a typo is answered with its fix, not only with the list to search."""
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return f" did you mean {prefix}{close[0]}?" if close else ""
+
+
+def nearest_key(key: str) -> str | None:
+    """The valid dotted key nearest to ``key`` (``train.steps`` for ``train.step``,
+    ``grid.x`` for ``gird.x``), found in the typed config; None if none is close or
+    the misspelled part is inside a free-form mapping."""
+    kind: Any = LaunchConfig
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if not dataclasses.is_dataclass(kind):
+            return None
+        hints = typing.get_type_hints(kind)
+        if part not in hints:
+            close = difflib.get_close_matches(part, list(hints), n=1, cutoff=0.6)
+            return ".".join([*parts[:i], close[0], *parts[i + 1 :]]) if close else None
+        kind = _dataclass_of(hints[part])
+    return None
+
+
+def _dataclass_of(kind: Any) -> Any:
+    """``X`` for ``X | None``; any other type as it is."""
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return kind
 
 
 def _bad_override(overrides: list[str]) -> str | None:

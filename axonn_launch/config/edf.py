@@ -88,6 +88,19 @@ def locate(environment: str, environ: dict[str, str] | None = None) -> Path:
     )
 
 
+# the project's own EDFs, ``machines/<machine>/<name>.toml`` (in a checkout, not in a wheel)
+MACHINES_DIR = Path(__file__).resolve().parents[2] / "machines"
+
+
+def project_copy(environment: str, machine: str) -> Path | None:
+    """The project's own EDF named ``environment`` for ``machine`` (the file users copy
+    to ``~/.edf``), or None when there is none or the environment names a path."""
+    if "/" in environment or environment.endswith(".toml"):
+        return None
+    path = MACHINES_DIR / machine / f"{environment}.toml"
+    return path if path.is_file() else None
+
+
 def read(path: Path, environ: dict[str, str] | None = None) -> EDF:
     """Parse and check an EDF: TOML, an image, mounts as a list; ``${VAR}`` expanded."""
     env = os.environ if environ is None else environ

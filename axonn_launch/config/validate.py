@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from axonn_launch.common import rules, tokenfile
+from axonn_launch.common import hostmem, prompts, rules, tokenfile
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.machine import SCHEDULERS, MachineProfile
 from axonn_launch.common.models import ModelSpec
@@ -84,7 +84,7 @@ def _resolve(cfg: LaunchConfig) -> Resolved:
     check_machine(cfg.machine)
     check_model(cfg.model)
     check_train(cfg.train, cfg.model)
-    check_generation(cfg.generate, cfg.memorization, cfg.model)
+    check_generation(cfg.generate, cfg.memorization, cfg.model, cfg.train.data)
     planned = wants_planner(cfg.grid, cfg.machine)
     grid, train = auto_grid(cfg) if planned else (explicit_grid(cfg.grid, cfg.machine), cfg.train)
     _fail(rules.shape_problem(cfg.model, grid))
@@ -99,6 +99,7 @@ def _resolve(cfg: LaunchConfig) -> Resolved:
     warnings = data_warnings(cfg) + missing_user_keys(cfg.machine, dry_run=cfg.dry_run)
     warnings += placement_warnings(cfg.machine, grid) + account_warnings(cfg.machine)
     warnings += broadcast_warnings(cfg, nodes)
+    warnings += host_memory_warnings(cfg, grid, train, memory) + core_warnings(cfg.machine, grid)
     return Resolved(
         grid=grid,
         nodes=nodes,
@@ -133,6 +134,11 @@ def check_machine(machine: MachineProfile) -> None:
     _one_of("machine.backend", machine.backend, ("auto", "gloo", "nccl"))
     _one_of("machine.device_index", machine.device_index, ("local_rank", "zero"))
     _positive("machine.hardware.gpus_per_node", machine.hardware.gpus_per_node)
+    if not 0 <= machine.host_memory_headroom < 1:
+        raise ConfigError(
+            f"machine.host_memory_headroom={machine.host_memory_headroom}: must be >= 0 and < 1"
+            " (the share of the available memory left free)"
+        )
     if machine.scheduler == "slurm":
         _positive("machine.slurm.time_min", machine.slurm.time_min)
         _positive("machine.slurm.cpus_per_task", machine.slurm.cpus_per_task)
@@ -176,15 +182,17 @@ def check_checkpoint_every(every: int | None) -> None:
 
 
 def check_generation(
-    generate: GenerateConfig, memorization: MemorizationConfig, model: ModelSpec
+    generate: GenerateConfig, memorization: MemorizationConfig, model: ModelSpec, data: str
 ) -> None:
     """A generation job (generate.prompts) and the in-job memorization measurement
-    (memorization.data): what their generation would reject."""
+    (memorization.data): what their generation would reject, the longest prompt included
+    (``data``: train.data, whose bytes are the text of a model trained on the corpus)."""
     if generate.prompts:
         _fail(rules.new_tokens_problem("generate.max_new_tokens", generate.max_new_tokens, model))
         _positive("generate.batch_size", generate.batch_size)
         for key in ("temperature", "top_k"):
             _non_negative(f"generate.{key}", getattr(generate, key))
+        _fail(prompts.too_long_prompt(generate, model, data))
     if memorization.data:
         _fail(
             rules.new_tokens_problem("memorization.continuation", memorization.continuation, model)
@@ -453,6 +461,72 @@ def placement_warnings(machine: MachineProfile, grid: Grid) -> list[str]:
         f" ({hw.inter_node_gbps:g} GB/s per GPU, {hw.intra_node_gbps:g} inside a node) and each"
         f" step is slower; an x dividing {hw.gpus_per_node} (the rest on y or z) or grid=auto"
         " keeps x inside a node"
+    ]
+
+
+# What a generation job does not hold: it keeps no gradients, optimizer state or
+# weight-gradient buffers (the estimate's other terms stand as an upper bound).
+TRAINING_ONLY_TERMS = ("gradients", "optimizer", "reduce-scatter buffers")
+RANKS_PER_CORE = 2  # beyond this many ranks per core, machine=local warns
+
+
+def host_memory_warnings(
+    cfg: LaunchConfig, grid: Grid, train: TrainConfig, memory: MemoryEstimate
+) -> list[str]:
+    """machine=local with CPU ranks: the ranks' estimated memory against what this computer
+    has available (``hostmem.available``) less ``machine.host_memory_headroom`` of it. Too
+    much is an error for a real run, which would thrash until the kernel's OOM killer
+    ends it, and a warning for a dry run (nothing starts)."""
+    machine = cfg.machine
+    cpu_ranks = machine.scheduler == "local" and not machine.hardware.runs_on_gpu
+    if not cpu_ranks or not machine.host_memory_check:
+        return []
+    room = hostmem.available()
+    if room is None:  # no /proc here: nothing to compare with
+        return []
+    training = not cfg.generate.prompts
+    per_rank = sum(v for k, v in memory.terms.items() if training or k not in TRAINING_ONLY_TERMS)
+    need, budget = per_rank * grid.world_size, room.bytes * (1 - machine.host_memory_headroom)
+    if need <= budget:
+        return []
+    gib = hostmem.GIB
+    problem = (
+        f"machine=local: {grid.world_size} ranks x {per_rank / gib:.2f} GiB (the estimate per"
+        f" rank of model={cfg.model.name}) = {need / gib:.1f} GiB exceed the {budget / gib:.1f}"
+        f" GiB this computer can give ({room.source}: {room.bytes / gib:.1f} GiB, less"
+        f" machine.host_memory_headroom={machine.host_memory_headroom:g}); use"
+        f" {rules.or_list(host_memory_remedies(grid, train))}, or machine.host_memory_check=false"
+        " to start it anyway"
+    )
+    if not cfg.dry_run:
+        raise ConfigError(problem)
+    return [f"{problem} (a real run stops here)"]
+
+
+def host_memory_remedies(grid: Grid, train: TrainConfig) -> list[str]:
+    """What lowers the ranks' total: fewer replicas, a smaller model, fewer tokens per rank."""
+    if grid.data > 1:
+        remedies = [f"fewer ranks (grid.data={grid.data}: each replica holds the whole model)"]
+    else:
+        remedies = ["fewer ranks"]
+    remedies.append("a smaller model")
+    if (train.micro_batch or 0) > 1:
+        remedies.append(f"a smaller train.micro_batch (now {train.micro_batch})")
+    if not train.activation_checkpointing:
+        remedies.append("train.activation_checkpointing=true")
+    return remedies
+
+
+def core_warnings(machine: MachineProfile, grid: Grid) -> list[str]:
+    """machine=local: more than RANKS_PER_CORE ranks per core share the cores so thinly
+    that each step waits on descheduled peers at every collective."""
+    cores = hostmem.cores()
+    if machine.scheduler != "local" or grid.world_size <= RANKS_PER_CORE * cores:
+        return []
+    return [
+        f"grid ({grid.describe()}): {grid.world_size} ranks on {cores} core(s) of this computer"
+        f" (machine=local): more than {RANKS_PER_CORE} per core, so every step waits for ranks"
+        f" that are not running; a grid of at most {RANKS_PER_CORE * cores} ranks is faster"
     ]
 
 

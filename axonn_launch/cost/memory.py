@@ -47,7 +47,9 @@ tables are one (tied) or two (``tie_embeddings=false``: token table and LM head)
 * logits: bf16 logits, their fp32 copy, exponentials and softmax, and the fp32 gradient:
   T*V/(x*y)*(2 + 4 + 4 + 4 + 4) bytes.
 * runtime reserve: CUDA/ROCm context, communicator buffers and allocator slack, a fixed
-  RUNTIME_RESERVE_GIB.
+  RUNTIME_RESERVE_GIB; a CPU rank (``on_gpu=False``) has no device context: the
+  interpreter, torch's libraries and gloo's buffers, CPU_RUNTIME_RESERVE_GIB (a gpt_tiny
+  rank of machine=local holds 0.33-0.34 GiB resident, 0.25 GiB of it anonymous).
 
 The totals are compared with ``Hardware.mem_per_gpu_gb`` read as GiB (``fits``).
 """
@@ -72,6 +74,7 @@ from axonn_launch.common.traffic import (
 
 GIB = 1024**3
 RUNTIME_RESERVE_GIB = 1.5  # context + NCCL/RCCL buffers + fragmentation, per GPU
+CPU_RUNTIME_RESERVE_GIB = 0.5  # interpreter + torch + gloo, per CPU rank (machine=local)
 BYTES_PER_PARAM_STATE = {"parameters": 4, "gradients": 4, "optimizer": 8}
 LOGIT_BYTES = 2 + 4 + 4 + 4 + 4
 TOKEN_TERMS = ("activations", "logits")  # linear in T; no other term depends on the micro-batch
@@ -129,7 +132,7 @@ def estimate_memory(
     terms["reduce-scatter buffers"] = reduce_scatter_buffers(model, grid, train, wire)
     terms["activations"] = _activations(model, grid, train, tokens, half)
     terms["logits"] = tokens * vocab_rows * LOGIT_BYTES
-    terms["runtime reserve"] = RUNTIME_RESERVE_GIB * GIB
+    terms["runtime reserve"] = (RUNTIME_RESERVE_GIB if on_gpu else CPU_RUNTIME_RESERVE_GIB) * GIB
     return MemoryEstimate(terms=terms)
 
 

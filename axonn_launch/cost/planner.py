@@ -13,6 +13,13 @@ Weight caching (``train.cache_layers``): an int is kept as given. None (automati
 the planner choose per grid: with the micro-batch fixed as above, the most blocks whose
 gathered weights still fit in memory (``memory.largest_cache_that_fits``), if caching
 them makes the predicted step faster, else none. Every row reports its choice.
+
+Headroom: an estimate is not a measurement, and the allocator's fragmentation and NCCL's
+buffers are not in it, so a run planned at 99 % of GPU memory may not start. Where the
+memory per GPU is known, the automatic micro-batch and cache are first chosen within
+``HEADROOM`` (90 %) of it, and only when nothing fits there within all of it; the ranking
+then puts every row with headroom before the rows without (each group fastest first),
+so ``grid=auto`` takes a grid with headroom whenever one exists at that node count.
 """
 
 from __future__ import annotations
@@ -49,6 +56,20 @@ class PlanError(ValueError):
     """No grid can run this configuration; the message says why."""
 
 
+HEADROOM = 0.9  # the share of GPU memory a planned run should stay within (module docstring)
+
+
+def memory_share(memory_bytes: float, hardware: Hardware) -> float:
+    """The estimate over the GPU's memory; 0 when the profile sets no limit (a CPU)."""
+    capacity = hardware.mem_per_gpu_gb
+    return memory_bytes / (capacity * GIB) if capacity > 0 else 0.0
+
+
+def has_headroom(memory_bytes: float, hardware: Hardware) -> bool:
+    """Within ``HEADROOM`` of the GPU's memory (always, where there is no limit)."""
+    return memory_share(memory_bytes, hardware) <= HEADROOM
+
+
 @dataclass(frozen=True)
 class PlanRow:
     rank: int
@@ -62,10 +83,15 @@ class PlanRow:
     fraction_of_peak: float
     memory: MemoryEstimate  # of the micro-batch and cache chosen
     comm_s: dict[str, float]  # exposed communication per axis (x, y, z, data, xy)
+    memory_share: float = 0.0  # of the GPU's memory (0: no limit); > HEADROOM: tight
 
     @property
     def memory_gib(self) -> float:
         return self.memory.total / GIB
+
+    @property
+    def headroom(self) -> bool:
+        return self.memory_share <= HEADROOM
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -95,7 +121,7 @@ def enumerate_grids(world_size: int) -> list[Grid]:
 
 @dataclass(frozen=True)
 class Ranking:
-    rows: list[PlanRow]  # every runnable grid, fastest first
+    rows: list[PlanRow]  # every runnable grid: with headroom first, each group fastest first
     considered: int
     rejected: dict[str, int]  # reason kind -> count
     example: dict[str, str]  # reason kind -> one full message
@@ -109,7 +135,8 @@ def rank_grids(
     world_size: int,
     calibration: Calibration | None = None,
 ) -> Ranking:
-    """Evaluate every grid of ``world_size``; see the module docstring for the micro-batch."""
+    """Evaluate every grid of ``world_size``; see the module docstring for the micro-batch
+    and the order."""
     cal = calibration or Calibration()
     rows: list[PlanRow] = []
     rejected: dict[str, int] = {}
@@ -123,7 +150,7 @@ def rank_grids(
             kind, why = result
             rejected[kind] = rejected.get(kind, 0) + 1
             example.setdefault(kind, why)
-    rows.sort(key=lambda r: (r.step_time_s, r.grid.x, r.grid.y, r.grid.z))
+    rows.sort(key=lambda r: (not r.headroom, r.step_time_s, r.grid.x, r.grid.y, r.grid.z))
     rows = [dataclasses.replace(r, rank=i + 1) for i, r in enumerate(rows)]
     return Ranking(rows=rows, considered=len(grids), rejected=rejected, example=example)
 
@@ -145,7 +172,9 @@ def evaluate_grid(
     why = batch_problem(train, grid)
     if why:
         return "batch", why
-    chosen = fit_micro_batch(model, grid, train, hardware)
+    chosen = fit_micro_batch(model, grid, train, within_headroom(hardware))
+    if isinstance(chosen, str):
+        chosen = fit_micro_batch(model, grid, train, hardware)
     if isinstance(chosen, str):
         return "memory", chosen
     micro, memory = chosen
@@ -163,7 +192,15 @@ def evaluate_grid(
         fraction_of_peak=st.fraction_of_peak,
         memory=memory,
         comm_s=st.comm,
+        memory_share=memory_share(memory.total, hardware),
     )
+
+
+def within_headroom(hardware: Hardware) -> Hardware:
+    """``hardware`` with ``HEADROOM`` of its GPU memory (unchanged where unbounded)."""
+    if hardware.mem_per_gpu_gb <= 0:
+        return hardware
+    return dataclasses.replace(hardware, mem_per_gpu_gb=hardware.mem_per_gpu_gb * HEADROOM)
 
 
 def resolve_cache_layers(
@@ -198,9 +235,8 @@ def _with_cache(
         return train, memory, predict(train)
     none = dataclasses.replace(train, cache_layers=0)
     base = predict(none)
-    most = largest_cache_that_fits(
-        model, grid, none, hardware.mem_per_gpu_gb, on_gpu=hardware.runs_on_gpu
-    )
+    room = within_headroom(hardware) if has_headroom(memory.total, hardware) else hardware
+    most = largest_cache_that_fits(model, grid, none, room.mem_per_gpu_gb, on_gpu=room.runs_on_gpu)
     if most == 0:
         return none, memory, base
     cached = dataclasses.replace(train, cache_layers=most)
@@ -220,7 +256,8 @@ def plan(
     top: int = 5,
     calibration: Calibration | None = None,
 ) -> list[PlanRow]:
-    """The ``top`` fastest runnable grids on ``nodes`` nodes of ``machine``."""
+    """The ``top`` first rows on ``nodes`` nodes of ``machine``: the grids with headroom
+    fastest first, then the others (module docstring)."""
     ranking = rank_machine(machine, model, train, nodes, calibration)
     return ranking.rows[: max(0, top)]
 
@@ -233,7 +270,8 @@ def best_grid(
     nodes: int,
     calibration: Calibration | None = None,
 ) -> PlanRow:
-    """The fastest runnable grid (for grid=auto); use its ``micro_batch`` too.
+    """The first row (for grid=auto): the fastest grid with headroom, else the fastest;
+    use its ``micro_batch`` and ``cache_layers`` too.
 
     Raises PlanError naming why every grid was rejected.
     """
@@ -266,6 +304,26 @@ def smallest_nodes(
         if nodes * 2 > max_nodes:
             raise PlanError(explain_empty(ranking, machine, model, nodes))
         nodes *= 2
+
+
+def more_nodes_with_headroom(
+    *,
+    machine: MachineProfile,
+    model: ModelSpec,
+    train: TrainConfig,
+    nodes: int,
+    calibration: Calibration | None = None,
+) -> tuple[int, PlanRow] | None:
+    """The first of nodes+1, nodes+2 and 2 x nodes where the first row has headroom, and
+    that row: the "more nodes" fix for a run above ``HEADROOM``. Three rankings at most,
+    not a search: enough to name a node count that works."""
+    for more in sorted({nodes + 1, nodes + 2, 2 * nodes}):
+        if more > MAX_NODES:
+            break
+        rows = rank_machine(machine, model, train, more, calibration).rows
+        if rows and rows[0].headroom:
+            return more, rows[0]
+    return None
 
 
 def rank_machine(machine, model, train, nodes, calibration) -> Ranking:

@@ -2,7 +2,8 @@
 
 ``classify(evidence)`` reads, in this order of trust: the Slurm state (sacct, or squeue
 while the job is queued), the outcome in submitit's result pickles, a storage fault in
-any failure record or log, a GPU's hardware fault, a rank's own diagnosis (a failure
+any failure record or log, a GPU's hardware fault, a local supervisor's record of a rank the
+kernel's OOM killer killed (``failure_class: host_oom``), a rank's own diagnosis (a failure
 record with ``failure_class``: the watchdog's hang, the non-finite guard), and
 signatures in the tail of the task logs. Each class maps to one action:
 
@@ -27,6 +28,10 @@ hang                resume, excluding the nodes of the ranks that stopped making
                     progress (the watchdog's record or log line names them); a plain
                     resume when it names none
 host_oom            do not retry unchanged; retry only with a new grid or node count
+                    (recovery stops): Slurm's OUT_OF_MEMORY, a MemoryError, the kernel's
+                    OOM-kill lines, or a local rank the OOM killer killed (the supervisor's
+                    failure record: its cgroup's ``oom_kill`` count rose, or the kernel log
+                    names its pid), never rank_killed
 gpu_oom             do not retry unchanged; retry only with a new grid or node count
 code_error          do not retry: a Python exception or a configuration error
 non_finite          stop: the loss or the gradients of a step were not finite; the
@@ -248,6 +253,12 @@ NON_FINITE_LINE = re.compile(
     r"(?:axonn_launch: non_finite: |NonFiniteError: )"
     r"non-finite (?P<first>loss|gradients) at step (?P<step>\d+)"
 )
+# what a rank the OOM killer killed is to change (the supervisor's record, machine=local)
+HOST_OOM_FIX = (
+    "use fewer ranks, a smaller model, a smaller train.micro_batch or"
+    " train.activation_checkpointing=true"
+)
+OOM_EVIDENCE = ("rank", "pid", "cgroup", "oom_kill", "limit_bytes", "kernel_log")
 # a rank's error recorded before its peers' own diagnosis explains it (they waited for it)
 CAUSES_BEFORE_A_DIAGNOSIS = (CODE_ERROR, GPU_OOM, HOST_OOM)
 TIMEOUT_PATTERNS = (
@@ -322,6 +333,12 @@ class Diagnosis:
     def action(self) -> str:
         return ACTIONS[self.failure]
 
+    @property
+    def in_own_words(self) -> bool:
+        """The reason is the diagnosing record's own (a hang, a non-finite step, a rank the
+        OOM killer killed), which ``jobs status`` shows as it is."""
+        return self.failure in DIAGNOSED_CLASSES or (self.failure == HOST_OOM and bool(self.detail))
+
 
 def classify(ev: Evidence) -> Diagnosis:
     """The failure class of one job; see the module docstring for the actions.
@@ -357,14 +374,15 @@ def classify(ev: Evidence) -> Diagnosis:
 
 def explain(ev: Evidence) -> Diagnosis | None:
     """The class the records and logs of an ended job show, with its nodes, or None: a
-    storage fault, a GPU's hardware fault, a rank's own diagnosis, then the logs alone."""
+    storage fault, a GPU's hardware fault, an OOM kill, a rank's own diagnosis, then the
+    logs alone."""
     records, logs = "\n".join(ev.records), "\n".join(_texts(ev))
     found = classify_storage(records) or classify_storage(logs)
     if found is None:
         line = first_match(records + "\n" + logs, GPU_FAULT_PATTERNS)
         found = Diagnosis(NODE_FAILURE, line) if line is not None else None
     if found is None:
-        found = diagnosed(ev)
+        found = oom_killed(ev) or diagnosed(ev)
         if found is not None:
             return found
     found = found or classify_text(logs)
@@ -385,6 +403,31 @@ def diagnosed(ev: Evidence) -> Diagnosis | None:
     if first["failure_class"] == NON_FINITE:
         return non_finite_of(first)
     return hang_of([r for r in own if r["failure_class"] == HANG], ev)
+
+
+def oom_killed(ev: Evidence) -> Diagnosis | None:
+    """host_oom from the failure record a local supervisor wrote for a rank that the
+    kernel's OOM killer killed (``submit/supervise.record_oom_kill``), or None. It comes
+    before the peers' own diagnosis: they stopped because that rank died."""
+    killed = [r for r in ev.failure_records if r.get("failure_class") == HOST_OOM]
+    if not killed:
+        return None
+    first = min(killed, key=_record_time)
+    detail = {k: first[k] for k in OOM_EVIDENCE if k in first}
+    return Diagnosis(HOST_OOM, oom_reason(detail), (), detail)
+
+
+def oom_reason(detail: dict) -> str:
+    """``rank 1 (pid 42) was killed by the kernel's OOM killer: use fewer ranks, ...; seen
+    in memory cgroup <dir> (oom_kill 0 -> 1)``: the fix before the evidence, which the
+    failure record holds in full."""
+    line = f"rank {detail.get('rank')} (pid {detail.get('pid')}) was killed by the kernel's OOM"
+    line += f" killer: {HOST_OOM_FIX}"
+    if "oom_kill" in detail:
+        before, after = detail["oom_kill"]
+        where = f"memory cgroup {detail.get('cgroup')}"
+        return line + f"; seen in {where} (oom_kill {before} -> {after})"
+    return line + "; seen in the kernel log"
 
 
 def non_finite_of(record: dict) -> Diagnosis:

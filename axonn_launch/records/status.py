@@ -104,6 +104,7 @@ class JobStatus:
 RUN_RUNNING, RUN_WAITING, RUN_RECOVERING, RUN_DONE, RUN_STOPPED = (
     "running", "waiting", "recovering", "done", "stopped",
 )  # fmt: skip
+RUN_DRY_RUN, RUN_REFUSED = "dry run", "refused"  # runs that never started
 
 
 def run_root_of(job_dir: Path, record: dict) -> Path:
@@ -120,6 +121,8 @@ def run_state(root: Path, root_record: dict | None = None) -> str:
     chain = dict(record.get("chain") or {})
     if not chain and "recovery" not in record:
         return ""
+    if is_dry_run(record) or record.get("status") == "refused":  # nothing ever ran
+        return RUN_DRY_RUN if is_dry_run(record) else RUN_REFUSED
     state = chain.get("state", RUN_RUNNING)
     if state in (RUN_RUNNING, RUN_RECOVERING):
         current = Path(chain.get("current") or root)
@@ -153,14 +156,32 @@ def runs(rows: list[JobStatus]) -> list[JobStatus]:
         shown.append(replace(
             newest, run_state=state, attempts=max(len(group), newest.attempt),
             failure=newest.failure or last,
-            stop_reason=str((chain.get("stop") or {}).get("reason", "")),
+            **{"stop_reason": str((chain.get("stop") or {}).get("reason", "")),
+               **user_stop(chain, newest.failure)},
         ))  # fmt: skip
     return shown
 
 
+USER_STOP = "jobs stop"  # chain.stop's reason (submit/chain.py)
+USER_STOP_WORDS = "stopped by the user (python -m axonn_launch.jobs stop)"
+
+
+def user_stop(chain: dict, failure: str) -> dict:
+    """A run that ``jobs stop`` ended: its cancelled attempt was stopped by the user, and
+    nothing is to be done (not sacct's ``CANCELLED by <uid>`` and cancelled's resume)."""
+    if not chain.get("stopped_by_user") or failure != failures.CANCELLED:
+        return {}
+    return {"state": f"CANCELLED ({USER_STOP})", "reason": USER_STOP_WORDS,
+            "action": failures.STOP, "stop_reason": USER_STOP}  # fmt: skip
+
+
 def goodput_of(group: list[JobStatus]) -> dict:
-    """The run's goodput once all its attempts ended ({} before, or without timelines)."""
+    """The run's goodput once all its attempts ended ({} before, or without timelines);
+    from its newest extension on (``jobs resubmit <completed> train.steps=N``): the time
+    before one was the user's choice, not a loss."""
     attempts = sorted(group, key=lambda r: r.attempt)
+    ended = [i for i, r in enumerate(attempts[:-1], 1) if r.failure == failures.COMPLETED]
+    attempts = attempts[ended[-1] :] if ended else attempts
     if any(len(r.allocation) != 3 for r in attempts):
         return {}
     allocations = [
@@ -231,6 +252,17 @@ def dry_run_problem(job_dir: Path | str) -> str | None:
     if not is_dry_run(record):
         return None
     return f"{job_dir}: {DRY_RUN_WORDS}"
+
+
+def saved_config(job_dir: Path | str) -> dict | None:
+    """The resolved config the launch saved in the job dir (None when unreadable)."""
+    try:
+        import yaml
+
+        found = yaml.safe_load((Path(job_dir) / "config.yaml").read_text())
+    except Exception:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 @dataclass(frozen=True)
@@ -601,7 +633,7 @@ def shown_reason(job_dir: Path, record: dict, diagnosis: Diagnosis) -> Diagnosis
     """The reason a failed job shows: a storage fault's file system and room; a hang's or a
     non-finite step's own words (where and why, from the rank that diagnosed it); else the
     first failing rank's, or what the supervisor saw (a kill, a stop)."""
-    if diagnosis.failure in failures.DIAGNOSED_CLASSES:
+    if diagnosis.in_own_words:  # a hang, a non-finite step, an OOM kill: said where it was seen
         return diagnosis
     first = None
     cause = supervisor_cause(record)

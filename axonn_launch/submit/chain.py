@@ -60,6 +60,7 @@ from axonn_launch.records.status import (
     RUN_RECOVERING,
     RUN_RUNNING,
     RUN_STOPPED,
+    USER_STOP,
     run_root_of,
     run_state,
 )
@@ -255,7 +256,9 @@ def stop(job_dir: Path) -> str:
     job_dir = Path(job_dir).resolve()
     root = run_root_of(job_dir, read_record(job_dir))
     settings = settings_of(read_record(root))
-    set_chain(root, settings, state=STOPPED, stop={"reason": "jobs stop", "class": ""})
+    why = {"reason": USER_STOP, "class": ""}
+    # stopped_by_user stays when the attempt's supervisor records its own stop after this
+    set_chain(root, settings, state=STOPPED, stop=why, stopped_by_user=True)
     newest = attempts_of(root)[-1]
     record = read_record_or_empty(newest)
     ids = [str(i) for i in record.get("job_ids", [])] + [str(record.get("recovery_job") or "")]

@@ -5,8 +5,10 @@ The launcher starts the supervisor in a session of its own (for a plain local ru
 it composes the job: ``start_early_supervisor``), names it in job.json
 (``local-<supervisor pid>``), then lets it start the ranks. The supervisor stops every
 rank when one fails or when it is asked to (SIGINT, SIGTERM or SIGHUP, which a waiting
-launcher passes on), and writes job.json's final state. Each rank dies with the
-supervisor (Linux's parent-death signal), so no rank outlives its owner. With recovery
+launcher passes on; on a first SIGINT, a Ctrl-C, the ranks save a checkpoint at the next
+step boundary and stop, on a second they stop at once), and writes job.json's final state.
+Each rank dies with the supervisor (Linux's parent-death signal), so no rank outlives its
+owner. With recovery
 on (``recovery=on``), the supervisor of a failed attempt starts the next one, and a
 waiting launcher follows the run, passing those signals on to its attempts' supervisors.
 """
@@ -25,10 +27,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from axonn_launch.common.jobdir import JobPaths, last_job_id, read_record_or_empty
+from axonn_launch.common.jobdir import JobPaths, last_job_id, read_record_or_empty, read_summary
 
 SUPERVISOR = "axonn_launch.submit.supervise"
 RANK_MODULE = "axonn_launch.train"  # python -m axonn_launch.train <job_dir>: one rank
@@ -52,6 +54,9 @@ GO = b"go\n"  # the launcher's word that job.json names the supervisor: start th
 GRACE_S = 10.0  # SIGTERM, then SIGKILL after this: every rank is gone well within 30 s
 POLL_S = 0.05  # the first rank to end is told from the others by this
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# What a rank takes as "save a checkpoint at the next step boundary, then stop"
+# (train/__main__.py), as a Slurm task does: sent on a first Ctrl-C (SIGINT).
+SAVE_AND_STOP = signal.SIGUSR2
 PR_SET_PDEATHSIG = 1
 FINAL_STATES = ("completed", "failed")  # what job.json says once the supervisor ended
 
@@ -337,6 +342,7 @@ class Ending:
     codes: tuple[int, ...]
     failed: dict[int, int] = field(default_factory=dict)
     stopped_by: str = ""
+    saved_step: int | None = None  # a save-and-stop's checkpoint (``with_saved_step``)
 
     @property
     def cause(self) -> int | None:
@@ -363,6 +369,11 @@ class Ending:
         others = [r for r, c in enumerate(self.codes) if r not in self.failed and c != 0]
         stopped = f": stopped rank{'s' if len(others) != 1 else ''} {ranks_text(others)}"
         tail = stopped if others else ""
+        if self.cause is None and self.saved_step is not None:
+            return (
+                f"{self.stopped_by}: stopped by the user after step {self.saved_step}, its"
+                " checkpoint saved (jobs resubmit resumes from it)"
+            )
         if self.cause is None:
             return f"{self.stopped_by}: stopped ranks {ranks_text(others)}"
         return f"{rank_end(self.cause, pids[self.cause], self.failed[self.cause])}{tail}"
@@ -390,21 +401,58 @@ def ranks_text(ranks: list[int]) -> str:
     return ", ".join(str(r) for r in ranks)
 
 
-def wait_ranks(procs: list[subprocess.Popen], stop_requested: Callable[[], str]) -> Ending:
+def wait_ranks(
+    procs: list[subprocess.Popen],
+    stop_requested: Callable[[], str],
+    saving: Callable[[], bool] = lambda: False,
+) -> Ending:
     """Wait for all ranks; when one fails, or ``stop_requested()`` names a signal, stop the
-    rest (as srun --kill-on-bad-exit does)."""
+    rest (as srun --kill-on-bad-exit does). While ``saving()`` says so (a first Ctrl-C),
+    a stop asks every rank to save at the next step boundary and stop (``SAVE_AND_STOP``)
+    and waits for them; a rank that ended by that signal had not yet set up its handler
+    (still starting): there is nothing to save, and the rest are stopped at once."""
     warm = procs[0].warm if procs and isinstance(procs[0], ForkedRank) else None
+    told = False
     while True:
         seen = warm.reported if warm else 0
         codes = [p.poll() for p in procs]
-        failed = {r: c for r, c in enumerate(codes) if c not in (None, 0)}
         asked = stop_requested()
-        if failed or asked:
+        if asked and saving() and not told:
+            told = ask_to_save(procs, asked)
+        unready = told and -SAVE_AND_STOP in codes
+        failed = {r: c for r, c in enumerate(codes) if c not in (None, 0, -SAVE_AND_STOP)}
+        failed |= {} if told else {r: c for r, c in enumerate(codes) if c == -SAVE_AND_STOP}
+        if failed or (asked and not (told and saving() and not unready)):
             stop(procs)
             return Ending(tuple(p.returncode for p in procs), failed, "" if failed else asked)
         if all(c == 0 for c in codes):
-            return Ending(tuple(codes))
+            return Ending(tuple(codes), stopped_by=asked if told else "")
         pause(warm, seen)
+
+
+def ask_to_save(procs: list[subprocess.Popen], asked: str) -> bool:
+    """Send ``SAVE_AND_STOP`` to every rank, and say so in one line (the console)."""
+    for p in procs:
+        p.send_signal(SAVE_AND_STOP)
+    print(
+        f"supervisor: {asked}: saving a checkpoint at the next step boundary, then stopping"
+        " (Ctrl-C again stops at once)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return True
+
+
+def with_saved_step(ending: Ending, job_dir: Path) -> Ending:
+    """A save-and-stop's ending with the step its checkpoint holds, from rank 0's
+    summary.json; an ending whose training finished anyway (the stop came after its last
+    step: the sample) is a plain completed one."""
+    if ending.cause is not None or not ending.stopped_by or any(ending.codes):
+        return ending
+    summary = read_summary(job_dir) or {}
+    if not summary.get("stopped"):
+        return Ending(ending.codes)
+    return replace(ending, saved_step=int(summary.get("steps", 0)))
 
 
 def pause(warm: WarmStart | None, seen: int) -> None:

@@ -29,11 +29,23 @@ from axonn_launch.common.spec import JobSpec, RuntimeConfig
 from axonn_launch.config.compose import LaunchConfig
 from axonn_launch.config.validate import Resolved, container_warnings, resolve
 from axonn_launch.records import failures, firstfail
-from axonn_launch.submit import chain, local, rehearse, render, slurm
-from axonn_launch.submit.summary import next_line, preflight_on, summary, wallclock_warnings
+from axonn_launch.submit import chain, duplicates, local, rehearse, render, slurm
+from axonn_launch.submit.summary import (
+    command_path,
+    dry_run_text,
+    headroom_warnings,
+    next_line,
+    predicted_step_s,
+    preflight_on,
+    summary,
+    wallclock_warnings,
+)
 from axonn_launch.submit.task import TrainJob
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+# Ctrl-C while waiting (a detach from a Slurm job, a stop of a local one): 128 + SIGINT, as
+# a shell says it, so that ``launch wait=true && next`` never takes it for a finished job
+EXIT_INTERRUPTED = 130
 
 # The console gets print(); the job dir's axonn_launch.log (Hydra's file handler) gets log.
 log = logging.getLogger(__name__)
@@ -41,7 +53,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Outcome:
-    status: str  # dry_run | submitted | completed | failed | invalid | refused (by sbatch)
+    # dry_run | submitted | completed | failed | invalid | refused (by sbatch)
+    # | interrupted (Ctrl-C: a Slurm job followed no more, or stopped; a local job stopped)
+    status: str
     job_dir: str
     job_id: str = ""
     nodes: int = 0
@@ -51,6 +65,8 @@ class Outcome:
     def exit_code(self) -> int:
         if self.status == "invalid":
             return EXIT_BAD_INPUT
+        if self.status == "interrupted":
+            return EXIT_INTERRUPTED
         return EXIT_JOB_FAILED if self.status in ("failed", "refused") else EXIT_OK
 
 
@@ -70,11 +86,14 @@ def launch(
     if rehearsal:  # the site's script, run on the local cluster
         cfg = rehearse.site_config(cfg)
     resolved = resolve(cfg)  # raises ConfigError before anything is written
+    slurm.require_slurm(cfg)  # so does a submission with no Slurm here
     warnings = container_warnings(cfg, str(job_dir.resolve()))
     if rehearsal:
         warnings += rehearsal.warnings
         cfg = rehearse.as_run(cfg, rehearsal)
-    for warning in resolved.warnings + wallclock_warnings(cfg, resolved) + warnings:
+    duplicates.refuse_duplicate(cfg, resolved_yaml(config, resolved), job_dir)
+    warnings = wallclock_warnings(cfg, resolved) + headroom_warnings(cfg, resolved) + warnings
+    for warning in resolved.warnings + warnings:
         print(f"warning: {warning}", file=sys.stderr)
         log.warning(warning)
     job_dir = job_dir.resolve()
@@ -100,10 +119,8 @@ def launch(
     print(report, file=out)
     log.info("%s\n%s", "dry run: nothing is started" if cfg.dry_run else "launching", report)
     if cfg.dry_run:
-        print("--- resolved config ---", file=out)
-        print(config_yaml, file=out)
-        print("--- batch script ---" if script else "--- local command ---", file=out)
-        print(script or local_command_text(cfg, resolved, job_dir), file=out)
+        command = local_command_text(cfg, resolved, job_dir)
+        print(dry_run_text(cfg, config_yaml, script, command), file=out)
         write_record(job_dir, record, status="dry_run")
         return Outcome("dry_run", str(job_dir), nodes=resolved.nodes)
     start = STARTERS[cfg.machine.scheduler]
@@ -238,6 +255,7 @@ def job_record(
         "lineage": [],
         "command_line": command_line,
         "dry_run": cfg.dry_run,
+        "predicted_step_s": predicted_step_s(cfg, resolved),  # None: no honest prediction
         "partition": cfg.machine.slurm.partition,
         "submitted_at": time.time(),
         **chain.record_fields(cfg),
@@ -340,6 +358,10 @@ def run_local(cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict
         code = local.wait_supervisor(supervisor)
     status = final_local_status(job_dir, record, code)
     log.info("%s %s (exit code %d)", job_id, status, code)
+    saved = stopped_by_user(record)
+    if saved is not None:  # Ctrl-C: saved and stopped, never resumed by itself
+        print(resume_line(job_dir, saved))
+        return Outcome("interrupted", str(job_dir), job_id, resolved.nodes, f"saved step {saved}")
     if code:
         report_first_failure(job_dir)
     message = f"exit code {code}"
@@ -349,6 +371,20 @@ def run_local(cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict
         status, message = ("completed" if state == chain.DONE else "failed"), f"run {state}"
     print(next_line(job_dir, ran=True))
     return Outcome(status, str(job_dir), job_id, resolved.nodes, message)
+
+
+def stopped_by_user(record: dict) -> int | None:
+    """The step a local job saved before it stopped on a Ctrl-C (its supervisor's
+    ``ended_by``), or None."""
+    ended_by = record.get("ended_by")
+    if isinstance(ended_by, dict) and ended_by.get("by_user"):
+        return int(ended_by.get("saved_step", 0))
+    return None
+
+
+def resume_line(job_dir: Path, step: int) -> str:
+    """The command that resumes a job stopped by the user from its saved step."""
+    return f"next: {jobs_command('resubmit', job_dir)}  (resumes from step {step})"
 
 
 def follow_local_run(job_dir: Path, root: Path) -> str:
@@ -444,6 +480,16 @@ def submit_slurm(
     if not cfg.wait:
         print(next_line(job_dir, ran=False), file=out)
         return Outcome("submitted", str(job_dir), job.job_id, resolved.nodes)
+    try:
+        return follow_slurm_job(cfg, job, job_dir, record, resolved.nodes, out)
+    except KeyboardInterrupt:  # Ctrl-C: stop following; the job goes on
+        return detach(job.job_id, job_dir, resolved.nodes, out)
+
+
+def follow_slurm_job(
+    cfg: LaunchConfig, job, job_dir: Path, record: dict, nodes: int, out
+) -> Outcome:
+    """Stream the job to its end (and its run's, with recovery on); the outcome."""
     state = slurm.follow(job, out=out)
     log.info("Slurm job %s ended %s", job.job_id, state)
     status = "completed" if state == "COMPLETED" else "failed"
@@ -453,13 +499,43 @@ def submit_slurm(
     if status == "failed" and chain.enabled(cfg) and record.get("recovery_job"):
         status = "completed" if chain.follow(job_dir, out) == chain.DONE else "failed"
     print(next_line(job_dir, ran=True), file=out)
-    return Outcome(status, str(job_dir), job.job_id, resolved.nodes, state)
+    return Outcome(status, str(job_dir), job.job_id, nodes, state)
+
+
+def detach(job_id: str, job_dir: Path, nodes: int, out) -> Outcome:
+    """A Ctrl-C while following a Slurm job: one line, and the job keeps running. A second
+    Ctrl-C within ``slurm.SECOND_CTRL_C_S`` stops it as ``jobs stop`` does (its recovery
+    job too), and says so in one more line; a third is ignored while that runs."""
+    with slurm.SecondCtrlC() as second:
+        status, stop = (jobs_command(verb, job_dir) for verb in ("status", "stop"))
+        print(
+            f"detached: job {job_id} keeps running; see it: {status}; stop it: {stop}"
+            f" (or press Ctrl-C again within {slurm.SECOND_CTRL_C_S:.0f} s)",
+            file=out,
+            flush=True,
+        )
+        log.info("Ctrl-C: detached from Slurm job %s, which keeps running", job_id)
+        if not second.within(slurm.SECOND_CTRL_C_S):
+            return Outcome("interrupted", str(job_dir), job_id, nodes, "detached")
+        said = chain.stop(job_dir)
+    print(f"Ctrl-C again: {said}", file=out, flush=True)
+    log.info("Ctrl-C again: %s", said)
+    return Outcome("interrupted", str(job_dir), job_id, nodes, "stopped")
+
+
+def jobs_command(verb: str, job_dir: Path) -> str:
+    """``python -m axonn_launch.jobs VERB DIR``, to copy (this interpreter, the real dir)."""
+    python, where = (shlex.quote(command_path(p)) for p in (sys.executable, str(job_dir)))
+    return f"{python} -m axonn_launch.jobs {verb} {where}"
 
 
 def recovery_line(recovery_job: str, job_id: str) -> str:
     if not recovery_job:
         return "recovery: sbatch refused the recovery job (job.json: recovery_error)"
-    return f"recovery: job {recovery_job} starts if job {job_id} fails (recovery=off: none)"
+    return (
+        f"recovery: job {recovery_job} starts if job {job_id} fails, and resumes it"
+        " (recovery=off submits no recovery job)"
+    )
 
 
 def start_local(

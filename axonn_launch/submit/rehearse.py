@@ -131,8 +131,10 @@ def prepare(cfg: LaunchConfig, job_dir: str) -> Rehearsal:
     ``cfg`` is the configuration as the user gave it (the site's own)."""
     check_machine(cfg)
     machine = cfg.machine
-    found = load_edf(machine) if machine.container.engine == "edf" else None
-    warnings = []
+    found, warnings = None, []
+    if machine.container.engine == "edf":
+        found, note = load_edf(machine)
+        warnings += [note] if note else []
     try:
         node_cpus = local_cluster_cpus()
     except ConfigError as exc:
@@ -238,9 +240,24 @@ def slurm_substitutions(
     return subs
 
 
-def load_edf(machine: MachineProfile) -> edf.EDF:
+def load_edf(machine: MachineProfile) -> tuple[edf.EDF, str]:
+    """The EDF ``srun --environment=`` would read, and ``""``; when the search path has
+    none, the project's own (``machines/<machine>/``, the file users copy to ``~/.edf``)
+    and a warning that says so: a rehearsal needs no set-up step of the site's."""
+    environment = machine.container.environment
     try:
-        return edf.load(machine.container.environment)
+        path, note = edf.locate(environment), ""
+    except edf.EDFError as exc:
+        path = edf.project_copy(environment, machine.name)
+        if path is None:
+            raise ConfigError(str(exc)) from None
+        note = (
+            f"no {environment}.toml in the EDF search path (EDF_PATH, then ~/.edf): this"
+            f" rehearsal uses the project's own {path}; before a real submission to"
+            f" {machine.name}: mkdir -p ~/.edf && cp {path} ~/.edf/"
+        )
+    try:
+        return edf.read(path), note
     except edf.EDFError as exc:
         raise ConfigError(str(exc)) from None
 

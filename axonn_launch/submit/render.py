@@ -46,30 +46,68 @@ class PythonCopy:
     packed once on the batch node, sent to every node with ``sbcast``, unpacked there by
     one task per node, as OLCF's sbcast page does with a conda-pack archive
     (olcf/olcf-user-docs:software/python/sbcast_conda.rst). A venv's ``bin/python`` finds
-    its ``pyvenv.cfg`` and site-packages next to itself, so the copy runs where it lands."""
+    its ``pyvenv.cfg`` and site-packages next to itself, so the copy runs where it lands.
+
+    An editable install (``pip install -e``) leaves the package in the checkout, which the
+    venv only points to: then the package is packed too, and put first on the tasks'
+    ``PYTHONPATH``, so that they import the copy, not the checkout on the shared
+    filesystem."""
 
     source: str  # the environment's root (a venv or conda env) on the shared filesystem
     dir: str  # this job's directory on every node's local storage
     python: str  # the interpreter the tasks run: inside the copy
+    package: str = ""  # the folder holding axonn_launch when the venv does not; "" = none
 
     def commands(self) -> list[str]:
         """Shell commands for the batch script, run before the job's srun."""
         folder = PurePosixPath(self.dir)
-        packed, sent = f"{self.dir}.src.tar", f"{self.dir}.tar"
-        unpack = (
-            f"rm -rf {shlex.quote(self.dir)} && mkdir -p {shlex.quote(str(folder / 'env'))}"
-            f" && tar -xf {shlex.quote(sent)} -C {shlex.quote(str(folder / 'env'))}"
-            f" && rm -f {shlex.quote(sent)}"
+        parts = [("env", self.source, ".")]
+        if self.package:
+            parts.append(("src", self.package, PACKAGE))
+        packed = [(f"{self.dir}.{name}.packed.tar", f"{self.dir}.{name}.tar") for name, *_ in parts]
+        pack = " && ".join(
+            f"tar -C {shlex.quote(src)} -cf {shlex.quote(tar)} {member}"
+            for (_, src, member), (tar, _) in zip(parts, packed)
         )
-        return [
-            f"mkdir -p {shlex.quote(str(folder.parent))}"
-            f" && tar -C {shlex.quote(self.source)} -cf {shlex.quote(packed)} .",
-            shlex.join(["sbcast", "-f", packed, sent]) + f" && rm -f {shlex.quote(packed)}",
+        send = " && ".join(shlex.join(["sbcast", "-f", tar, sent]) for tar, sent in packed)
+        unpack = " && ".join(
+            [
+                f"rm -rf {shlex.quote(self.dir)}",
+                *(
+                    f"mkdir -p {shlex.quote(str(folder / name))}"
+                    f" && tar -xf {shlex.quote(sent)} -C {shlex.quote(str(folder / name))}"
+                    f" && rm -f {shlex.quote(sent)}"
+                    for (name, *_), (_, sent) in zip(parts, packed)
+                ),
+            ]
+        )
+        commands = [
+            f"mkdir -p {shlex.quote(str(folder.parent))} && {pack}",
+            f"{send} && rm -f {' '.join(shlex.quote(tar) for tar, _ in packed)}",
             # one task per node: the batch environment's SLURM_NTASKS would otherwise ask for
             # the job's task count, and that many tasks would unpack into each node at once
             'srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1'
             " --kill-on-bad-exit=1 sh -c " + shlex.quote(unpack),
         ]
+        if self.package:  # before the checkout that the venv's editable install names,
+            # and before the working directory, which ``python -m`` puts first (3.11 and up:
+            # PYTHONSAFEPATH; a job started from the checkout would import it from there)
+            src = shlex.quote(str(folder / "src"))
+            commands.append(
+                f'export PYTHONPATH={src}"${{PYTHONPATH:+:$PYTHONPATH}}" PYTHONSAFEPATH=1'
+            )
+        return commands
+
+
+PACKAGE = "axonn_launch"
+
+
+def package_outside(venv: str) -> str:
+    """The folder holding this package when it is not inside ``venv`` (an editable
+    install imports it from the checkout), else ``""``: a copy of the venv alone would
+    still import the checkout."""
+    folder = Path(__file__).resolve().parents[2]  # <folder>/axonn_launch/submit/render.py
+    return "" if folder.is_relative_to(Path(venv).resolve()) else str(folder)
 
 
 def python_copy(
@@ -83,10 +121,12 @@ def python_copy(
     tag = hashlib.sha1(str(folder).encode()).hexdigest()[:12]
     base = machine.broadcast.dir.format(user=getpass.getuser())
     job_dir = f"{base.rstrip('/')}/axonn-{tag}"
+    source = str(interpreter.parent.parent)
     return PythonCopy(
-        source=str(interpreter.parent.parent),
+        source=source,
         dir=job_dir,
         python=f"{job_dir}/env/bin/{interpreter.name}",
+        package=package_outside(source),
     )
 
 
@@ -109,6 +149,9 @@ def slurm_parameters(
         "signal_delay_s": slurm.signal_delay_s,
         "setup": setup_lines(machine=machine, nodes=nodes, copy=copy),
         "srun_args": [*COMMON_SRUN_ARGS, *slurm.srun_args],
+        # no ``--wckey=submitit`` (submitit's default), which a site that enforces wckeys
+        # may refuse; a profile that needs one sets ``slurm.extra_sbatch.wckey``
+        "wckey": None,
     }
     optional = {
         "partition": slurm.partition,

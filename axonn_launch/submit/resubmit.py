@@ -7,6 +7,11 @@ Both records are updated: the old one gets ``resubmitted_as``, the new one ``att
 ``parent`` and ``lineage``. A per-job lock and the ``resubmitted_as`` mark, written before
 submitting, make it idempotent: a job that is completed, still queued or running, or
 already resubmitted is never submitted again, also when two commands run at once.
+
+A completed job is *extended* instead when the user names it (its dir, or ``--only
+completed``) with ``train.steps=N`` above its last checkpoint's step S: the new attempt
+resumes from S to N with ``train.schedule_start=S``, so its learning rate restarts there
+(warmup, then a whole cosine to N: ``train/loop.learning_rate``).
 """
 
 from __future__ import annotations
@@ -29,12 +34,20 @@ from axonn_launch.common.jobdir import (
     latest_step_name,
     metrics_through,
     read_record,
+    read_record_or_empty,
     read_step_meta,
     update_record,
 )
 from axonn_launch.config.compose import split_argv
 from axonn_launch.records import failures
-from axonn_launch.records.status import DRY_RUN_STATE, JobStatus, command_output
+from axonn_launch.records.status import (
+    DRY_RUN_STATE,
+    JobStatus,
+    command_output,
+    run_root_of,
+    saved_config,
+)
+from axonn_launch.submit import chain
 
 RETRIABLE = (failures.RESUME, failures.RESUME_EXCLUDING)
 # overrides that change what a job needs per GPU: with one, an out-of-memory job may retry
@@ -55,10 +68,14 @@ def refusal(status: JobStatus, record: dict, args: argparse.Namespace) -> str | 
         return "a dry run: nothing to resubmit; launch it without dry_run=true"
     if record.get("resubmitted_as") and not interrupted_mark(record["resubmitted_as"]):
         return f"already resubmitted as {record['resubmitted_as']}"
-    if status.failure in (failures.COMPLETED, failures.RUNNING):
+    if status.failure == failures.RUNNING:
         return f"{status.failure}: nothing to do"
     if args.only and status.failure not in args.only:
         return f"{status.failure}: not in --only {' '.join(args.only)}"
+    if status.failure == failures.COMPLETED:  # an extension: not counted in --max-attempts
+        return extension_refusal(
+            Path(status.job_dir), args.overrides, extension_asked(status, args)
+        )
     if status.attempt >= args.max_attempts:
         return f"attempt {status.attempt} reached --max-attempts {args.max_attempts}"
     if getattr(args, "decided", False):
@@ -68,6 +85,42 @@ def refusal(status: JobStatus, record: dict, args: argparse.Namespace) -> str | 
     if status.action not in RETRIABLE + (failures.RETRY_WITH_NEW_GRID,):
         return f"{status.failure}: {status.action} ({status.reason})"
     return None
+
+
+def extension_asked(status: JobStatus, args: argparse.Namespace) -> bool:
+    """Whether the user asked for this completed job: its dir is a PATH of the command, or
+    ``--only completed`` (a ``train.steps`` meant for the failed jobs of a tree extends
+    none of its completed ones)."""
+    named = {str(Path(p).resolve()) for p in getattr(args, "paths", None) or []}
+    return str(Path(status.job_dir).resolve()) in named or failures.COMPLETED in (args.only or [])
+
+
+def extension_refusal(job_dir: Path, given: list[str], asked: bool) -> str | None:
+    """Why a completed job cannot be extended with the ``given`` overrides, or None: an
+    extension needs ``train.steps`` above the step of its last checkpoint, and a job the
+    user ``asked`` for (``extension_asked``); to such a job the line says how."""
+    start = checkpointed_step(job_dir)
+    steps = _given_value(given, "train.steps")
+    if not asked:
+        how = " (name its dir, or --only completed, to extend it)" if steps else ""
+        return f"completed: nothing to do{how}"
+    if steps is None:
+        return f"completed: nothing to do without train.steps=N (N > {start} extends it)"
+    if not steps.isdigit():
+        return f"train.steps={steps}: expected a whole number of steps above {start}"
+    if not latest_step_name(job_dir):
+        return "completed without a checkpoint: nothing to extend from; launch it again"
+    if int(steps) <= start:
+        return f"train.steps={steps}: completed at step {start}; give N > {start} to extend it"
+    return None
+
+
+def extension_overrides(job_dir: Path, given: list[str]) -> list[str]:
+    """An extension's overrides: the given ones, and the step its schedule restarts from
+    (the checkpoint it resumes from) unless given; an extension of an extension moves it."""
+    if _given_value(given, "train.schedule_start") is not None:
+        return list(given)
+    return [*given, f"train.schedule_start={checkpointed_step(job_dir)}"]
 
 
 def reshapes(overrides: list[str]) -> bool:
@@ -88,7 +141,7 @@ def original_overrides(job_dir: Path, record: dict) -> list[str]:
     config_dir = valued.get("--config-dir") or valued.get("-cd")
     if config_dir:
         kept.append(f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]")
-    config = _load_yaml(job_dir / "config.yaml")
+    config = saved_config(job_dir)
     return [_point_value(o, config) for o in kept]
 
 
@@ -110,15 +163,6 @@ def _is_sweep(value: str) -> bool:
         and not value.startswith(("[", "{", "'", '"'))
         or value.startswith(("range(", "choice(", "glob(", "interval(", "tag("))
     )
-
-
-def _load_yaml(path: Path) -> dict | None:
-    try:
-        import yaml
-
-        return yaml.safe_load(path.read_text())
-    except Exception:
-        return None
 
 
 def new_overrides(old: list[str], given: list[str], exclude: tuple[str, ...]) -> list[str]:
@@ -247,7 +291,7 @@ def schedulable_warning(
         return None
     partition = _given_value(given, "machine.slurm.partition")
     if partition is None:
-        config = _load_yaml(job_dir / "config.yaml") or {}
+        config = saved_config(job_dir) or {}
         partition = str(((config.get("machine") or {}).get("slurm") or {}).get("partition") or "")
     found, needed = partition_nodes(partition), nodes_needed(record, given)
     named = f"partition {partition}" if partition else "the default partition"
@@ -286,22 +330,28 @@ def resubmit_one(status: JobStatus, args: argparse.Namespace, out) -> str:
         attempt = int(record.get("attempt", 1)) + 1
         target = attempt_dir(job_dir, attempt)
         exclude = tuple(dict.fromkeys(status.bad_nodes + status.slow_nodes))
+        extending = status.failure == failures.COMPLETED
+        given = extension_overrides(job_dir, args.overrides) if extending else args.overrides
         overrides = [
-            for_hydra(o)
-            for o in new_overrides(original_overrides(job_dir, record), args.overrides, exclude)
+            for_hydra(o) for o in new_overrides(original_overrides(job_dir, record), given, exclude)
         ]
         warning = schedulable_warning(job_dir, record, args.overrides, overrides)
         if warning:
             print(f"warning: {status.job_id} {job_dir}: {warning}", file=sys.stderr, flush=True)
-        resumes = f"\n  {resume_point(job_dir)}"
+        resumes = f"\n  {resume_point(job_dir)}" + (schedule_line(given) if extending else "")
+        verb = "extend" if extending else "resubmit"
         if args.dry_run:
-            head = f"would resubmit {status.job_id} ({status.failure}) as {target}: "
+            head = f"would {verb} {status.job_id} ({status.failure}) as {target}: "
             return head + " ".join(overrides) + resumes
         update_record(job_dir, resubmitted_as=str(target))  # the mark comes before the job
+        if extending:
+            continue_chain(job_dir, record, target)
         try:
             outcome = submit_attempt(job_dir, target, record, status, overrides, attempt, out)
         except BaseException:
             update_record(job_dir, resubmitted_as="")
+            if extending:
+                continue_chain(job_dir, record, job_dir, done=True)
             shutil.rmtree(target, ignore_errors=True)
             raise
         update_record(
@@ -309,9 +359,29 @@ def resubmit_one(status: JobStatus, args: argparse.Namespace, out) -> str:
             resubmitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             resubmitted_job=outcome.job_id,
         )
-        return f"resubmitted {status.job_id} ({status.failure}) as job {outcome.job_id} in" + (
+        done = "extended" if extending else "resubmitted"
+        return f"{done} {status.job_id} ({status.failure}) as job {outcome.job_id} in" + (
             f" {target}{resumes}{ended(outcome)}"
         )
+
+
+def schedule_line(given: list[str]) -> str:
+    """The extension's learning-rate rule, as the resubmit line states it."""
+    start, steps = _given_value(given, "train.schedule_start"), _given_value(given, "train.steps")
+    return (
+        f"\n  the learning rate restarts at step {start}: warmup (train.warmup_steps) and a"
+        f" cosine from train.lr down to train.min_lr at step {steps}"
+    )
+
+
+def continue_chain(job_dir: Path, record: dict, current: Path, done: bool = False) -> None:
+    """A run that recovers itself goes on with its extension: running again, its newest
+    attempt ``current`` (it was done; ``done``: the extension was not submitted)."""
+    root = run_root_of(job_dir, record)
+    root_record = read_record_or_empty(root)
+    if root_record.get("chain") or "recovery" in root_record:
+        state = chain.DONE if done else chain.RUNNING
+        chain.set_chain(root, chain.settings_of(root_record), state=state, current=str(current))
 
 
 def ended(outcome) -> str:

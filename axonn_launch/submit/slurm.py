@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import shlex
+import shutil
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -10,12 +13,40 @@ from pathlib import Path
 from typing import Any
 
 from axonn_launch.common import slurmtext
+from axonn_launch.common.durations import duration
+from axonn_launch.config.compose import ConfigError, LaunchConfig
 from axonn_launch.submit.render import relay_signals
 from axonn_launch.submit.task import TrainJob
 
 # sacct is asked at 1, 2, 4 ... s, then once a minute (submitit's own watcher backs off to
 # a minute too); the log is streamed every STREAM_S seconds in between.
 FIRST_CHECK_S, MAX_CHECK_S, STREAM_S = 1.0, 60.0, 1.0
+# a job waiting in the queue says so at the first sacct check this long after its last
+# line: about once a minute, as sacct is asked once a minute by then (``check_delays``)
+PENDING_EVERY_S = 50.0
+# squeue's reason before the scheduler looked at the job: it usually starts within seconds,
+# so its first pending line waits for a real reason, or this long
+UNSEEN_REASON, UNSEEN_FOR_S = "None", 5.0
+SUBMIT_COMMANDS = ("sbatch", "srun")  # submitit's executor looks for srun; sbatch submits
+SECOND_CTRL_C_S = 5.0  # a second Ctrl-C this soon after a detach stops the job
+
+
+def require_slurm(cfg: LaunchConfig) -> None:
+    """A submission to Slurm needs its commands on PATH (a laptop has none): raises
+    ConfigError, one line naming what is missing and what runs without them. A dry run
+    submits nothing; a rehearsal says the same of the local cluster itself
+    (``rehearse.py``)."""
+    if cfg.machine.scheduler != "slurm" or cfg.dry_run or cfg.rehearse:
+        return
+    missing = [name for name in SUBMIT_COMMANDS if shutil.which(name) is None]
+    if missing:
+        raise ConfigError(
+            f"machine={cfg.machine.name} submits to Slurm, but {' and '.join(missing)}"
+            f" {'is' if len(missing) == 1 else 'are'} not on PATH (no Slurm here): dry_run=true"
+            " shows its batch script without submitting, machine=local trains on this"
+            " computer, and rehearse=true runs a site's script on the local Slurm cluster"
+            " (machines/slurm_local/start.sh)"
+        )
 
 
 def submit(
@@ -79,6 +110,7 @@ def follow(
     """
     offsets = {job.paths.stdout: 0, job.paths.stderr: 0}
     pacer, results_written = Pacer(clock), False
+    queue = QueueLines(str(job.job_id), clock, out)
     while True:
         offsets = {path: _print_new(path, offset, out) for path, offset in offsets.items()}
         if not results_written and _all_results_written(job):
@@ -87,6 +119,7 @@ def follow(
         if pacer.due():
             state = slurmtext.base_state(job.get_info(mode="force").get("State", "")) or "UNKNOWN"
             pacer.checked()
+            queue.seen(state)
             if state != "UNKNOWN" and not slurmtext.is_active(state):
                 for path, offset in offsets.items():
                     _print_new(path, offset, out)
@@ -94,6 +127,87 @@ def follow(
             if state == "UNKNOWN" and results_written:
                 return _state_from_results(job)
         sleep(stream_s)
+
+
+class QueueLines:
+    """While a followed job waits in the queue, one line with squeue's reason and the time
+    waited so far: at once (once the scheduler gave a reason), then about every
+    ``PENDING_EVERY_S``; and one when it starts, if it waited visibly."""
+
+    def __init__(
+        self,
+        job_id: str,
+        clock: Callable[[], float],
+        out,
+        reason: Callable[[str], str] | None = None,
+        every_s: float = PENDING_EVERY_S,
+    ) -> None:
+        self.job_id, self.clock, self.out, self.every_s = job_id, clock, out, every_s
+        self.reason = reason or pending_reason
+        self.began = clock()
+        self.said: float | None = None  # when the last pending line was printed
+        self.started = False
+
+    def seen(self, state: str) -> None:
+        """The state sacct just gave; prints what is due."""
+        waited = self.clock() - self.began
+        if state != "PENDING":
+            if self.said is not None and not self.started:
+                self.started = True
+                self._print(f"job {self.job_id} {state.lower()} after {duration(waited)} queued")
+            return
+        if self.said is not None and self.clock() - self.said < self.every_s:
+            return
+        why = self.reason(self.job_id)
+        if self.said is None and why in ("", UNSEEN_REASON) and waited < UNSEEN_FOR_S:
+            return
+        self.said = self.clock()
+        because = f" ({why})" if why else ""
+        self._print(f"job {self.job_id} pending{because}: {duration(waited)} in the queue so far")
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.out, flush=True)
+
+
+def pending_reason(job_id: str) -> str:
+    """squeue's reason (``%r``) for a pending job, e.g. Priority or Resources; "" if
+    squeue does not say."""
+    try:
+        done = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%r"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip().splitlines()[0] if done.stdout.strip() else ""
+
+
+class SecondCtrlC:
+    """While inside (after a Ctrl-C that detached), a Ctrl-C is noted, never raised: no
+    traceback, however soon it comes."""
+
+    def __enter__(self) -> SecondCtrlC:
+        self.came = False
+        self.previous = signal.signal(signal.SIGINT, self.note)
+        return self
+
+    def note(self, _signum: int, _frame: Any) -> None:
+        self.came = True
+
+    def __exit__(self, *_: object) -> None:
+        signal.signal(signal.SIGINT, self.previous)
+
+    def within(
+        self,
+        window_s: float = SECOND_CTRL_C_S,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> bool:
+        """Whether a Ctrl-C came (or comes) within ``window_s``."""
+        deadline = clock() + window_s
+        while not self.came and clock() < deadline:
+            sleep(0.05)
+        return self.came
 
 
 def _all_results_written(job: Any) -> bool:

@@ -7,13 +7,20 @@ Printed on every launch and dry run (``launch.launch``) and written to the job d
 the time limit of one allocation, how many requeues follow it (``max_requeue``), and the
 planner's predicted step time times the steps (``perf.step_time``, the same prediction
 ``plan`` ranks grids by, with nominal hardware numbers: no calibration file). A run that
-cannot finish within ``time_min x (1 + max_requeue)`` gets a warning naming the keys.
+cannot finish within ``time_min x (1 + max_requeue)`` gets a warning naming the keys, and
+one planned above ``planner.HEADROOM`` (90 %) of GPU memory a warning naming the fixes.
+
+Predictions name the hardware they assume ("on perlmutter's A100-SXM4-40GB"). A rehearsal
+runs the site's script on local CPUs, and CPU ranks are not what the profiles' figures
+describe: there the site's prediction is shown as the site's, or none is made, and the run
+measures its own step time and goodput (``jobs status``).
 
 Never imports torch: this runs on login nodes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shlex
@@ -23,14 +30,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from axonn_launch.common.durations import duration
+from axonn_launch.common.rules import micro_batch_candidates
 from axonn_launch.config.compose import LaunchConfig
 from axonn_launch.config.validate import Resolved, placeholder
+from axonn_launch.cost import planner
 from axonn_launch.cost.goodput import Checkpointing
-from axonn_launch.cost.memory import GIB
+from axonn_launch.cost.memory import GIB, estimate_memory, largest_cache_that_fits
+from axonn_launch.submit.generation_summary import (
+    generation_lines,
+    generation_next_line,
+    generation_out,
+)
 
 
 def summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
     """The lines the console and ``axonn_launch.log`` get before anything runs."""
+    if cfg.generate.prompts:  # a generation job: what it generates, not how it would train
+        return generation_summary(cfg, resolved, job_dir)
     params = cfg.model.n_params()
     scale = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.2f} M"
     grid, train = resolved.grid, resolved.train
@@ -50,7 +66,7 @@ def summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
     if cfg.machine.scheduler == "slurm":
         lines += slurm_lines(cfg, run_time(cfg, resolved))
     if resolved.checkpointing is not None:
-        lines += checkpoint_lines(resolved.checkpointing)
+        lines += checkpoint_lines(resolved.checkpointing, cfg)
     lines += [f"preflight  {preflight_words(cfg)}", f"job dir    {job_dir}"]
     return "\n".join(lines)
 
@@ -119,21 +135,59 @@ def run_time(cfg: LaunchConfig, resolved: Resolved) -> RunTime:
 
 
 def slurm_lines(cfg: LaunchConfig, rt: RunTime) -> list[str]:
-    takes = plural(rt.allocations, "allocation")
-    if rt.allocations > 1:
-        takes += f", {plural(rt.allocations - 1, 'requeue')}"
     return [
         f"account    {account_words(cfg)}",
         f"time limit {rt.limit_min} min (machine.slurm.time_min) x"
         f" {plural(1 + rt.max_requeue, 'allocation')} (1 + max_requeue={rt.max_requeue})"
         f" = {duration(rt.budget_s)}",
-        f"predicted  {rt.step_s:.4g} s/step (planner, uncalibrated) x {rt.steps:,} steps"
-        f" = {duration(rt.total_s)}: {takes}",
+        f"predicted  {prediction_words(cfg, rt)}",
     ]
 
 
-def checkpoint_lines(ck: Checkpointing) -> list[str]:
-    """The checkpoint interval the job runs and its expected goodput (``cost/goodput.py``)."""
+def hardware_words(cfg: LaunchConfig) -> str:
+    """The hardware a prediction assumes: ``perlmutter's A100-SXM4-40GB``."""
+    return f"{cfg.machine.name}'s {cfg.machine.hardware.gpu_model}"
+
+
+def not_predicted(cfg: LaunchConfig) -> str:
+    """Why no prediction applies to this run ("" when the site's does): a rehearsal runs
+    on local CPUs, and CPU ranks are not what the profile's nominal figures describe."""
+    if cfg.rehearse:
+        return "this rehearsal runs on local CPUs: no prediction"
+    if cfg.machine.hardware.gpu_model == "cpu":
+        return (
+            f"CPU ranks: machine={cfg.machine.name}'s figures are placeholders, not"
+            " measurements of this computer"
+        )
+    return ""
+
+
+def prediction_words(cfg: LaunchConfig, rt: RunTime) -> str:
+    """The planner's step time x steps with the hardware it assumes; for a rehearsal the
+    site's, marked as such; for CPU ranks none."""
+    caveat = not_predicted(cfg)
+    predicted = f"{rt.step_s:.4g} s/step on {hardware_words(cfg)} (planner, uncalibrated)"
+    if cfg.rehearse:
+        return f"site only: {predicted}; {caveat}"
+    if caveat:
+        return f"none ({caveat}); the run measures its s/step (jobs status)"
+    takes = plural(rt.allocations, "allocation")
+    if rt.allocations > 1:
+        takes += f", {plural(rt.allocations - 1, 'requeue')}"
+    return f"{predicted} x {rt.steps:,} steps = {duration(rt.total_s)}: {takes}"
+
+
+def predicted_step_s(cfg: LaunchConfig, resolved: Resolved) -> float | None:
+    """The planner's seconds per step for this run's hardware, for the record (the sweep
+    table reads it); None where no prediction applies (``not_predicted``) or none exists."""
+    if resolved.step_time is None or not_predicted(cfg):
+        return None
+    return resolved.step_time.total
+
+
+def checkpoint_lines(ck: Checkpointing, cfg: LaunchConfig) -> list[str]:
+    """The checkpoint interval the job runs and its expected goodput (``cost/goodput.py``)
+    on the machine whose failure rate it assumes (``goodput_words``)."""
     daly = f"Daly's {duration(ck.optimal_s)} over {ck.step_s:.3g} s/step"
     given = f"train.checkpoint_every={ck.every}"
     if ck.auto:
@@ -143,14 +197,30 @@ def checkpoint_lines(ck: Checkpointing) -> list[str]:
     else:
         interval = f"only at the end and on a requeue signal ({given}); auto: {ck.auto_steps:,}"
     written = f"{size_words(ck.checkpoint_gb * 1e9)} at {ck.write_gbps:,.4g} GB/s"
-    auto = "" if ck.auto else f" ({ck.auto_goodput:.1%} with train.checkpoint_every=auto)"
     return [
         f"checkpoint {interval}; a save {duration(ck.save_s)}"
         f" ({'measured' if ck.save_measured else written})",
-        f"goodput    {ck.goodput:.1%} expected{auto}: job MTBF {duration(ck.mtbf_s)}"
-        f" ({ck.node_mtbf_hours:,.4g} h per node / {plural(ck.nodes, 'node')}), restart"
-        f" {duration(ck.restart_s)}",
+        f"goodput    {goodput_words(ck, cfg)}",
     ]
+
+
+def goodput_words(ck: Checkpointing, cfg: LaunchConfig) -> str:
+    """The expected goodput on the machine whose failure rate it assumes; a rehearsal's is
+    the site's, marked as such; CPU ranks get none (their profiles' rates are test values)."""
+    auto = "" if ck.auto else f" ({ck.auto_goodput:.1%} with train.checkpoint_every=auto)"
+    expected = (
+        f"{ck.goodput:.1%} expected on {cfg.machine.name}{auto}: job MTBF {duration(ck.mtbf_s)}"
+        f" ({ck.node_mtbf_hours:,.4g} h per node / {plural(ck.nodes, 'node')}), restart"
+        f" {duration(ck.restart_s)}"
+    )
+    if cfg.rehearse:
+        return f"site only: {expected}; this rehearsal runs on local CPUs: measured (jobs status)"
+    if cfg.machine.hardware.gpu_model == "cpu":
+        return (
+            f"not predicted for CPU ranks (machine={cfg.machine.name}'s failure figures are"
+            " test values); measured once the run ends (jobs status)"
+        )
+    return expected
 
 
 def size_words(nbytes: float) -> str:
@@ -177,7 +247,9 @@ def account_words(cfg: LaunchConfig) -> str:
 def wallclock_warnings(cfg: LaunchConfig, resolved: Resolved) -> list[str]:
     """One warning when a Slurm run cannot finish in ``time_min x (1 + max_requeue)``,
     with what would make it fit; the launch still proceeds."""
-    if cfg.machine.scheduler != "slurm":
+    if cfg.machine.scheduler != "slurm" or not_predicted(cfg):
+        return []
+    if cfg.generate.prompts:  # a generation job: no steps to predict
         return []
     rt = run_time(cfg, resolved)
     if rt.fits:
@@ -192,6 +264,74 @@ def wallclock_warnings(cfg: LaunchConfig, resolved: Resolved) -> list[str]:
         f" max_requeue={rt.allocations - 1}, or machine.slurm.time_min={limit_needed} if the"
         f" site allows it{fewer}, or use more nodes (nodes=N)"
     ]
+
+
+def headroom_warnings(cfg: LaunchConfig, resolved: Resolved) -> list[str]:
+    """One warning when the estimate per GPU is above ``planner.HEADROOM`` of the GPU's
+    memory: the estimate leaves out the allocator's fragmentation and communication
+    buffers, so such a run may not start. It names the fixes, each with the memory it
+    gives; the launch still proceeds. Not for a generation job: it keeps no gradients or
+    optimizer state, which the estimate counts."""
+    hardware = cfg.machine.hardware
+    share = planner.memory_share(resolved.memory.total, hardware)
+    if share <= planner.HEADROOM or cfg.generate.prompts:
+        return []
+    fixes = headroom_fixes(cfg, resolved)
+    used = resolved.memory.total / GIB
+    return [
+        f"memory: {used:.1f} of {hardware.mem_per_gpu_gb:g} GiB per GPU ({share:.0%}) is above"
+        f" {planner.HEADROOM:.0%}, and the estimate leaves out the allocator's fragmentation and"
+        " communication buffers: the run may not start"
+        + (f"; for headroom: {', or '.join(fixes)}" if fixes else "")
+    ]
+
+
+def headroom_fixes(cfg: LaunchConfig, resolved: Resolved) -> list[str]:
+    """What brings the memory per GPU down, as overrides: more nodes (the planner's grid
+    there), activation checkpointing, a smaller micro-batch, fewer cached blocks."""
+    fixes = [more_nodes_fix(cfg, resolved)]
+    train, grid, model = resolved.train, resolved.grid, cfg.model
+
+    def gives(**changes) -> str:
+        tr = dataclasses.replace(train, **changes)
+        memory = estimate_memory(model=model, grid=grid, train=tr, on_gpu=True).total
+        share = planner.memory_share(memory, cfg.machine.hardware)
+        return f"{memory / GIB:.1f} GiB, {share:.0%}"
+
+    if not train.activation_checkpointing:
+        fixes.append(
+            "train.activation_checkpointing=true (activation checkpointing:"
+            f" {gives(activation_checkpointing=True)})"
+        )
+    smaller = [m for m in micro_batch_candidates(train, grid) if m < train.micro_batch]
+    if smaller:
+        fixes.append(f"train.micro_batch={smaller[0]} (a smaller micro-batch:"
+                     f" {gives(micro_batch=smaller[0])})")  # fmt: skip
+    if train.cache_layers:
+        room = planner.HEADROOM * cfg.machine.hardware.mem_per_gpu_gb
+        fewer = largest_cache_that_fits(model, grid, train, room)
+        fixes.append(f"train.cache_layers={fewer} (fewer cached blocks:"
+                     f" {gives(cache_layers=fewer)})")  # fmt: skip
+    return [fix for fix in fixes if fix]
+
+
+def more_nodes_fix(cfg: LaunchConfig, resolved: Resolved) -> str:
+    """``nodes=9 (one more node; the planner's data=1 x=4 y=4 z=2 there: 33.0 GiB, 83%)``,
+    or "" on this computer or when a few more nodes give no grid with headroom."""
+    if cfg.machine.scheduler == "local":
+        return ""
+    found = planner.more_nodes_with_headroom(
+        machine=cfg.machine, model=cfg.model, train=cfg.train, nodes=resolved.nodes
+    )
+    if found is None:
+        return ""
+    nodes, row = found
+    more = {1: "one more node", 2: "two more nodes"}.get(nodes - resolved.nodes, "twice the nodes")
+    override = f"nodes={nodes}" if resolved.planned else f"grid=auto nodes={nodes}"
+    return (
+        f"{override} ({more}; the planner's {row.grid.describe()} there:"
+        f" {row.memory_gib:.1f} GiB, {row.memory_share:.0%})"
+    )
 
 
 def preflight_on(cfg: LaunchConfig) -> bool:
@@ -217,6 +357,30 @@ def preflight_words(cfg: LaunchConfig) -> str:
     )
 
 
+def dry_run_text(cfg: LaunchConfig, config_yaml: str, script: str, local_command: str) -> str:
+    """What a dry run prints after the summary: the batch script (or the local command);
+    a sweep's point only names it (the sweep's table follows). The resolved config, about
+    280 lines of which the machine's ``sources:`` map is 90, only with ``show_config=true``;
+    it is always the job dir's config.yaml."""
+    if cfg.show_config:
+        shown = ["--- resolved config (with machine.sources) ---", config_yaml.rstrip("\n")]
+    else:
+        shown = ["config     the job dir's config.yaml (show_config=true prints it, with the"
+                 " machine's sources)"]  # fmt: skip
+    if script and in_sweep() and not cfg.show_config:
+        return "\n".join([*shown, "script     in the job dir (a point run alone prints it)"])
+    shown += ["--- batch script ---" if script else "--- local command ---"]
+    return "\n".join([*shown, (script or local_command).rstrip("\n")])
+
+
+def in_sweep() -> bool:
+    """Whether this launch is a point of a sweep (``-m``): Hydra's run mode."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 def planner_note(pick: int) -> str:
     """grid.pick=k takes the planner's (k+1)-th best grid."""
     return " (planner's best)" if pick == 0 else f" (planner's choice {pick + 1})"
@@ -227,6 +391,9 @@ def next_line(job_dir: Path, *, ran: bool) -> str:
     status, then its report (plots), with this interpreter and the real job dir."""
     python, where = (shlex.quote(command_path(p)) for p in (sys.executable, str(job_dir)))
     status = f"{python} -m axonn_launch.jobs status {where}"
+    out = generation_out(job_dir)
+    if out:  # a generation job takes no step: nothing to report, its output to read
+        return generation_next_line(status, command_path(out), ran=ran)
     report = f"{python} -m axonn_launch.report {where}"
     return f"next: {status}; {report}" if ran else f"next: {status}  (once it ran: {report})"
 
@@ -240,3 +407,27 @@ def command_path(path: str) -> str:
     if relative.startswith(".."):
         return os.path.abspath(path)
     return relative if os.sep in relative or relative == "." else f".{os.sep}{relative}"
+
+
+def generation_summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
+    """A generation job's summary: its grid and place, then what it generates
+    (``generation_summary.generation_lines``) instead of batch, steps and checkpoints."""
+    grid, params = resolved.grid, cfg.model.n_params()
+    lines = [
+        f"job        {cfg.name}",
+        f"machine    {cfg.machine.name} ({cfg.machine.hardware.gpu_model})",
+        f"model      {cfg.model.name}: {params:,} parameters",
+        f"grid       {grid.describe()} = {grid.world_size} ranks (data x z planes split the"
+        " prompts)",
+        *generation_lines(cfg),
+        f"nodes      {resolved.nodes} x {resolved.tasks_per_node} tasks:"
+        f" {nodes_reason(cfg, resolved)}",
+        f"memory     {memory_words(cfg, resolved)}",
+    ]
+    if cfg.machine.scheduler == "slurm":
+        lines += [
+            f"account    {account_words(cfg)}",
+            f"time limit {cfg.machine.slurm.time_min} min (machine.slurm.time_min)",
+        ]
+    lines += [f"preflight  {preflight_words(cfg)}", f"job dir    {job_dir}"]
+    return "\n".join(lines)

@@ -11,11 +11,14 @@ It starts the ranks once the launcher says job.json names it (``local-<its pid>`
 forked from a warm process that imported the job side while the launcher wrote job.json
 (``train/zygote.py``; ``AXONN_RANK_START=exec`` starts each as a fresh Python instead),
 stops every rank when one fails or when it gets SIGINT, SIGTERM or SIGHUP (SIGTERM, then
-SIGKILL after a grace period), and writes job.json's final state: ``status``,
-``exit_code``, each rank's ``rank_exit_codes``, what ended the job (``ended_by``: the
-rank that failed or was killed, or the signal that stopped it), and the failure class
-that ``jobs status`` gives it (``failure``, ``failure_reason``). Its own exit code is the
-job's.
+SIGKILL after a grace period; a first SIGINT, a Ctrl-C, asks the ranks to save a checkpoint
+at the next step boundary first, and a second stops them at once), and writes job.json's
+final state: ``status``, ``exit_code``, each rank's ``rank_exit_codes``, what ended the
+job (``ended_by``: the rank that failed or was killed, or the signal that stopped it), and
+the failure class that ``jobs status`` gives it (``failure``, ``failure_reason``). A rank
+that died of SIGKILL while its memory cgroup's ``oom_kill`` count rose (or that the kernel
+log names) gets a failure record that says the OOM killer killed it (``host_oom``,
+``common/hostmem.py``). Its own exit code is the job's.
 
 With recovery on (``recovery=on``: job.json has ``recovery``), a failed attempt's
 supervisor then runs the recovery step itself (``submit/recovery.py``), as a Slurm run's
@@ -37,9 +40,11 @@ import sys
 import time
 from pathlib import Path
 
+from axonn_launch.common import hostmem
 from axonn_launch.common.jobdir import (
     last_job_id,
     read_record_or_empty,
+    record_failure,
     record_lock,
     write_record_file,
 )
@@ -48,10 +53,13 @@ from axonn_launch.submit import local
 
 
 class StopRequest:
-    """The first stop signal this process got (its name), set by a signal handler."""
+    """The first stop signal this process got (its name), set by a signal handler, and how
+    many came: a first SIGINT (Ctrl-C) alone asks the ranks to save, then stop
+    (``saving``); another signal, or a second SIGINT, stops them at once."""
 
     def __init__(self) -> None:
         self.signal = ""
+        self.count = 0
 
     def install(self) -> None:
         for sig in local.STOP_SIGNALS:
@@ -59,9 +67,13 @@ class StopRequest:
 
     def handle(self, signum: int, _frame) -> None:
         self.signal = self.signal or signal.Signals(signum).name
+        self.count += 1
 
     def __call__(self) -> str:
         return self.signal
+
+    def saving(self) -> bool:
+        return self.signal == "SIGINT" and self.count == 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,14 +143,16 @@ def supervise(
 ) -> int:
     """Start the ranks (forked from ``warm`` when given), wait for them (stopping the rest
     when one fails), record the end."""
+    oom = hostmem.OomWatch.start()  # the OOM killer's count before the ranks start
     procs = local.start_ranks(
         job_dir=job_dir, world_size=world_size, warm=warm, stop_requested=stop
     )
     pids = [p.pid for p in procs]
     update_ours(job_dir, job_id, rank_pids=pids)
-    ending = local.wait_ranks(procs, stop)
+    ending = local.with_saved_step(local.wait_ranks(procs, stop, stop.saving), job_dir)
     if ending.exit_code:
         say(ending.describe(pids))
+    record_oom_kill(job_dir, ending, pids, oom)
     record_end(job_dir, job_id, ending, pids)
     if warm is not None:  # after the record, which its exit (unmapping its memory) overlaps
         warm.close()
@@ -154,6 +168,27 @@ def abandon(job_dir: Path, job_id: str, stopped_by: str) -> int:
     return code
 
 
+def record_oom_kill(
+    job_dir: Path, ending: local.Ending, pids: list[int], oom: hostmem.OomWatch
+) -> None:
+    """A rank that died of SIGKILL, which the kernel's OOM killer sent (its cgroup's count
+    rose, or the kernel log names it): its failure record says so, with the evidence
+    (class ``host_oom``: records/failures.py), before the job's end is classified. The
+    rank could write none itself."""
+    from axonn_launch.records.failures import HOST_OOM
+
+    rank = ending.cause
+    if rank is None or ending.failed[rank] != -signal.SIGKILL:
+        return
+    evidence = oom.evidence(pids[rank])
+    if not evidence:
+        return
+    line = hostmem.describe_evidence(rank, pids[rank], evidence)
+    say(line)
+    found = {"failure_class": HOST_OOM, "pid": pids[rank], **evidence}
+    record_failure(job_dir, rank, hostmem.HostOutOfMemory(line), found)
+
+
 def record_end(job_dir: Path, job_id: str, ending: local.Ending, pids: list[int]) -> None:
     """Final state first (so job.json is final even if classifying fails), then the class
     that ``jobs status`` gives the job."""
@@ -165,6 +200,8 @@ def record_end(job_dir: Path, job_id: str, ending: local.Ending, pids: list[int]
             ended_by["signal"] = local.signal_name(-code)
     elif ending.stopped_by:
         ended_by = {"signal": ending.stopped_by}
+        if ending.saved_step is not None:  # by the user, saved: jobs resubmit resumes it
+            ended_by |= {"by_user": True, "saved_step": ending.saved_step}
     if ended_by:
         ended_by["line"] = ending.describe(pids)
     record = update_ours(

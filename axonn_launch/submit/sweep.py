@@ -4,7 +4,9 @@ sweeper that optimizes, and the summary table at the end.
 Any Hydra launcher works: the basic one runs the points in this process, ``joblib`` and
 ``submitit_local`` in other processes. So each point's outcome is written to
 ``<sweep dir>/points/<num>.json`` where it ran, and the summary is read back from there
-by the process that started the sweep.
+by the process that started the sweep. The table gives each point's grid and the planner's
+predicted step time (from its ``job.json``) beside what it measured, and a ``next:`` line
+follows it.
 
 Sweepers other than Hydra's basic one (Optuna, Nevergrad, ...) optimize: each point
 returns its ``objective`` (``summary.json``'s ``final_loss`` or ``tokens_per_s``) as the
@@ -20,6 +22,7 @@ import itertools
 import json
 import logging
 import math
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,10 +31,11 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from axonn_launch.common.jobdir import read_summary
+from axonn_launch.common.jobdir import read_record_or_empty, read_summary
 from axonn_launch.config.compose import ConfigError, LaunchConfig
 from axonn_launch.records.status import RunResults, run_results
 from axonn_launch.submit.pipeline import Outcome
+from axonn_launch.submit.summary import command_path, plural
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +166,7 @@ class SweepSummary(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         rows = read_points(sweep_dir)
         table = format_table(rows)
-        print(table)
+        print(f"{table}\n{next_line(rows, sweep_dir)}")
         sys.stdout.flush()
         (sweep_dir / "summary.txt").write_text(table + "\n")
         if any(Outcome(row["status"], "").exit_code for row in rows):
@@ -185,9 +189,11 @@ def read_points(sweep_dir: Path) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
+    """One row per point: its status, its grid and the planner's predicted seconds per step
+    (``pred s``: ``-`` where none applies, e.g. CPU ranks), then what it measured."""
     objectives = sorted({r["objective"] for r in rows if r["value"] is not None})
-    header = ("#", "point", "status", "job id", "nodes", "loss", "tok/s", "step s", *objectives,
-              "job dir / reason")  # fmt: skip
+    header = ("#", "point", "status", "job id", "nodes", "grid (d,x,y,z)", "pred s", "loss",
+              "tok/s", "step s", *objectives, "job dir / reason")  # fmt: skip
     body = [
         (
             str(r["num"]),
@@ -195,6 +201,7 @@ def format_table(rows: list[dict]) -> str:
             r["status"],
             r["job_id"] or "-",
             str(r["nodes"] or "-"),
+            *_plan_cells(r["job_dir"]),
             *_results_cells(r["job_dir"]),
             *[
                 f"{r['value']:.6g}" if r["objective"] == o and r["value"] is not None else "-"
@@ -210,6 +217,35 @@ def format_table(rows: list[dict]) -> str:
         cells = [cell.ljust(w) for cell, w in zip(row, widths)] + [row[-1]]
         lines.append("  ".join(cells))
     return "\n".join(["sweep summary:", *lines])
+
+
+def next_line(rows: list[dict], sweep_dir: Path) -> str:
+    """What to do after the table: fix the invalid points; submit a dry run for real; follow
+    the points' jobs and compare them (``jobs status`` and ``report`` take a sweep dir)."""
+    python, where = (shlex.quote(command_path(p)) for p in (sys.executable, str(sweep_dir)))
+    status = f"{python} -m axonn_launch.jobs status {where}"
+    report = f"{python} -m axonn_launch.report {where}"
+    bad = [str(r["num"]) for r in rows if r["status"] in ("invalid", "failed", "refused")]
+    rest = [r for r in rows if str(r["num"]) not in bad]
+    if rest and all(r["status"] == "dry_run" for r in rest):
+        then = f"the same command without dry_run=true submits {plural(len(rest), 'point')}"
+    elif any(r["status"] == "submitted" for r in rest):
+        then = f"{status}  (once they ran: {report})"
+    else:
+        then = f"{report}; {status}"
+    if bad:
+        fix = f"fix or leave out point {', '.join(bad)} (its reason is in the table)"
+        return f"next: {fix}; then {then}" if rest else f"next: {fix}"
+    return f"next: {then}"
+
+
+def _plan_cells(job_dir: str) -> tuple[str, str]:
+    """The point's grid and predicted s/step, from its job.json ("-" where absent)."""
+    record = read_record_or_empty(job_dir) if job_dir else {}
+    grid = record.get("grid")
+    shown = f"({grid['data']},{grid['x']},{grid['y']},{grid['z']})" if grid else "-"
+    predicted = record.get("predicted_step_s")
+    return shown, "-" if predicted is None else f"{predicted:.3g}"
 
 
 def _results_cells(job_dir: str) -> tuple[str, str, str]:

@@ -7,10 +7,12 @@ and a summary (also written to ``<job_dir>/summary.json`` by rank 0).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import torch.distributed as dist
 
 from axonn_launch.common import jobdir
 from axonn_launch.common.jobdir import JobPaths, record_failure
+from axonn_launch.common.prompts import config_eos_ids
 from axonn_launch.common.rules import job_problem
 from axonn_launch.common.spec import JobSpec
 from axonn_launch.train import preflight
@@ -38,6 +41,7 @@ from axonn_launch.train.faults import poisons
 from axonn_launch.train.groups import Groups, build_groups
 from axonn_launch.train.logs import setup_logging
 from axonn_launch.train.loop import (
+    NonFiniteError,
     TrainContext,
     build_optimizer,
     compute_dtype,
@@ -227,20 +231,50 @@ def _run_initialized(
         poisons=poisons(rank=env.rank, attempt=jobdir.attempt_number(spec.job_dir)),
     )
     startup = log_startup_time(env)  # srun to here, per rank; where Python came from
-    summary = train_loop(model, ctx) | {"startup": startup}
+    try:
+        summary = train_loop(model, ctx) | {"startup": startup}
+    except NonFiniteError as error:
+        # every rank raises it at the same step (its values are agreed), so all can wait
+        # together: the last good step's save, still in flight, is published first
+        with ctx.monitor.section("checkpoint", error.evidence["step"]):
+            checkpointer.wait()
+        raise
     if fallback is not None:  # the newest checkpoint was damaged: which step, and why
         summary["checkpoint_fallback"] = fallback
-    with ctx.monitor.section("checkpoint", summary["steps"]):
+    saving = f"writing the checkpoint of step {summary['steps']}; the job ends after it"
+    with ctx.monitor.section("checkpoint", summary["steps"]), said_if_slow(env.rank, saving):
         checkpointer.wait()  # the last save completes before the job reports success
     stop_watchdog(watchdog)  # what follows the training (sample, memorization) has no deadline
     logger.close_bar()
-    summary |= after_training(spec, env, model, summary)
+    if not stopped_early(spec, summary):  # a stop saves and ends: no sample of half a run
+        summary |= after_training(spec, env, model, summary)
     logger.finish(summary)
     write_summary(spec, env, summary)
     return summary
 
 
 PENDING = "pending"  # an after-training step not (yet) finished: a crash leaves it so
+SILENT_S = 10.0  # a phase with no log line for longer than this says what it is doing
+
+
+def stopped_early(spec: JobSpec, summary: dict) -> bool:
+    """Whether the loop stopped on request (a signal) with steps left to train."""
+    return bool(summary.get("stopped")) and summary["steps"] < spec.train.steps
+
+
+@contextlib.contextmanager
+def said_if_slow(rank: int, what: str, after_s: float = SILENT_S) -> Iterator[None]:
+    """Rank 0 logs ``what`` once the block has run ``after_s`` seconds (a final checkpoint
+    that is still being written): the console never goes silent for longer without a word.
+    How long a save takes is not known before it starts, so the line comes when it is."""
+    timer = threading.Timer(after_s, lambda: log.info("%s (%.0f s so far)", what, after_s))
+    timer.daemon = True
+    if rank == 0:
+        timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def after_training(spec: JobSpec, env: DistEnv, model: GPT, summary: dict) -> dict:
@@ -409,8 +443,16 @@ def print_sample(spec: JobSpec, env: DistEnv, model: GPT, device: torch.device) 
         dtype=compute_dtype(spec.train, device),
         seed=spec.train.seed,
         group=model.groups.world,
+        expect=lambda seconds: announce_sample(env.rank, spec.train.sample_tokens, seconds),
+        eos_ids=config_eos_ids(spec.model.init_from),  # none for the byte corpus's models
     )
     text = decode(tokens, spec.train.data)
     if env.rank == 0:
         log.info("--- sample (%d tokens) ---\n%s\n---", spec.train.sample_tokens, text)
     return text
+
+
+def announce_sample(rank: int, n_tokens: int, seconds: float) -> None:
+    """Rank 0's line before a sample that will keep the console quiet past ``SILENT_S``."""
+    if rank == 0 and seconds > SILENT_S:
+        log.info("sampling %d tokens from the trained model: about %.0f s", n_tokens, seconds)

@@ -4,12 +4,17 @@ The launcher starts one such process per rank with ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set (or under srun / mpirun, which
 ``bootstrap`` understands too); ``<job_dir>/spec.json`` holds the ``JobSpec``.
 ``AXONN_FAULT`` injects faults here as in Slurm jobs (``axonn_launch.train.faults``).
+
+SIGUSR2 asks this rank to save a checkpoint at the next step boundary and stop, as it asks
+a Slurm task (``submit/task.py``): a local job's supervisor sends it on a first Ctrl-C
+(``submit/local.py``). The rank then ends with code 0, its summary saying ``stopped``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -27,10 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from axonn_launch.train import run_job
     from axonn_launch.train.faults import step_hook
+    from axonn_launch.train.loop import StopFlag
+
+    stop = StopFlag()
+    signal.signal(signal.SIGUSR2, stop.request)
 
     rank = int(next((os.environ[k] for k in RANK_VARS if os.environ.get(k)), "0"))
     start, attempt = checkpointed_step(args.job_dir), attempt_number(args.job_dir)
-    hook = step_hook(lambda: False, rank=rank, start_step=start, attempt=attempt)
+    hook = step_hook(stop, rank=rank, start_step=start, attempt=attempt)
     run_job(JobSpec.load(JobPaths(args.job_dir).spec), should_stop=hook)
     return 0
 

@@ -15,6 +15,9 @@ for ``pause`` and ``slow``, rank 0 otherwise):
   short job reaches its time limit
 - ``exit``: end the process at once with ``os._exit(SECONDS or 1)`` (a crash outside Python)
 - ``kill``: the process sends itself SIGKILL (what the kernel's OOM killer or ``kill -9`` does)
+- ``oom``: allocate and touch host memory, 64 MiB at a time, until the kernel's OOM killer
+  kills the process; only inside a memory cgroup with a limit (``common/hostmem.py``), which
+  a test makes: elsewhere it would exhaust the whole computer, so it raises instead
 - ``hang``: sleep SECONDS (default 3600) before the step-boundary all-reduce, outside any
   collective, in the section ``compute``: a rank wedged in its own code (the watchdog's case)
 - ``straggle``: burn SECONDS milliseconds of CPU (busy work, not a sleep) in step N and every
@@ -54,7 +57,7 @@ from dataclasses import dataclass
 
 ENV_VAR = "AXONN_FAULT"
 KINDS = (
-    "collective", "gpu_oom", "code", "pause", "slow", "exit", "kill",
+    "collective", "gpu_oom", "code", "pause", "slow", "exit", "kill", "oom",
     "hang", "straggle", "nan_loss", "nan_grad",
 )  # fmt: skip
 EVERY_RANK = ("pause", "slow")
@@ -213,7 +216,29 @@ def inject(fault: Fault, rank: int) -> None:
     if fault.kind == "kill":
         sys.stdout.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+    if fault.kind == "oom":
+        exhaust_cgroup_memory()
     raise make_error(fault.kind, rank)
+
+
+OOM_CHUNK = 64 << 20
+
+
+def exhaust_cgroup_memory() -> None:
+    """Hold ever more touched memory until the OOM killer ends this process; refused (a
+    RuntimeError) outside a memory cgroup whose limit is below this computer's memory."""
+    from axonn_launch.common import hostmem
+
+    group = hostmem.memory_cgroup()
+    rooms = hostmem.cgroup_rooms(group) if group is not None else []
+    if not rooms:
+        raise RuntimeError(
+            f"{ENV_VAR}: oom needs a memory cgroup with a limit (none holds this process):"
+            " allocating until killed would exhaust the whole computer"
+        )
+    held = []
+    while True:  # bytes repeated are written, so every page counts against the limit
+        held.append(b"\x01" * OOM_CHUNK)
 
 
 def make_error(kind: str, rank: int) -> Exception:

@@ -9,6 +9,11 @@ the summary. Sampling is seeded per prompt by ``train.seed``: the same output on
 Every row has ``output_ids``; ``text`` only where ids have text: a tokenizer, or the byte
 vocabulary of a model trained on the built-in corpus (an id above 255 shows as ``<id:N>``).
 A Hugging Face model without a tokenizer has none: its ids are not bytes.
+
+With ``generate.stop_at_eos`` (the default, as transformers) a continuation ends at the
+first end-of-sequence id: the HF directory's ``eos_token_id`` (one or a list), else its
+tokenizer's (``common/prompts.py``). A model trained on the built-in byte corpus has no
+end-of-sequence id: its continuations run ``max_new_tokens``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from axonn_launch.common import prompts as prompt_files
 from axonn_launch.common.jobdir import resolve_checkpoint, write_summary
 from axonn_launch.common.spec import JobSpec
 from axonn_launch.train.bootstrap import DistEnv
@@ -34,8 +40,6 @@ from axonn_launch.train.sample import byte_text
 
 log = logging.getLogger(__name__)
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
-
 
 @dataclass
 class Codec:
@@ -43,14 +47,14 @@ class Codec:
 
     encode: Any  # str -> list[int]
     decode: Any  # list[int] -> str
-    eos_id: int | None = None
+    eos_ids: tuple[int, ...] = ()
 
 
 def open_codec(tokenizer: str, init_from: str, byte_vocab: bool) -> Codec | None:
     """``generate.tokenizer``, else ``model.init_from``'s tokenizer, else bytes when the
     model's ids are bytes (``byte_vocab``); None when there is none (prompts must then give
     ``ids``, and the outputs have no text)."""
-    path = tokenizer or (init_from if _has_tokenizer(init_from) else "")
+    path = prompt_files.tokenizer_path(tokenizer, init_from)
     if path and Path(path).is_dir():
         from transformers import AutoTokenizer
 
@@ -58,7 +62,7 @@ def open_codec(tokenizer: str, init_from: str, byte_vocab: bool) -> Codec | None
         return Codec(
             lambda text: list(hf.encode(text)),
             lambda ids: hf.decode(ids, skip_special_tokens=True),
-            hf.eos_token_id,
+            () if hf.eos_token_id is None else (hf.eos_token_id,),
         )
     if path:
         from tokenizers import Tokenizer
@@ -71,14 +75,18 @@ def open_codec(tokenizer: str, init_from: str, byte_vocab: bool) -> Codec | None
 
 
 def has_byte_vocab(spec: JobSpec) -> bool:
-    """The model's ids are bytes: trained on the built-in byte-level corpus, and not the
-    weights of a Hugging Face directory (its ids are its own tokenizer's)."""
-    hf_weights = bool(spec.model.init_from) and not spec.generate.checkpoint
-    return spec.train.data == "shakespeare" and not hf_weights
+    """The model's ids are bytes (``prompts.has_byte_vocab``, the login node's rule)."""
+    return prompt_files.has_byte_vocab(
+        spec.train.data, spec.model.init_from, spec.generate.checkpoint
+    )
 
 
-def _has_tokenizer(directory: str) -> bool:
-    return bool(directory) and any((Path(directory) / f).is_file() for f in TOKENIZER_FILES)
+def eos_ids(spec: JobSpec, codec: Codec | None) -> tuple[int, ...]:
+    """Where continuations end: the HF directory's ``eos_token_id``, else the tokenizer's;
+    none with ``generate.stop_at_eos=false``."""
+    if not spec.generate.stop_at_eos:
+        return ()
+    return prompt_files.config_eos_ids(spec.model.init_from) or (codec.eos_ids if codec else ())
 
 
 def read_prompts(path: str, codec: Codec | None) -> list[list[int]]:
@@ -123,12 +131,11 @@ def run_generation_job(
     source = load_weights(spec, model, group)
     codec = open_codec(gen.tokenizer, spec.model.init_from, has_byte_vocab(spec))
     prompts = read_prompts(gen.prompts, codec)
-    eos = codec.eos_id if codec is not None and gen.stop_at_eos else None
     started = time.perf_counter()
     outputs = generate(
         model, prompts, gen.max_new_tokens, batch_size=gen.batch_size, device=device,
         dtype=compute_dtype(spec.train, device), temperature=gen.temperature, top_k=gen.top_k,
-        eos_id=eos, seed=spec.train.seed,
+        eos_ids=eos_ids(spec, codec), seed=spec.train.seed,
     )  # fmt: skip
     seconds = time.perf_counter() - started
     summary = {

@@ -11,6 +11,10 @@ plane runs the same number of batches and steps: a plane out of prompts runs a o
 filler row, and a batch stops at end-of-sequence only once the rows of every plane have
 ended. Then every rank gathers all continuations.
 
+End of sequence, as transformers' ``generate``: a row ends with the first of ``eos_ids``
+it produces (a Llama 3 config lists several), greedy or sampled, and nothing follows it;
+the other rows of its batch run on.
+
 Sampling draws each prompt's tokens from a generator of its own, seeded by (seed, the
 prompt's number): the same continuations on every grid and for every batch size.
 """
@@ -18,11 +22,14 @@ prompt's number): the same continuations on every grid and for every batch size.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.rules import prompt_length_problem
 from axonn_launch.train.attention import KVCache
 from axonn_launch.train.groups import Groups
 from axonn_launch.train.loop import autocast
@@ -41,13 +48,13 @@ def generate(
     dtype: torch.dtype = torch.float32,
     temperature: float = 0.0,
     top_k: int = 0,
-    eos_id: int | None = None,
+    eos_ids: Collection[int] = (),
     seed: int = 0,
 ) -> list[list[int]]:
     """The new tokens of each prompt, on every rank (greedy when ``temperature`` is 0;
     else sampled at that temperature from the ``top_k`` most likely, 0 = all). A row that
-    produced ``eos_id`` ends with it."""
-    check_lengths(prompts, max_new_tokens, model.spec.max_seq_len)
+    produced one of ``eos_ids`` ends with it."""
+    check_lengths(prompts, max_new_tokens, model.spec)
     groups: Groups = model.groups
     planes = groups.size("data") * groups.size("z")
     plane = groups.index("data") * groups.size("z") + groups.index("z")
@@ -60,21 +67,20 @@ def generate(
         generators = [prompt_generator(seed, i) for i in batch] if temperature > 0 else None
         new = generate_batch(
             model, [prompts[i] for i in batch], max_new_tokens, device=device, dtype=dtype,
-            temperature=temperature, top_k=top_k, eos_id=eos_id, generators=generators,
+            temperature=temperature, top_k=top_k, eos_ids=eos_ids, generators=generators,
         )  # fmt: skip
         outputs.update(zip(batch, new))
     return [tokens for _, tokens in sorted(gather(outputs, groups).items())]
 
 
-def check_lengths(prompts: list[list[int]], max_new_tokens: int, limit: int) -> None:
+def check_lengths(prompts: list[list[int]], max_new_tokens: int, spec: ModelSpec) -> None:
+    """The login node's rule (``rules.prompt_length_problem``), for each batch."""
     if any(not p for p in prompts):
         raise ValueError("every prompt needs at least one token")
     length = max((len(p) for p in prompts), default=0)
-    if length + max_new_tokens > limit:
-        raise ValueError(
-            f"a prompt of {length} tokens plus max_new_tokens={max_new_tokens} exceeds "
-            f"the model's max_seq_len={limit}"
-        )
+    problem = prompt_length_problem("a prompt", length, "max_new_tokens", max_new_tokens, spec)
+    if problem:
+        raise ValueError(problem)
 
 
 def prompt_generator(seed: int, number: int) -> torch.Generator:
@@ -91,13 +97,13 @@ def generate_batch(
     dtype: torch.dtype = torch.float32,
     temperature: float = 0.0,
     top_k: int = 0,
-    eos_id: int | None = None,
+    eos_ids: Collection[int] = (),
     generators: list[torch.Generator] | None = None,
 ) -> list[list[int]]:
     """One batch of this plane: the new tokens of each prompt (``generate``'s rules;
     ``generators``: one per prompt when sampling). Every rank of the world calls it at
     once; no prompts: a filler row that runs along."""
-    check_lengths(prompts, max_new_tokens, model.spec.max_seq_len)
+    check_lengths(prompts, max_new_tokens, model.spec)
     groups: Groups = model.groups
     rows = prompts or [[PAD]]
     if temperature > 0 and not generators:
@@ -110,6 +116,7 @@ def generate_batch(
     model.eval()
     new: list[torch.Tensor] = []
     done = torch.full((len(rows),), not prompts, dtype=torch.bool, device=device)
+    eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device) if eos_ids else None
     start = 0
     for _ in range(max_new_tokens):
         with autocast(device, dtype):
@@ -117,8 +124,8 @@ def generate_batch(
         choice = pick_tokens(logits.float(), temperature, top_k, generators)
         choice = broadcast_in_plane(choice, groups)
         new.append(choice)
-        if eos_id is not None:
-            done |= choice == eos_id
+        if eos is not None:
+            done |= torch.isin(choice, eos)
             if all_ended(bool(done.all()), groups, device):
                 break
         start += idx.shape[1]
@@ -126,7 +133,7 @@ def generate_batch(
     model.train(was_training)
     if not prompts:
         return []
-    return [_until_eos(row, eos_id) for row in torch.stack(new, dim=1).tolist()]
+    return [until_eos(row, eos_ids) for row in torch.stack(new, dim=1).tolist()]
 
 
 def pick_tokens(
@@ -180,7 +187,7 @@ def gather(outputs: dict[int, list[int]], groups: Groups) -> dict[int, list[int]
     return {i: tokens for part in parts for i, tokens in (part or {}).items()}
 
 
-def _until_eos(row: list[int], eos_id: int | None) -> list[int]:
-    if eos_id is not None and eos_id in row:
-        return row[: row.index(eos_id) + 1]
-    return row
+def until_eos(row: list[int], eos_ids: Collection[int]) -> list[int]:
+    """``row`` up to and with its first end-of-sequence id (what transformers returns)."""
+    ends = [i for i, token in enumerate(row) if token in eos_ids]
+    return row[: ends[0] + 1] if ends else row

@@ -69,14 +69,22 @@ def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.AdamW:
 
 
 def learning_rate(step: int, train: TrainConfig) -> float:
-    """Learning rate for the 0-based optimizer step ``step``."""
+    """Learning rate for the 0-based optimizer step ``step``: a linear warmup over
+    ``warmup_steps``, then a cosine from ``lr`` to ``min_lr`` at ``steps``.
+
+    The schedule starts at ``train.schedule_start`` (0 for a new run): an extension of a
+    finished run (``jobs resubmit <dir> train.steps=N``) restarts it there, a warmup and a
+    whole cosine over its own steps, as continued pre-training re-warms and re-decays; a
+    stretched cosine would jump from ``min_lr`` to mid-schedule with no warmup."""
+    step -= train.schedule_start
+    steps = train.steps - train.schedule_start
     if step < train.warmup_steps:
-        return train.lr * (step + 1) / train.warmup_steps
+        return train.lr * (max(step, 0) + 1) / train.warmup_steps
     if train.schedule == "constant":
         return train.lr
     if train.schedule != "cosine":
         raise ValueError(f"train.schedule={train.schedule!r}: use cosine or constant")
-    decay_steps = max(1, train.steps - train.warmup_steps)
+    decay_steps = max(1, steps - train.warmup_steps)
     progress = min(1.0, (step - train.warmup_steps) / decay_steps)
     return train.min_lr + 0.5 * (train.lr - train.min_lr) * (1 + math.cos(math.pi * progress))
 

@@ -76,6 +76,7 @@ class MetricsLogger:
         self.device = device
         self.enabled = enabled
         self.stream = stream or sys.stderr
+        self.per = throughput_unit(device)
         self.bar = enabled and progress and self.stream.isatty()
         self.lines = enabled and progress and not self.bar
         self.log_every_s = log_every_s
@@ -150,7 +151,8 @@ class MetricsLogger:
             self.first_step = row["step"] - 1  # a resumed run counts its ETA from here
         last = row["step"] >= self.total_steps
         if self.bar:
-            self.stream.write("\r" + progress_line(row, self.total_steps))
+            line = progress_line(row, self.total_steps, self.first_step, self.per)
+            self.stream.write("\r" + line + CLEAR_TO_END)
             self.bar_open = not last
             self.stream.write("\n" if last else "")
             self.stream.flush()
@@ -164,7 +166,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         self.close_bar()
-        log.info(summary_line(summary))
+        log.info(summary_line(summary, self.per))
 
     def close_bar(self) -> None:
         """End the bar's line before anything else prints (stopped early, a sample)."""
@@ -174,25 +176,44 @@ class MetricsLogger:
             self.bar_open = False
 
 
-def progress_line(row: dict, total_steps: int, width: int = 20) -> str:
+CLEAR_TO_END = "\x1b[K"  # a shorter line leaves none of the longer one behind
+
+
+def throughput_unit(device: torch.device) -> str:
+    """What TFLOP/s are divided by: a GPU on GPUs; on CPU a rank (a process of several
+    cores), not a "gpu" the run does not have."""
+    return "gpu" if device.type == "cuda" else "rank"
+
+
+def eta_s(row: dict, total_steps: int, first_step: int = 0) -> float:
+    """Seconds left at this run's pace, counted from ``first_step`` (a resumed run's
+    start); nan before a step is done."""
+    done = row["step"] - first_step
+    return row["elapsed_s"] / done * (total_steps - row["step"]) if done > 0 else float("nan")
+
+
+def progress_line(
+    row: dict, total_steps: int, first_step: int = 0, per: str = "gpu", width: int = 20
+) -> str:
+    """``[######..............] 3/10 loss 2.5000 lr 1.00e-03 2048 tok/s 0.0146 TFLOP/s/rank
+    12s, eta 28s``"""
     done = min(width, width * row["step"] // max(total_steps, 1))
     bar = "#" * done + "." * (width - done)
     return (
         f"[{bar}] {row['step']}/{total_steps} loss {row['loss']:.4f} "
         f"lr {row['lr']:.2e} {row['tokens_per_s']:.0f} tok/s "
-        f"{row['tflops_per_gpu']:.3g} TFLOP/s/gpu {row['elapsed_s']:.0f}s"
+        f"{row['tflops_per_gpu']:.3g} TFLOP/s/{per} {row['elapsed_s']:.0f}s, "
+        f"eta {format_duration(eta_s(row, total_steps, first_step))}"
     )
 
 
 def status_line(row: dict, total_steps: int, first_step: int = 0) -> str:
     """``step 12/200 loss 4.1234 | 5210 tok/s 0.0982 s/step | 14s elapsed, eta 18s``"""
-    done = row["step"] - first_step
-    left = total_steps - row["step"]
-    eta = row["elapsed_s"] / done * left if done > 0 else float("nan")
+    eta = format_duration(eta_s(row, total_steps, first_step))
     return (
         f"step {row['step']}/{total_steps} loss {row['loss']:.4f} | "
         f"{row['tokens_per_s']:.0f} tok/s {row['step_time_s']:.3g} s/step | "
-        f"{row['elapsed_s']:.0f}s elapsed, eta {format_duration(eta)}"
+        f"{row['elapsed_s']:.0f}s elapsed, eta {eta}"
     )
 
 
@@ -207,12 +228,16 @@ def format_duration(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-def summary_line(summary: dict) -> str:
+def summary_line(summary: dict, per: str = "gpu") -> str:
+    """``done: 200 steps, final loss 1.5000, val loss 1.6000, 9000 tok/s, ...``; the
+    validation loss is the last one evaluated, when there was one."""
     mfu = summary.get("mfu")
     mfu_text = f" mfu {mfu:.1%}" if mfu is not None else ""
+    val_loss = summary.get("val_loss")
+    val_text = f", val loss {val_loss:.4f}" if val_loss is not None else ""
     return (
-        f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
-        f"{summary['tokens_per_s']:.0f} tok/s, {summary['tflops_per_gpu']:.3g} TFLOP/s/gpu"
+        f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}{val_text}, "
+        f"{summary['tokens_per_s']:.0f} tok/s, {summary['tflops_per_gpu']:.3g} TFLOP/s/{per}"
         f"{mfu_text}, {summary['elapsed_s']:.1f}s"
         + (" (stopped early, checkpoint saved)" if summary.get("stopped") else "")
     )

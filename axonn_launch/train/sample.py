@@ -3,9 +3,15 @@
 All ranks run the same forward on the same context (the model returns full-vocab
 logits of the last position on every rank). Rank 0 picks each token and broadcasts it,
 so all ranks extend the context identically even if their logits differ in the last bit.
+It stops after the first of ``eos_ids`` (as ``generation.generate`` and transformers do);
+a model trained on the built-in byte corpus has no end-of-sequence id, so its sample
+always runs the tokens asked for.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
 
 import torch
 from torch import nn
@@ -26,20 +32,30 @@ def generate(
     temperature: float = 0.8,
     seed: int = 0,
     group=None,
+    expect: Callable[[float], None] | None = None,
+    eos_ids: Collection[int] = (),
 ) -> list[int]:
-    """``prompt`` followed by ``n_tokens`` new tokens; ``temperature=0`` is greedy.
+    """``prompt`` followed by ``n_tokens`` new tokens, or fewer when one of ``eos_ids``
+    comes first (it ends the list); ``temperature=0`` is greedy.
 
-    Rank 0's choice is broadcast over ``group`` (every rank; None: the default group)."""
+    Rank 0's choice is broadcast over ``group`` (every rank; None: the default group).
+    ``expect`` gets, once the first token is picked, the seconds the whole sample will take
+    at that pace (so that a long sample can say so before the console goes quiet)."""
     generator = torch.Generator(device="cpu").manual_seed(seed)
     tokens = list(prompt)
     was_training = model.training
     model.eval()
-    for _ in range(n_tokens):
+    began = time.perf_counter()
+    for made in range(n_tokens):
+        if made == 1 and expect is not None:
+            expect((time.perf_counter() - began) * n_tokens)
         context = torch.tensor([tokens[-max_seq_len:]], dtype=torch.long, device=device)
         with autocast(device, dtype):
             logits = model(context)
         choice = pick_tokens(logits.float(), temperature, 0, [generator])
         tokens.append(int(broadcast_from_rank0(choice, group).item()))
+        if tokens[-1] in eos_ids:
+            break
     model.train(was_training)
     return tokens
 

@@ -74,11 +74,47 @@ def sbatch(cluster: SlurmCluster, out: Path, *args: str, ok_codes: tuple[int, ..
     return run(*cmd, ok_codes=ok_codes).strip()
 
 
-def wait_for_squeue_state(job_id: str, state: str, timeout_s: float = 30) -> None:
+def wait_for_squeue_state(job_id: str, state: str, timeout_s: float = 60) -> None:
+    """Within the tests' 90 s: a job may wait for CPUs that ``early_runs`` and the other
+    test files' jobs hold."""
+
     def reached() -> bool:
         return run("squeue", "-h", "-j", job_id, "-o", "%T").strip() == state
 
     wait_for(reached, timeout_s, f"job {job_id} to be {state}")
+
+
+def start_calibrate(cluster: SlurmCluster, folder: Path) -> subprocess.Popen:
+    """``calibrate`` as users run it on a cluster: one task per "GPU" under srun, ranks and
+    the master address from Slurm, groups inside a node and across the two nodes."""
+    cmd = [
+        "srun", f"--partition={cluster.partition}", "--nodes=2", "--ntasks-per-node=2",
+        "--time=2", sys.executable, "-m", "axonn_launch.calibrate", "machine=slurm_local",
+        f"output={folder / 'cal.json'}", "reps=2", "warmup=1", f"large_bytes={1 << 20}",
+        "block_seconds=0.01",
+    ]  # fmt: skip
+    with open(folder / "stdout", "w") as out, open(folder / "stderr", "w") as err:
+        return subprocess.Popen(cmd, stdout=out, stderr=err, cwd=REPO)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def early_runs(slurm_cluster: SlurmCluster, tmp_path_factory):
+    """The module's two long runs, started before its first test: the calibration's srun
+    and a 4-rank training job (wait=false). They run while the short tests do (the most
+    tasks at once, 2+2+2+1 on a node, fit in its 8 CPUs); their own tests check them.
+    Whatever still runs at the end of the module is stopped."""
+    calibration = tmp_path_factory.mktemp("calibrate")
+    job_dir = tmp_path_factory.mktemp("reattach") / "job"
+    runs = {"calibrate": start_calibrate(slurm_cluster, calibration), "calibration": calibration}
+    args = ["machine=slurm_local", "grid.x=2", "grid.z=2", "train.steps=2", "wait=false"]
+    runs["reattach"] = run_launcher([*args, f"hydra.run.dir={job_dir}"], cwd=job_dir.parent)
+    runs["job_dir"] = job_dir
+    yield runs
+    runs["calibrate"].kill()
+    runs["calibrate"].wait()
+    record = json.loads(path.read_text()) if (path := job_dir / "job.json").exists() else {}
+    if job_ids := record.get("job_ids", []):
+        subprocess.run(["scancel", *job_ids], capture_output=True, timeout=30)
 
 
 def test_node_names_resolve_to_this_host(slurm_cluster: SlurmCluster) -> None:
@@ -182,18 +218,16 @@ def test_srun_pmix_starts_an_mpi4py_job_across_both_nodes(slurm_cluster: SlurmCl
 
 
 def test_calibrate_inside_a_two_node_allocation_feeds_the_planner(
-    slurm_cluster: SlurmCluster, tmp_path: Path
+    slurm_cluster: SlurmCluster, early_runs
 ) -> None:
-    """``calibrate`` as users run it on a cluster: one task per "GPU" under srun, ranks and
-    the master address from Slurm, groups inside a node and across the two nodes."""
-    out = tmp_path / "cal.json"
-    cmd = [
-        "srun", f"--partition={slurm_cluster.partition}", "--nodes=2", "--ntasks-per-node=2",
-        "--time=2", sys.executable, "-m", "axonn_launch.calibrate", "machine=slurm_local",
-        f"output={out}", "reps=2", "warmup=1", f"large_bytes={1 << 20}", "block_seconds=0.01",
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    """The calibration ``early_runs`` started (``start_calibrate``) feeds the planner."""
+    folder = early_runs["calibration"]
+    out = folder / "cal.json"
+    try:
+        returncode = early_runs["calibrate"].wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"calibrate under srun did not end within 120 s\n{cluster_report()}")
+    assert returncode == 0, (folder / "stderr").read_text()[-3000:]
     raw = json.loads(out.read_text())
     assert (raw["world_size"], raw["gpus_per_node"], raw["backend"]) == (4, 2, "gloo")
     layouts = {(c["size"], c["per_node"]) for c in raw["collectives"]}
@@ -211,12 +245,11 @@ def test_calibrate_inside_a_two_node_allocation_feeds_the_planner(
 
 @pytest.mark.timeout(400)  # four torch ranks on a shared, loaded machine
 def test_submitit_reattaches_from_job_json_alone_with_every_task(
-    slurm_cluster: SlurmCluster, tmp_path: Path
+    slurm_cluster: SlurmCluster, early_runs
 ) -> None:
-    """A 2-node x 2-task launch; then a new SlurmJob from job.json only (no guessing tasks=)."""
-    job_dir = tmp_path / "job"
-    args = ["machine=slurm_local", "grid.x=2", "grid.z=2", "train.steps=2", "wait=false"]
-    result = run_launcher([*args, f"hydra.run.dir={job_dir}"], cwd=tmp_path, timeout=120)
+    """A 2-node x 2-task launch (``early_runs``); then a new SlurmJob from job.json only (no
+    guessing tasks=)."""
+    job_dir, result = early_runs["job_dir"], early_runs["reattach"]
     assert result.returncode == 0, result.stderr[-2000:]
     record = json.loads((job_dir / "job.json").read_text())
     assert record["submitit"] == {"folder": str(job_dir / "slurm" / "%j"), "tasks": 4}

@@ -58,6 +58,55 @@ def final_loss(job_dir: Path) -> float:
     return json.loads(lines[-1])["loss"]
 
 
+def submit_sweep(tmp_path: Path) -> dict:
+    """A two-point sweep (wait=false): the launcher returns once both jobs are submitted."""
+    sweep = tmp_path / "sweep"
+    start = time.time()
+    result = run_launcher(
+        ["-m", "machine=slurm_local", "grid.x=2", "grid.z=1,2", "train.steps=5",
+         "train.sample_tokens=0", "preflight=false", f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    return {"result": result, "returned_after": time.time() - start, "sweep": sweep}
+
+
+def submit_mpirun(cluster, tmp_path: Path) -> dict:
+    """The job of TRAIN written by a dry run, started with mpirun (Debian's Open MPI +
+    mpi4py) inside a two-node allocation of its own."""
+    job_dir = tmp_path / "job"
+    dry = run_launcher(
+        ["machine=slurm_local", *TRAIN, "dry_run=true", f"hydra.run.dir={job_dir}"], cwd=tmp_path
+    )
+    mpirun = (
+        "mpirun --allow-run-as-root --oversubscribe --mca btl self,tcp -np 4 -x PATH "
+        "-x OMP_NUM_THREADS=1 "
+        f"{sys.executable} -m axonn_launch.train {job_dir}"
+    )
+    sbatch = ["sbatch", "--parsable", "-N", "2", "--ntasks-per-node=2", "-p", cluster.partition,
+              "-o", str(tmp_path / "mpi.out"), "--wrap", mpirun]  # fmt: skip
+    submit = subprocess.run(sbatch, capture_output=True, text=True) if dry.returncode == 0 else None
+    return {"dry": dry, "submit": submit, "job_dir": job_dir, "out": tmp_path / "mpi.out"}
+
+
+@pytest.fixture(scope="module")
+def early_jobs(slurm_cluster, tmp_path_factory):
+    """The sweep's and the mpirun jobs, submitted before the local reference and the
+    two-node job: they run beside them (the three tests' 14 tasks fit in the cluster's
+    16 CPUs), and their tests read how they ended. Whatever still runs at the end of the
+    module is cancelled."""
+    jobs = {
+        "sweep": submit_sweep(tmp_path_factory.mktemp("sweep")),
+        "mpirun": submit_mpirun(slurm_cluster, tmp_path_factory.mktemp("mpirun")),
+    }
+    yield jobs
+    submit = jobs["mpirun"]["submit"]
+    records = [json.loads(p.read_text()) for p in jobs["sweep"]["sweep"].glob("*/job.json")]
+    ids = [job_id for record in records for job_id in record.get("job_ids", [])]
+    ids += [submit.stdout.strip().split(";")[0]] if submit and submit.returncode == 0 else []
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
+
+
 @pytest.fixture(scope="module")
 def local_reference(tmp_path_factory):
     job_dir = tmp_path_factory.mktemp("local") / "job"
@@ -68,7 +117,9 @@ def local_reference(tmp_path_factory):
     return job_dir
 
 
-def test_two_nodes_complete_and_match_the_local_run(slurm_cluster, local_reference, tmp_path):
+def test_two_nodes_complete_and_match_the_local_run(
+    slurm_cluster, early_jobs, local_reference, tmp_path
+):  # early_jobs first: the sweep and mpirun jobs run while this one does
     job_dir = tmp_path / "job"
     result = run_launcher(
         ["machine=slurm_local", *TRAIN, "wait=true", f"hydra.run.dir={job_dir}"],
@@ -90,24 +141,8 @@ def test_two_nodes_complete_and_match_the_local_run(slurm_cluster, local_referen
     assert final_loss(job_dir) == pytest.approx(final_loss(local_reference), rel=1e-6)
 
 
-def test_sweep_submits_one_job_per_point_with_its_node_count(slurm_cluster, tmp_path):
-    sweep = tmp_path / "sweep"
-    start = time.time()
-    result = run_launcher(
-        [
-            "-m",
-            "machine=slurm_local",
-            "grid.x=2",
-            "grid.z=1,2",
-            "train.steps=5",
-            "train.sample_tokens=0",
-            "preflight=false",
-            f"hydra.sweep.dir={sweep}",
-        ],
-        cwd=tmp_path,
-        timeout=300,
-    )
-    returned_after = time.time() - start
+def test_sweep_submits_one_job_per_point_with_its_node_count(slurm_cluster, early_jobs):
+    sweep, result = early_jobs["sweep"]["sweep"], early_jobs["sweep"]["result"]
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/job.json"))]
     assert sorted(r["nodes"] for r in records) == [1, 2]
@@ -121,41 +156,16 @@ def test_sweep_submits_one_job_per_point_with_its_node_count(slurm_cluster, tmp_
         expected = {"n[1-2]"} if record["nodes"] == 2 else {"n1", "n2"}
         assert nodes in expected, (record["nodes"], nodes)
     assert "sweep summary:" in result.stdout
-    assert returned_after < 120  # the sweep did not wait for the jobs
+    assert early_jobs["sweep"]["returned_after"] < 120  # the sweep did not wait for the jobs
 
 
-def test_mpirun_launch_reaches_the_same_loss(slurm_cluster, local_reference, tmp_path):
+def test_mpirun_launch_reaches_the_same_loss(slurm_cluster, early_jobs, local_reference):
     """The same job started with mpirun (Debian's Open MPI + mpi4py) inside an allocation."""
-    job_dir = tmp_path / "job"
-    result = run_launcher(
-        ["machine=slurm_local", *TRAIN, "dry_run=true", f"hydra.run.dir={job_dir}"], cwd=tmp_path
-    )
-    assert result.returncode == 0, result.stderr
-    mpirun = (
-        "mpirun --allow-run-as-root --oversubscribe --mca btl self,tcp -np 4 -x PATH "
-        "-x OMP_NUM_THREADS=1 "
-        f"{sys.executable} -m axonn_launch.train {job_dir}"
-    )
-    submit = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            "-N",
-            "2",
-            "--ntasks-per-node=2",
-            "-p",
-            slurm_cluster.partition,
-            "-o",
-            str(tmp_path / "mpi.out"),
-            "--wrap",
-            mpirun,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    job_id = submit.stdout.strip().split(";")[0]
+    mpi = early_jobs["mpirun"]
+    assert mpi["dry"].returncode == 0, mpi["dry"].stderr
+    assert mpi["submit"].returncode == 0, mpi["submit"].stderr
+    job_id = mpi["submit"].stdout.strip().split(";")[0]
     states = wait_for_states([job_id])
-    log = (tmp_path / "mpi.out").read_text() if (tmp_path / "mpi.out").exists() else ""
+    log = mpi["out"].read_text() if mpi["out"].exists() else ""
     assert states[job_id] == "COMPLETED", log[-3000:]
-    assert final_loss(job_dir) == pytest.approx(final_loss(local_reference), rel=1e-6)
+    assert final_loss(mpi["job_dir"]) == pytest.approx(final_loss(local_reference), rel=1e-6)

@@ -13,12 +13,17 @@ from tests.conftest import run_launcher
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install -e '.[sweep]'")
+pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="pip install -e '.[sweep]'")
 
 
 def test_optuna_trials_are_slurm_jobs_that_the_sweep_waits_for(slurm_cluster, tmp_path):
-    """Over 60 s: two trials, each a Slurm job that the sweep waits for."""
+    """Over 30 s: two trials, each a Slurm job that the sweep waits for. Both in one batch
+    (``hydra.sweeper.n_jobs=2``), run side by side by the joblib launcher, each waited for
+    in its own process (the basic launcher's trials, one after another, are
+    tests/test_hydra_launchers.py's)."""
     sweep = tmp_path / "sweep"
-    args = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2",
+    args = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2",
+            "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
             "hydra.sweeper.sampler.seed=7", "train.lr=interval(0.001,0.01)",
             "machine=slurm_local", "grid.x=2",
             "train.steps=3", "train.warmup_steps=1", "train.sample_tokens=0",

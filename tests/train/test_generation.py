@@ -12,6 +12,7 @@ from axonn_launch.common.grid import Grid
 from axonn_launch.common.hf import spec_from_hf_config
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig
+from axonn_launch.train import sample
 from axonn_launch.train.arch import build_model
 from axonn_launch.train.generation import generate, generate_batch, pick_tokens
 from axonn_launch.train.groups import build_groups, single_process_groups
@@ -42,7 +43,7 @@ def hf_case():
         )  # fmt: skip
         expected.append(out[0, len(prompt) :].tolist())
     state = ours_from_hf(spec, {n: p.detach() for n, p in hf.named_parameters()})
-    return spec, state, prompts, expected
+    return spec, state, prompts, expected, hf
 
 
 def _generate_on_rank(rank, world_size, grids, spec, state, prompts):
@@ -57,7 +58,7 @@ def _generate_on_rank(rank, world_size, grids, spec, state, prompts):
 
 
 def test_greedy_equals_hf_generate_on_one_rank(hf_case):
-    spec, state, prompts, expected = hf_case
+    spec, state, prompts, expected, _ = hf_case
     groups = single_process_groups()
     model = build_model(spec, groups=groups, overlap=OverlapConfig())
     load_full_state_dict(model, groups, state)
@@ -66,9 +67,36 @@ def test_greedy_equals_hf_generate_on_one_rank(hf_case):
     assert model.training  # the mode is restored
 
 
+def test_stops_at_eos_as_transformers_with_and_without_the_cache(hf_case):
+    """The 3rd greedy token of the first prompt as end-of-sequence (an int, then in a list
+    as Llama 3 gives it): the row equals transformers' generate token for token, ending
+    right after it; the cache-less end-of-run sample (sample.py) stops there too, greedy
+    and sampled. (Rows of a batch that end at different steps: the tests below.)"""
+    spec, state, prompts, expected, hf = hf_case
+    groups = single_process_groups()
+    model = build_model(spec, groups=groups, overlap=OverlapConfig())
+    load_full_state_dict(model, groups, state)
+    prompt, eos = prompts[0], expected[0][2]
+    cut = expected[0][: expected[0].index(eos) + 1]
+    for hf_eos in (eos, [511, eos]):
+        ids = [hf_eos] if isinstance(hf_eos, int) else hf_eos
+        ours = generate_batch(model, [prompt], NEW, device=CPU, eos_ids=ids)[0]
+        theirs = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW,
+                             eos_token_id=hf_eos, pad_token_id=0)  # fmt: skip
+        assert ours == theirs[0, len(prompt) :].tolist() == cut
+    cacheless = sample.generate(model, prompt, NEW, max_seq_len=spec.max_seq_len, device=CPU,
+                                temperature=0.0, eos_ids=(eos,))  # fmt: skip
+    assert cacheless == prompt + cut
+    drawn = sample.generate(model, prompt, 6, max_seq_len=spec.max_seq_len, device=CPU)
+    stop = drawn[len(prompt) + 3]
+    stopped = sample.generate(model, prompt, 6, max_seq_len=spec.max_seq_len, device=CPU,
+                              eos_ids=(stop,))  # fmt: skip
+    assert stopped == drawn[: drawn.index(stop, len(prompt)) + 1]
+
+
 @pytest.mark.slow
 def test_greedy_equals_hf_generate_on_4_rank_grids(hf_case):
-    spec, state, prompts, expected = hf_case
+    spec, state, prompts, expected, _ = hf_case
     grids = [Grid(x=2, y=2), Grid(y=4), Grid(y=2, z=2), Grid(data=2, x=2), Grid(data=2, z=2)]
     per_rank = run_world(_generate_on_rank, 4, grids, spec, state, prompts)
     for outputs in per_rank:
@@ -93,7 +121,7 @@ def test_eos_ends_a_row_and_sampling_is_seeded():
     model = GPT(spec, groups=single_process_groups(), overlap=OverlapConfig(), seed=3)
     greedy = generate_batch(model, [[1, 2]], 10, device=CPU)[0]
     eos = greedy[3]
-    cut = generate_batch(model, [[1, 2]], 10, device=CPU, eos_id=eos)[0]
+    cut = generate_batch(model, [[1, 2]], 10, device=CPU, eos_ids=(eos,))[0]
     assert cut == greedy[: greedy.index(eos) + 1]
 
     def sample(seed: int, batch_size: int = 2) -> list[list[int]]:
@@ -122,9 +150,11 @@ GPT_SPEC = ModelSpec("g", n_layer=2, d_model=32, n_head=4, vocab_size=64, max_se
 FIVE_PROMPTS = [[1, 2, 3], [7], [4, 5, 6, 7, 8, 9], [9, 9], [3, 1, 4, 1, 5]]
 
 
-def _continue(groups, eos: int | None, temperature: float, batch_size: int = 2) -> list[list[int]]:
+def _continue(
+    groups, eos: tuple[int, ...], temperature: float, batch_size: int = 2
+) -> list[list[int]]:
     model = GPT(GPT_SPEC, groups=groups, overlap=OverlapConfig(), seed=3)
-    return generate(model, FIVE_PROMPTS, 12, batch_size=batch_size, device=CPU, eos_id=eos,
+    return generate(model, FIVE_PROMPTS, 12, batch_size=batch_size, device=CPU, eos_ids=eos,
                     temperature=temperature, top_k=0, seed=4)  # fmt: skip
 
 
@@ -138,8 +168,8 @@ def test_planes_split_the_prompts_and_every_grid_gives_one_rank_s_continuations(
     """5 prompts over 2 or 4 planes, one per batch: planes get unequal shares (a plane
     out of prompts runs a filler row) and rows stop at an end-of-sequence token at
     different steps."""
-    greedy = _continue(single_process_groups(), None, temperature)
-    eos = greedy[0][4]  # some rows end early, others run to 12 tokens
+    greedy = _continue(single_process_groups(), (), temperature)
+    eos = (greedy[0][4],)  # some rows end early, others run to 12 tokens
     expected = _continue(single_process_groups(), eos, temperature)
     lengths = {len(row) for row in expected}
     assert len(lengths) > 1 and max(lengths) == 12

@@ -101,6 +101,9 @@ def test_summary_line():
     assert summary_line(summary) == (
         "done: 200 steps, final loss 1.5000, 9000 tok/s, 0.02 TFLOP/s/gpu, 41.0s"
     )
+    assert summary_line({**summary, "val_loss": 1.625}, per="rank") == (
+        "done: 200 steps, final loss 1.5000, val loss 1.6250, 9000 tok/s, 0.02 TFLOP/s/rank, 41.0s"
+    )
     assert "mfu 50.0%" in summary_line({**summary, "mfu": 0.5})
     assert progress_line(
         {
@@ -174,3 +177,40 @@ def test_status_line_counts_the_eta_from_where_a_resumed_run_started():
     assert status_line(row, 100, first_step=50).endswith("10s elapsed, eta 40s")
     assert format_duration(3725) == "1h02m" and format_duration(75) == "1m15s"
     assert format_duration(float("nan")) == "-"
+
+
+def terminal_shows(written: str) -> str:
+    """What a terminal's current line shows after ``written``: a carriage return moves
+    to column 0, ESC[K erases from the cursor to the end of the line."""
+    line: list[str] = []
+    col = 0
+    for ch in written.replace("\x1b[K", "\0"):
+        if ch == "\r":
+            col = 0
+        elif ch == "\0":
+            del line[col:]
+        else:
+            line[col : col + 1] = [ch]
+            col += 1
+    return "".join(line)
+
+
+def test_a_shorter_bar_leaves_nothing_of_the_longer_one(tmp_path, clock):
+    """The ETA shrinks (``eta 6m45s``, then ``eta 5s``): without erasing, the longer
+    line's tail would stay on screen (the ``45ss`` a user saw)."""
+    tty = TtyStream()
+    logger = make_logger(tmp_path, stream=tty)
+    clock[0] += 45.0
+    logger.record(dataclasses.replace(STATS, step=1))  # 45 s per step, 9 to go
+    logger.record(dataclasses.replace(STATS, step=9))  # 5 s per step, 1 to go
+    shown = terminal_shows(tty.getvalue())
+    assert shown == progress_line(logger.last, 10, first_step=0, per="rank")
+    assert shown.endswith(" TFLOP/s/rank 45s, eta 5s")
+
+
+def test_the_bar_says_per_gpu_only_on_a_gpu():
+    row = {"step": 5, "loss": 1.0, "lr": 1e-3, "tokens_per_s": 10.0, "tflops_per_gpu": 0.5,
+           "elapsed_s": 20.0}  # fmt: skip
+    assert "0.5 TFLOP/s/gpu 20s, eta 20s" in progress_line(row, 10, per="gpu")
+    # resumed at step 4: one step in 20 s, five to go
+    assert progress_line(row, 10, first_step=4, per="rank").endswith("TFLOP/s/rank 20s, eta 1m40s")
