@@ -440,14 +440,11 @@ def _time_layouts(a, b, settings: Settings) -> dict[str, float]:
 
 
 def _plain_seconds(a, b, settings: Settings) -> float:
+    from axonn_launch.train.timing import elapsed
+
     for _ in range(settings.warmup):
         a @ b
-    _sync(a.device)
-    start = time.perf_counter()
-    for _ in range(settings.reps):
-        a @ b
-    _sync(a.device)
-    return (time.perf_counter() - start) / settings.reps
+    return elapsed(lambda: _repeat(lambda: a @ b, settings.reps), a.device) / settings.reps
 
 
 def _slowest(seconds: dict[str, float], device) -> dict[str, float]:
@@ -544,15 +541,13 @@ def _best_seconds(fn, device, settings: Settings) -> float:
     import torch
     import torch.distributed as dist
 
+    from axonn_launch.train.timing import elapsed
+
     fn()  # warm-up
     best = float("inf")
     for _ in range(settings.reps):
-        _sync(device)
-        dist.barrier()
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        slowest = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        seconds = elapsed(fn, device, ready=dist.barrier)
+        slowest = torch.tensor([seconds], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         best = min(best, float(slowest.item()))
     return best
@@ -563,23 +558,14 @@ def _calls_for(kernel, device, settings: Settings) -> int:
     import torch
     import torch.distributed as dist
 
+    from axonn_launch.train.timing import elapsed
+
     for _ in range(settings.warmup):
         kernel()
-    _sync(device)
-    start = time.perf_counter()
-    kernel()
-    _sync(device)
-    one = max(time.perf_counter() - start, 1e-7)
+    one = max(elapsed(kernel, device), 1e-7)
     calls = torch.tensor([max(2, min(100_000, int(settings.block_seconds / one) + 1))])
     dist.all_reduce(calls, op=dist.ReduceOp.MAX)
     return int(calls.item())
-
-
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # --------------------------------------------------------------------------- running

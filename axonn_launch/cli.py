@@ -36,7 +36,7 @@ from axonn_launch.config.compose import (
     split_argv,
     to_launch_config,
 )
-from axonn_launch.config.validate import container_warnings, launch_scope, resolve
+from axonn_launch.config.validate import check_job_dir, container_warnings, launch_scope, resolve
 from axonn_launch.submit import chain, local, rehearse, slurm
 from axonn_launch.submit.pipeline import EXIT_BAD_INPUT, launch
 from axonn_launch.submit.sweep import (
@@ -209,6 +209,7 @@ def check_run(tree: DictConfig, cfg: LaunchConfig, run_dir: str = "") -> None:
         rehearse.prepare(cfg, run_dir)
         cfg = rehearse.site_config(cfg)
     resolve(cfg)
+    check_job_dir(run_dir, cfg.machine)
     slurm.require_slurm(cfg)  # no Slurm here: one line, no job dir (submit/slurm.py)
     chain.settings_problem(cfg)
     container_warnings(cfg, run_dir)

@@ -23,10 +23,10 @@ import re
 import sys
 from pathlib import Path
 
+from axonn_launch.common.formats import LEGACY_FORMAT
 from axonn_launch.common.jobdir import CheckpointMissing, read_step_meta, resolve_checkpoint
 from axonn_launch.usage import help_page, run_tool, wants_help
 
-LEGACY_FORMAT = "per-rank-shards/1"
 SUFFIXES = (".pt", ".safetensors")
 HF_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,

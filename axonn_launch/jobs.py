@@ -26,11 +26,12 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from axonn_launch.common.jobdir import JobPaths
+from axonn_launch.common.jobdir import JobPaths, RecordError
 from axonn_launch.records import failures, goodput
 from axonn_launch.records.status import (
     DEFAULT_ROOT,
     JOB_DIR_HINT,
+    UNREADABLE_STATE,
     JobStatus,
     NotAJobPath,
     collect,
@@ -94,14 +95,17 @@ def status_main(args: argparse.Namespace) -> int:
         return 0
     print(format_table(rows))
     for row in rows:
+        who = shown_dir(row.job_dir) if row.state == UNREADABLE_STATE else row.job_id
         for note in notes(row):
-            print(f"  {row.job_id or Path(row.job_dir).name}: {note}")
+            print(f"  {who or Path(row.job_dir).name}: {note}")
     return 0
 
 
 def notes(row: JobStatus) -> list[str]:
     """The lines under the table for one job: why it failed and what to do, what failed
     after a finished training, and its slow nodes."""
+    if row.state == UNREADABLE_STATE:  # job.json failed its schema: that is all there is
+        return list(row.problems)
     lines = []
     if row.resubmitted_as:
         lines.append(f"resubmitted as {row.resubmitted_as}")
@@ -121,7 +125,7 @@ def notes(row: JobStatus) -> list[str]:
         lines.append(straggler_line(row))
     if row.slow_nodes and not any("slow nodes" in line for line in lines):
         lines.append(f"preflight named slow nodes: {', '.join(row.slow_nodes)}")
-    return lines
+    return lines + row.problems  # records left out for failing their schema
 
 
 def after_training_notes(row: JobStatus) -> list[str]:
@@ -138,7 +142,11 @@ def stop_main(args: argparse.Namespace) -> int:
     for path in args.paths:
         if not JobPaths(path).record.is_file():
             raise NotAJobPath(f"{path}: not a job dir; {JOB_DIR_HINT}")
-        print(chain.stop(Path(path)), flush=True)
+        try:
+            said = chain.stop(Path(path))
+        except RecordError as error:  # nothing to trust, so nothing is cancelled
+            raise RecordError(f"{path}: UNREADABLE {error}; nothing cancelled") from None
+        print(said, flush=True)
     return 0
 
 
@@ -152,6 +160,10 @@ def resubmit_main(args: argparse.Namespace) -> int:
         return 2
     failed = 0
     for status in collect(args.paths or [DEFAULT_ROOT]):
+        if status.state == UNREADABLE_STATE:  # nothing to act on: say so, go on
+            failed += 1
+            print(f"error {status.job_dir}: {status.reason}", flush=True)
+            continue
         try:
             print(resubmit_one(status, args, sys.stdout), flush=True)
         except Exception as exc:  # bad override, sbatch refusal: report, go on with the rest
@@ -259,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.command} takes no overrides: {' '.join(overrides)}", file=sys.stderr)
         return 2
     run = {"status": status_main, "resubmit": resubmit_main, "stop": stop_main}[args.command]
-    return run_tool(lambda _: run(args), argv, (NotAJobPath,))
+    return run_tool(lambda _: run(args), argv, (NotAJobPath, chain.NotOurJob, RecordError))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,21 @@ CASES = [
     (["grid=auto", "grid.x=2"], "grid=auto"),
     (["model.n_head=5"], "model.d_model=64"),
     (["name=a/b"], "name='a/b'"),
+    # a control character in what reaches an #SBATCH line or the job dir (issue 32)
+    (
+        ["machine=slurm_local", "machine.slurm.partition='debug\nsrun rm'"],
+        "machine.slurm.partition='debug\\nsrun rm': holds control characters ('\\n')",
+    ),
+    (
+        ["machine=perlmutter", "site.accounts.perlmutter='m1_g\n#SBATCH --qos=x'"],
+        "site.accounts.perlmutter='m1_g\\n#SBATCH --qos=x': holds control characters",
+    ),
+    (
+        ["machine=slurm_local", "+machine.slurm.extra_sbatch.mail-type='END\nx'"],
+        "machine.slurm.extra_sbatch.mail-type='END\\nx': holds control characters",
+    ),
+    (["machine=slurm_local", "hydra.run.dir='run\nx'"], "hydra.run.dir="),
+    (["machine=slurm_local", "hydra.run.dir=run%j"], "holds %j, which submitit replaces"),
     ([*F5, "grid.x=4", "dry_run=true"], "world size 4"),
     ([*F5, "grid.x=8", "nodes=2", "dry_run=true"], "nodes=2"),
     (["machine=frontier", "model=gpt_320b", "grid.x=8", "dry_run=true"], "GiB per GPU"),

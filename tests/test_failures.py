@@ -134,6 +134,8 @@ CASES = [
     ("scancel banner only", "", "", SCANCEL, failures.CANCELLED),
     ("kill -9 of a rank", "FAILED", "9:0", KILLED + GLOO_PEER_CLOSED, failures.RANK_KILLED),
     ("killed, no logs", "FAILED", "0:9", "", failures.RANK_KILLED),
+    # Slurm could not open --output (a '%x' in the job dir, unescaped): not a signal, no retry
+    ("log file not opened", "FAILED", "0:53", "", failures.CODE_ERROR),
     ("srun killed", "FAILED", "9:0", SRUN_KILLED, failures.RANK_KILLED),
     ("step banner alone", "FAILED", "9:0", SRUN_KILLED.splitlines()[1], failures.RANK_KILLED),
     ("slurmstepd killed", "FAILED", "0:0", STEPD_KILLED, failures.RANK_KILLED),

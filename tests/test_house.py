@@ -262,7 +262,7 @@ def test_registries_cover_every_name():
     from axonn_launch.common.machine import SCHEDULERS
     from axonn_launch.common.models import ARCHITECTURES
     from axonn_launch.submit.pipeline import STARTERS
-    from axonn_launch.train.arch import ARCHITECTURES as BUILDERS
+    from axonn_launch.train.arch import MODELS as BUILDERS
 
     assert set(STARTERS) == set(SCHEDULERS)
     assert set(BUILDERS) == set(ARCHITECTURES)

@@ -114,7 +114,9 @@ def command_for(line: str) -> tuple[list[str], int, str | tuple[str, ...]]:
     if module == "axonn_launch":
         keys = dict(a.partition("=")[::2] for a in args if "=" in a)
         if keys.get("machine", "local") in DRY_RUN_MACHINES:
-            return [module, *args, "dry_run=true"], 0, "--- batch script ---"
+            # a sweep's dry run prints each point's summary and the table, not the scripts
+            shown = "sweep summary:" if "-m" in args else "--- batch script ---"
+            return [module, *args, "dry_run=true"], 0, shown
         if not args:  # the default job, with its sample
             return [module, "train.steps=2"], 0, ("done: 2 steps", "--- sample (")
         args = [QUICK_TRIALS if a.startswith("hydra.sweeper.n_trials=") else a for a in args]

@@ -1,8 +1,9 @@
 """Storage faults are their own class: a job dir whose file system fills up (a real local
 run on a small tmpfs) ends in one line, a final job.json and the class ``storage_full``
-with no node blamed; after space is freed, a relaunch resumes from the last complete
-step. Unit tests: the classification from log text and from a rank's failure record, and
-record writes that fail on a full disk leave nothing half-written behind."""
+with no node blamed; after space is freed, a relaunch with ``resume=true`` resumes from the
+last complete step as a new attempt. A checkpoint file system turned read-only shows the
+storage reason. Unit tests: the classification from log text and from a rank's failure
+record, and record writes that fail on a full disk leave nothing half-written behind."""
 
 from __future__ import annotations
 
@@ -144,17 +145,20 @@ def test_a_full_disk_is_storage_full_in_one_line_and_resumes_once_space_is_freed
     after = json.loads((job / "job.json").read_text())
     assert after["job_ids"] == record["job_ids"] and "resubmitted_as" not in after, after
 
-    # space freed: the same launch into the same job dir resumes from step 5
+    # space freed: the same launch, asked to continue the run (resume=true), resumes from
+    # step 5 as a new attempt beside it (a job dir is never reused: submit/dirguard.py)
     ballast.unlink()
-    resumed = run_launcher(args, cwd=REPO, timeout=300)
+    resumed = run_launcher([*args, "resume=true"], cwd=REPO, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert "training steps 6..10:" in resumed.stdout, resumed.stdout[-2000:]
-    rows = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines()]
+    attempt = small_fs / "job_attempt2"
+    rows = [json.loads(line) for line in (attempt / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 11))
-    assert json.loads((job / "summary.json").read_text())["steps"] == 10
-    assert (job / "checkpoints" / "latest").read_text().strip() == "step_00000010"
-    done = jobs_status(job)
+    assert json.loads((attempt / "summary.json").read_text())["steps"] == 10
+    assert (attempt / "checkpoints" / "latest").read_text().strip() == "step_00000010"
+    done = jobs_status(attempt)
     assert (done["state"], done["failure"], done["step"]) == ("COMPLETED", "completed", 10)
+    assert json.loads((job / "job.json").read_text())["resubmitted_as"] == str(attempt)
 
 
 # --- classification ------------------------------------------------------------------------
@@ -255,6 +259,48 @@ def test_status_reads_the_errno_of_a_failed_checkpoint_save_from_the_rank_record
     # a record older than this launch (a reused job dir) is not this attempt's
     record["submit_time"] = "2999-01-01T00:00:00+0000"
     assert status.diagnose(job, record, None, None)[1].failure == failures.COLLECTIVE_FAILURE
+
+
+@pytest.fixture
+def read_only_checkpoints(tmp_path):
+    """A job dir whose checkpoints/ is a tmpfs of its own, turned read-only as a run's
+    checkpoint file system may turn mid-run; unmounted afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    job = tmp_path / "job"
+    mount = job / "checkpoints"
+    mount.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        yield job
+    finally:
+        if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def test_a_checkpoint_file_system_turned_read_only_shows_the_storage_reason(
+    read_only_checkpoints,
+):
+    """Rank 0's save meets the read-only file system and the rank exits 1: status shows the
+    storage reason (the kernel's words), not the supervisor's ``rank 0 ... exited with
+    code 1``, which is only its effect."""
+    job = read_only_checkpoints
+    try:
+        (job / "checkpoints" / ".tmp_step_00000004").mkdir()  # the save's first write
+    except OSError as read_only:
+        try:
+            raise RuntimeError("checkpoint save failed") from read_only
+        except RuntimeError as wrapped:
+            jobdir.record_failure(job, 0, wrapped)
+    line = "rank 0 (pid 4242) exited with code 1"
+    record = dead_local_record(ended_by={"rank": 0, "pid": 4242, "returncode": 1, "line": line})
+    jobdir.write_record_file(job, record)
+    state, diagnosis = status.diagnose(job, record, None, None)
+    assert (state, diagnosis.failure, diagnosis.bad_nodes) == ("ENDED", "storage_error", ())
+    assert diagnosis.reason.startswith(f"I/O error on {df_target(job)} ("), diagnosis.reason
+    assert "[Errno 30] Read-only file system" in diagnosis.reason, diagnosis.reason
+    assert line not in diagnosis.reason
 
 
 # --- record writes on a full disk ----------------------------------------------------------

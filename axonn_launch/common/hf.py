@@ -11,6 +11,9 @@ writes them back.
 * ``hf_segments``: each of our parameters as its HF tensors, concatenated along rows
   (``blocks.i.attn.kv.weight`` = ``k_proj`` rows then ``v_proj`` rows, and so on);
 * ``init_from_problem``: why a preset's shape does not fit its ``init_from`` directory;
+* ``weights_problem``: a shard the index names that is missing, a tensor the model needs
+  that no shard holds, or one stored in a dtype that is not floating point (read from the
+  safetensors headers alone: 8 bytes of length, then JSON);
 * ``resolve_hf_model``: the launcher's one call. ``model=hf model.init_from=DIR`` (the
   preset ``conf/model/hf.yaml`` leaves ``n_layer`` at 0) takes the whole shape from
   ``DIR/config.json`` (``model.max_seq_len=N`` may shorten the context); any other
@@ -26,12 +29,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from axonn_launch.common.arch import LLAMA
 from axonn_launch.common.models import ModelSpec
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 ROPE_TYPES = ("default", "llama3")
+# safetensors dtypes a weight may be stored in (the job converts them to its own dtype);
+# an integer or boolean tensor where a weight belongs would be cast silently
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on its JSON header
 # tokenizer and generation files that travel with exported weights (copied when present)
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -149,7 +157,7 @@ def spec_from_hf_config(config: dict, name: str, *, source: str = CONFIG) -> Mod
 
 def hf_config_from_spec(spec: ModelSpec, dtype: str = "float32") -> dict[str, Any]:
     """A config.json that transformers (4.x and 5.x) loads as ``LlamaForCausalLM``."""
-    if not spec.is_llama:
+    if spec.arch != LLAMA.name:
         raise HFConfigError(f"model.arch={spec.arch!r}: Hugging Face export is for Llama models")
     config: dict[str, Any] = {
         "architectures": ["LlamaForCausalLM"],
@@ -285,7 +293,7 @@ def init_from_problem(model: ModelSpec) -> str | None:
     if not model.init_from:
         return None
     try:
-        if not model.is_llama:
+        if model.arch != LLAMA.name:
             return (
                 f"model.init_from={model.init_from!r}: Hugging Face weights are for Llama "
                 f"models; model.arch={model.arch!r} (use model.arch=llama or model=hf)"
@@ -307,7 +315,7 @@ def init_from_problem(model: ModelSpec) -> str | None:
         )
     if problems:
         return "; ".join(problems) + " (or use model=hf to take the shape from config.json)"
-    return None
+    return weights_problem(model.init_from, hf_segments(model))
 
 
 def resolve_hf_model(model: ModelSpec) -> ModelSpec:
@@ -334,8 +342,89 @@ def resolve_hf_model(model: ModelSpec) -> ModelSpec:
                 f"model.max_seq_len={seq} but {where} has max_position_embeddings="
                 f"{hf.max_seq_len} (it may be at most that)"
             )
-        return replace(hf, init_from=model.init_from, max_seq_len=seq)
+        model = replace(hf, init_from=model.init_from, max_seq_len=seq)
+        problem = weights_problem(model.init_from, hf_segments(model))
+        if problem:
+            raise HFConfigError(problem)
+        return model
     problem = init_from_problem(model)
     if problem:
         raise HFConfigError(problem)
     return model
+
+
+# --- the weights, from the safetensors headers ------------------------------------------------
+
+
+def safetensors_header(path: Path) -> dict[str, dict]:
+    """Tensor name -> {dtype, shape, data_offsets} of a safetensors file, from its header
+    (an 8-byte little-endian length, then that much JSON); ``__metadata__`` left out.
+    Raises HFConfigError when the file is not one, or is shorter than its header says."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            text = handle.read(length) if 0 < length <= min(MAX_HEADER_BYTES, size - 8) else b""
+        header = json.loads(text) if text else None
+    except (OSError, ValueError) as exc:
+        raise HFConfigError(f"{path}: not a readable safetensors file ({exc})") from exc
+    if not isinstance(header, dict):
+        raise HFConfigError(f"{path}: not a safetensors file (no JSON header)")
+    header.pop("__metadata__", None)
+    end = max((_data_end(entry) for entry in header.values()), default=0)
+    if end > size - 8 - length:
+        raise HFConfigError(
+            f"{path}: truncated ({size:,} bytes; its header needs {8 + length + end:,})"
+        )
+    return header
+
+
+def _data_end(entry: object) -> int:
+    """Where a header entry's data ends (bytes after the header); 0 when it names none."""
+    offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+    ok = isinstance(offsets, list) and len(offsets) == 2 and isinstance(offsets[1], int)
+    return offsets[1] if ok else 0
+
+
+def weight_files(directory: str) -> dict[str, str]:
+    """HF tensor name -> the file holding it (relative to ``directory``): the index's
+    ``weight_map``, or every tensor of the single file."""
+    path = Path(directory)
+    if not (path / INDEX).is_file():
+        return dict.fromkeys(safetensors_header(path / SINGLE), SINGLE)
+    try:
+        files = json.loads((path / INDEX).read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise HFConfigError(f"{path / INDEX}: no readable weight_map ({exc!r})") from exc
+    if not isinstance(files, dict):
+        raise HFConfigError(f"{path / INDEX}: weight_map is not a JSON object")
+    return {str(name): str(file) for name, file in files.items()}
+
+
+def weights_problem(directory: str, segments: dict[str, list[tuple[str, int]]]) -> str | None:
+    """Why the safetensors weights of ``directory`` cannot start the model whose tensors
+    ``segments`` (``hf_segments``) names, in one line, or None: a shard the index names
+    that is missing or unreadable, a needed tensor no shard holds, or one stored in a
+    dtype that is not floating point. Headers only: no tensor data is read (the job
+    refuses non-finite values as it loads them, ``train/hf_import.py``)."""
+    field, folder = f"model.init_from={directory!r}", Path(directory)
+    try:
+        files = weight_files(directory)
+        missing = sorted(f for f in set(files.values()) if not (folder / f).is_file())
+        if missing:
+            return f"{field}: {INDEX} names {missing[0]!r}, which is not in the directory"
+        headers = {f: safetensors_header(folder / f) for f in sorted(set(files.values()))}
+    except HFConfigError as exc:
+        return f"{field}: {exc}"
+    for name in (hf for pieces in segments.values() for hf, _ in pieces):
+        if name not in files:
+            return f"{field}: no tensor {name!r} in the weights"
+        entry = headers[files[name]].get(name)
+        if not isinstance(entry, dict):
+            return f"{field}: {INDEX} puts {name!r} in {files[name]}, which does not hold it"
+        if entry.get("dtype") not in FLOAT_DTYPES:
+            return (
+                f"{field}: tensor {name!r} in {files[name]} is stored as {entry.get('dtype')};"
+                f" valid: a floating-point dtype ({', '.join(FLOAT_DTYPES)})"
+            )
+    return None

@@ -89,3 +89,83 @@ def read_index(path: Path) -> MegatronIndex:
     pointers = np.frombuffer(data, np.int64, seqs, offset + seqs * 4)
     doc_indices = np.frombuffer(data, np.int64, docs, offset + seqs * 12)
     return MegatronIndex(dtype, sizes, pointers, doc_indices)
+
+
+CHECK_CHUNK = 1 << 22  # entries checked at a time: bounded memory for any index
+VALID_INDEX = "valid: the .idx that python -m axonn_launch.data writes with the .bin"
+
+
+def index_problem(index: MegatronIndex, bin_bytes: int) -> str | None:
+    """What makes ``index`` unusable with a ``.bin`` of ``bin_bytes`` bytes (one clause,
+    naming the first bad entry), or None. Every entry, vectorized in chunks: sizes >= 0;
+    each pointer a whole token, the sequences in order without overlap, all inside the
+    ``.bin``; document indices ascending within the sequence count."""
+    itemsize, end_before = index.dtype.itemsize, 0
+    for first in range(0, len(index.sizes), CHECK_CHUNK):
+        sizes = index.sizes[first : first + CHECK_CHUNK].astype(np.int64)
+        pointers = index.pointers[first : first + CHECK_CHUNK]
+        problem = _chunk_problem(sizes, pointers, first, end_before, itemsize, bin_bytes)
+        if problem:
+            return problem
+        end_before = int(pointers[-1] + sizes[-1] * itemsize)
+    docs, seqs = index.doc_indices, len(index.sizes)
+    bad = np.flatnonzero((docs < 0) | (docs > seqs))
+    if bad.size:
+        return f"document {bad[0]:,} starts at sequence {docs[bad[0]]:,}, outside 0..{seqs:,}"
+    bad = np.flatnonzero(np.diff(docs) < 0)
+    if bad.size:
+        at = bad[0] + 1
+        return f"document {at:,} starts at sequence {docs[at]:,}, before document {at - 1:,}"
+    return None
+
+
+def _chunk_problem(
+    sizes: np.ndarray,
+    pointers: np.ndarray,
+    first: int,
+    end_before: int,
+    itemsize: int,
+    bin_bytes: int,
+) -> str | None:
+    """``index_problem`` for the entries from ``first`` on; ``end_before``: where the
+    entry before them ends (bytes)."""
+    bad = np.flatnonzero(sizes < 0)
+    if bad.size:
+        return f"sequence {first + bad[0]:,} has size {sizes[bad[0]]:,}; sizes must be >= 0"
+    bad = np.flatnonzero((pointers < 0) | (pointers > bin_bytes) | (pointers % itemsize != 0))
+    if bad.size:
+        return (
+            f"sequence {first + bad[0]:,} starts at byte {pointers[bad[0]]:,}, not a token"
+            f" boundary inside the .bin ({bin_bytes:,} bytes)"
+        )
+    ends = pointers + sizes * itemsize  # no overflow: pointers <= bin_bytes
+    bad = np.flatnonzero(ends > bin_bytes)
+    if bad.size:
+        return (
+            f"sequence {first + bad[0]:,} ends at byte {ends[bad[0]]:,}, past the end of the"
+            f" .bin ({bin_bytes:,} bytes)"
+        )
+    previous = np.concatenate(([end_before], ends[:-1]))
+    bad = np.flatnonzero(pointers < previous)
+    if bad.size:
+        at = first + bad[0]
+        return (
+            f"sequence {at:,} starts at byte {pointers[bad[0]]:,}, before sequence {at - 1:,}"
+            f" ends (byte {previous[bad[0]]:,}); sequences must be in order"
+        )
+    return None
+
+
+def index_file_problem(key: str, bin_path: str) -> str | None:
+    """One line about the ``.idx`` beside ``bin_path`` (``index_problem``), or None (no
+    ``.idx``, or a sound one). The login node reads every entry, which is cheap there;
+    the job trusts it."""
+    path = Path(bin_path)
+    idx = path.with_suffix(".idx")
+    if not idx.is_file():
+        return None
+    try:
+        problem = index_problem(read_index(idx), path.stat().st_size)
+    except (OSError, ValueError) as error:
+        problem = str(error)
+    return f"{key}={bin_path!r}: {idx.name}: {problem}; {VALID_INDEX}" if problem else None

@@ -34,11 +34,13 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import socket
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 RECORD = "job.json"
@@ -65,6 +67,9 @@ SKIPPED_STEPS = "skipped_steps.json"
 NCCL_LOG = "nccl_rank{rank}.log"
 RESUBMIT_LOCK = ".resubmit.lock"
 RECORD_LOCK = ".record.lock"
+# held while a job lives in the dir: by its launcher, then its local supervisor
+# (submit/dirlock.py); it names the holder (a Slurm job outlives any process)
+JOB_LOCK = ".job.lock"
 FAILURE_TAIL_LINES = 8
 
 
@@ -93,6 +98,7 @@ class JobPaths:
     stacks = property(lambda self: self.folder / LOGS / STACKS)
     stragglers = property(lambda self: self.folder / STRAGGLERS)
     skipped_steps = property(lambda self: self.folder / SKIPPED_STEPS)
+    job_lock = property(lambda self: self.folder / JOB_LOCK)
 
     def heartbeat(self, rank: int) -> Path:
         return self.heartbeats / f"rank_{rank}.json"
@@ -115,19 +121,223 @@ def is_job_dir(names: Iterator[str] | list[str]) -> bool:
     return RECORD in names
 
 
+# --- the records' schema ------------------------------------------------------------------
+#
+# Every record is read through one schema: a hand-edited, copied or half-written record
+# must say what is wrong with it, not crash ``jobs status`` (nor make ``jobs stop`` act on
+# someone else's job). Fields not named here pass as they are (records from newer code).
+
+# A Slurm job id: digits, optionally ``_<array task>`` or ``+<het component>``; a local
+# one: ``local-<pid>`` of its supervisor (submit/supervise.py).
+SLURM_JOB_ID = re.compile(r"\d+(?:_\d+|\+\d+)?")
+LOCAL_JOB_ID = re.compile(r"local-\d+")
+JOB_ID_FORMS = "a Slurm id (digits, optionally _<array> or +<het>) or local-<pid>"
+NUMBER = (int, float)
+NONE = type(None)
+
+
+class RecordError(ValueError):
+    """A record that cannot be trusted: not JSON, not an object, a required field missing,
+    a field of the wrong type or a job id in neither known form. The message names the
+    file and why (``job.json: job_ids[0]='local-abc': not a job id ...``)."""
+
+
+@dataclass(frozen=True)
+class Field:
+    types: tuple[type, ...]
+    required: bool = False
+    check: Callable[[object], str | None] | None = None  # why the value is wrong, or None
+
+
+def is_job_id(value: object) -> bool:
+    """Whether ``value`` is a job id in a form the launcher writes."""
+    return isinstance(value, str) and bool(
+        SLURM_JOB_ID.fullmatch(value) or LOCAL_JOB_ID.fullmatch(value)
+    )
+
+
+def _job_ids_problem(ids: object) -> str | None:
+    for i, job_id in enumerate(ids):  # type: ignore[arg-type]
+        if not is_job_id(job_id):
+            return f"[{i}]={_short(job_id)}: not a job id; expected {JOB_ID_FORMS}"
+    return None
+
+
+def _optional_job_id_problem(job_id: object) -> str | None:
+    if job_id == "" or is_job_id(job_id):
+        return None
+    return f"not a job id; expected {JOB_ID_FORMS} (or empty)"
+
+
+def _list_of(kind: type | tuple[type, ...], what: str) -> Callable[[object], str | None]:
+    def problem(values: object) -> str | None:
+        for i, value in enumerate(values):  # type: ignore[arg-type]
+            if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+                return f"[{i}]={_short(value)}: not {what}"
+        return None
+
+    return problem
+
+
+def _lineage_problem(entries: object) -> str | None:
+    for i, entry in enumerate(entries):  # type: ignore[arg-type]
+        if not isinstance(entry, dict) or not isinstance(entry.get("job_dir"), str):
+            return f"[{i}]: not an object with a job_dir string"
+    return None
+
+
+def _grid_problem(grid: object) -> str | None:
+    for axis, size in grid.items():  # type: ignore[attr-defined]
+        if not isinstance(size, int) or isinstance(size, bool):
+            return f".{axis}={_short(size)}: not an integer"
+    return None
+
+
+def _attempts_problem(entries: object) -> str | None:
+    for i, entry in enumerate(entries):  # type: ignore[arg-type]
+        if not isinstance(entry, dict) or not isinstance(entry.get("class"), str):
+            return f"[{i}]: not an object with a class string"
+    return None
+
+
+def _chain_problem(chain: object) -> str | None:
+    found = schema_problem(chain, CHAIN_SCHEMA)  # type: ignore[arg-type]
+    return f".{found}" if found else None
+
+
+CHAIN_SCHEMA = {  # job.json's ``chain`` (submit/chain.py)
+    "state": Field((str,)),
+    "attempts": Field((list,), check=_attempts_problem),
+    "stop": Field((dict,)),
+    "started_at": Field((*NUMBER, NONE)),
+    "updated_at": Field(NUMBER),
+}
+JOB_RECORD_SCHEMA = {  # job.json (submit/pipeline.py's job_record, and what is added later)
+    "job_ids": Field((list,), required=True, check=_job_ids_problem),
+    "name": Field((str,)),
+    "job_dir": Field((str,)),
+    "machine": Field((str,)),
+    "scheduler": Field((str,)),
+    "model": Field((str,)),
+    "status": Field((str,)),
+    "grid": Field((dict, NONE), check=_grid_problem),
+    "nodes": Field((int,)),
+    "tasks_per_node": Field((int,)),
+    "steps": Field((int,)),
+    "attempt": Field((int,)),
+    "lineage": Field((list, NONE), check=_lineage_problem),
+    "command_line": Field((list,), check=_list_of(str, "a string")),
+    "submit_time": Field((str,)),
+    "submitted_at": Field(NUMBER),
+    "chain": Field((dict, NONE), check=_chain_problem),
+    "recovery": Field((dict, NONE)),
+    "recovery_job": Field((str, NONE), check=_optional_job_id_problem),
+    "resubmitted_as": Field((str,)),
+    "excluded_nodes": Field((list, NONE), check=_list_of(str, "a node name")),
+    "slow_nodes": Field((list, NONE)),
+    "preflight": Field((dict, NONE)),
+    "ended_by": Field((dict, NONE)),
+}
+SUMMARY_SCHEMA = {  # summary.json (train/loop.py's summarize)
+    "steps": Field((int,)),  # a generation job's summary has none
+    "final_loss": Field((*NUMBER, NONE)),
+    "tokens_per_s": Field((*NUMBER, NONE)),
+    "step_time_s": Field((*NUMBER, NONE)),
+    "stopped": Field((bool,)),
+    "after_training": Field((dict,)),
+}
+FAILURE_SCHEMA = {  # logs/failures/rank_<r>.json (record_failure)
+    "rank": Field((int,), required=True),
+    "time": Field(NUMBER, required=True),
+    "host": Field((str,)),
+    "exception": Field((str,)),
+    "tail": Field((list,), check=_list_of(str, "a string")),
+    "os_error": Field((str,)),
+    "failure_class": Field((str,)),
+    "step": Field((int, NONE)),
+    "stalled_s": Field(NUMBER),
+}
+TIMELINE_EVENT_SCHEMA = {  # one line of timeline.jsonl (append_timeline)
+    "start": Field(NUMBER, required=True),
+    "end": Field(NUMBER, required=True),
+    "step": Field((int,)),
+    "checkpoint": Field((int,)),
+}
+STRAGGLERS_SCHEMA = {  # stragglers.json (train/watchdog.py)
+    "step": Field((int, NONE)),
+    "stragglers": Field((list,), check=_list_of(dict, "an object")),
+}
+
+
+def schema_problem(value: object, schema: dict[str, Field]) -> str | None:
+    """Why ``value`` does not fit ``schema`` (``field=value: why``), or None."""
+    if not isinstance(value, dict):
+        return f"a JSON {json_kind(value)}, not an object"
+    for name, spec in schema.items():
+        if name not in value:
+            if spec.required:
+                return f"{name}: missing (a required field)"
+            continue
+        found = value[name]
+        wrong_bool = isinstance(found, bool) and bool not in spec.types
+        if wrong_bool or not isinstance(found, spec.types):
+            wanted = " or ".join(json_kind_name(t) for t in spec.types)
+            return f"{name}={_short(found)}: a {json_kind(found)}, expected {wanted}"
+        why = spec.check(found) if spec.check and found is not None else None
+        if why:  # "[i]=...: why" or ".key=...: why" says where inside the field
+            return f"{name}{why}" if why[0] in "[." else f"{name}={_short(found)}: {why}"
+    return None
+
+
+def json_kind(value: object) -> str:
+    return json_kind_name(type(value))
+
+
+def json_kind_name(kind: type) -> str:
+    names = {dict: "object", list: "list", str: "string", bool: "boolean", int: "integer",
+             float: "number", NONE: "null"}  # fmt: skip
+    return names.get(kind, kind.__name__)
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def parse_record(text: str, name: str, schema: dict[str, Field]) -> dict:
+    """The record ``name`` holding ``text``, checked against ``schema``; raises RecordError
+    (``<name>: <why>``)."""
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise RecordError(f"{name}: not JSON ({error})") from None
+    why = schema_problem(value, schema)
+    if why:
+        raise RecordError(f"{name}: {why}")
+    return value
+
+
+def read_checked(path: Path, schema: dict[str, Field], name: str | None = None) -> dict:
+    """``path``'s record, checked; OSError when it cannot be read, RecordError when what
+    it holds is not such a record."""
+    return parse_record(path.read_text(errors="replace"), name or path.name, schema)
+
+
 # --- job.json ------------------------------------------------------------------------------
 
 
 def read_record(job_dir: str | Path) -> dict:
-    return json.loads(JobPaths(job_dir).record.read_text())
+    """job.json, checked (``JOB_RECORD_SCHEMA``): OSError when missing or unreadable,
+    RecordError (a ValueError) when it is not a record the launcher writes."""
+    return read_checked(JobPaths(job_dir).record, JOB_RECORD_SCHEMA)
 
 
 def read_record_or_empty(job_dir: str | Path) -> dict:
+    """job.json, or {} when it is missing or fails its schema."""
     try:
-        record = read_record(job_dir)
+        return read_record(job_dir)
     except (OSError, ValueError):
         return {}
-    return record if isinstance(record, dict) else {}
 
 
 @contextlib.contextmanager
@@ -199,12 +409,12 @@ def last_job_id(record: dict) -> str:
 
 
 def read_summary(job_dir: str | Path) -> dict | None:
-    """``summary.json``, which rank 0 writes when the run ends; None before (or unreadable)."""
+    """``summary.json``, which rank 0 writes when the run ends; None before, or when it
+    fails its schema (``record_problems`` says why)."""
     try:
-        summary = json.loads(JobPaths(job_dir).summary.read_text())
+        return read_checked(JobPaths(job_dir).summary, SUMMARY_SCHEMA)
     except (OSError, ValueError):
         return None
-    return summary if isinstance(summary, dict) else None
 
 
 def write_summary(job_dir: str | Path, summary: dict) -> None:
@@ -222,8 +432,9 @@ def last_metrics(job_dir: str | Path) -> dict | None:
     except OSError:
         return None
     for line in reversed(tail.splitlines()):
-        with contextlib.suppress(ValueError):
-            return json.loads(line)
+        row = metrics_row(line)
+        if row is not None:
+            return row
     return None
 
 
@@ -266,7 +477,7 @@ def read_timeline(job_dir: str | Path) -> list[dict]:
     for line in lines:
         with contextlib.suppress(ValueError):
             event = json.loads(line)
-            if isinstance(event, dict) and {"start", "end"} <= event.keys():
+            if schema_problem(event, TIMELINE_EVENT_SCHEMA) is None:
                 events.append(event)
     return events
 
@@ -333,14 +544,15 @@ def os_error_of(error: BaseException) -> OSError | None:
 
 
 def read_failures(job_dir: str | Path) -> list[dict]:
-    """The failure records the ranks left, oldest first."""
+    """The failure records the ranks left, oldest first; one that fails its schema is
+    left out (``record_problems`` names it)."""
     records = []
     for path in JobPaths(job_dir).failures.glob("rank_*.json"):
         try:
-            records.append(json.loads(path.read_text()))
+            records.append(read_checked(path, FAILURE_SCHEMA))
         except (OSError, ValueError):
             continue
-    return sorted(records, key=lambda r: (r.get("time", 0.0), r.get("rank", 0)))
+    return sorted(records, key=lambda r: (r["time"], r["rank"]))
 
 
 # --- checkpoints ---------------------------------------------------------------------------
@@ -350,12 +562,30 @@ class CheckpointMissing(ValueError):
     """No complete checkpoint where one was named."""
 
 
+# What ``checkpoints/latest`` may name: a step directory of this job dir's checkpoints/.
+STEP_NAME = re.compile(r"step_\d+")
+
+
 def latest_step_name(job_dir: str | Path) -> str | None:
-    """The step directory ``checkpoints/latest`` names (``step_<n>``), or None."""
+    """The step directory ``checkpoints/latest`` names (``step_<n>``), or None without one.
+    Only a ``step_<digits>`` counts: a pointer to anything else (another dir's step, an
+    absolute path, garbage) is not followed, and the newest complete step here stands in
+    for it, as the job's resume does (``train/checkpoint.py``)."""
     try:
-        return JobPaths(job_dir).latest.read_text().strip() or None
+        text = JobPaths(job_dir).latest.read_text(errors="replace").strip()
     except OSError:
         return None
+    return text if STEP_NAME.fullmatch(text) else newest_complete_step(job_dir)
+
+
+def newest_complete_step(job_dir: str | Path) -> str | None:
+    """The newest ``step_<n>`` of ``checkpoints/`` whose meta.json is written, or None."""
+    steps = [
+        (int(path.name.removeprefix("step_")), path.name)
+        for path in JobPaths(job_dir).checkpoints.glob("step_*")
+        if STEP_NAME.fullmatch(path.name) and (path / STEP_META).is_file()
+    ]
+    return max(steps)[1] if steps else None
 
 
 def checkpointed_step(job_dir: str | Path) -> int:
@@ -424,8 +654,28 @@ def write_json_atomically(path: Path, value: dict | list) -> None:
 def read_stragglers(job_dir: str | Path) -> dict | None:
     """The newest straggler report: ``{"step", "median_s", "stragglers": [{"rank", "node",
     "compute_s", "ratio", "score"}]}``; None when no rank was ever named."""
-    found = read_json_or_none(JobPaths(job_dir).stragglers)
-    return found if isinstance(found, dict) else None
+    try:
+        return read_checked(JobPaths(job_dir).stragglers, STRAGGLERS_SCHEMA)
+    except (OSError, ValueError):
+        return None
+
+
+def record_problems(job_dir: str | Path) -> list[str]:
+    """``UNREADABLE <record>: <why>`` for each record besides job.json that is there but
+    fails its schema (summary.json, stragglers.json, the failure records): the readers
+    leave such a record out, and ``jobs status`` says so rather than drop it silently."""
+    paths = JobPaths(job_dir)
+    checked = [(paths.summary, SUMMARY_SCHEMA), (paths.stragglers, STRAGGLERS_SCHEMA)]
+    checked += [(path, FAILURE_SCHEMA) for path in sorted(paths.failures.glob("rank_*.json"))]
+    problems = []
+    for path, schema in checked:
+        try:
+            read_checked(path, schema, str(path.relative_to(paths.folder)))
+        except OSError:
+            continue
+        except RecordError as error:
+            problems.append(f"UNREADABLE {error}")
+    return problems
 
 
 def skipped_steps(job_dir: str | Path) -> list[int]:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ARCHITECTURES = ("gpt", "llama")
+from axonn_launch.common.arch import ARCHITECTURES, Architecture
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A transformer shape.
+    """A transformer shape. ``arch`` names an architecture of ``common/arch``, whose
+    strategy (``architecture``) answers every architecture-specific question.
 
     ``arch=gpt``: learned positions, LayerNorm, GeLU MLP of ``ffn_mult * h`` units,
     biases, tied embeddings. ``arch=llama``: rotary positions (``rope_theta``, and Llama
@@ -61,12 +62,13 @@ class ModelSpec:
         return self.n_kv_head or self.n_head
 
     @property
-    def d_ff(self) -> int:
-        return self.ffn_hidden or self.ffn_mult * self.d_model
+    def architecture(self) -> Architecture:
+        """The strategy every architecture-specific formula asks (``common/arch/``)."""
+        return ARCHITECTURES[self.arch]
 
     @property
-    def is_llama(self) -> bool:
-        return self.arch == "llama"
+    def d_ff(self) -> int:
+        return self.architecture.mlp_width(self)
 
     @property
     def vocab_tables(self) -> int:
@@ -80,21 +82,16 @@ class ModelSpec:
 
     def linear_params_per_layer(self) -> int:
         """Weight elements of one block's Linears (biases excluded)."""
-        h, f = self.d_model, self.d_ff
-        if self.is_llama:  # q, kv, output projection; SwiGLU gate, up and down
-            return 2 * h * h + 2 * self.kv_dim * h + 3 * h * f
-        return 4 * h * h + 2 * h * f  # qkv, projection, MLP up and down
+        return sum(lin.fan_in * lin.fan_out for lin in self.architecture.block_linears(self))
 
     def n_params(self) -> int:
         """Exact count of the model as the training core builds it."""
-        h, v = self.d_model, self.vocab_size
-        if self.is_llama:  # no biases, RMSNorm weights only, rotary positions
-            per_layer = self.linear_params_per_layer() + 2 * h
-            return self.n_layer * per_layer + self.vocab_tables * v * h + h  # + final RMSNorm
-        biases = 3 * h + h + self.d_ff + h
-        per_layer = self.linear_params_per_layer() + biases + 2 * 2 * h  # + two LayerNorms
-        embed = self.vocab_tables * v * h + self.max_seq_len * h  # token table(s) + positions
-        return self.n_layer * per_layer + embed + 2 * h  # final LayerNorm
+        arch = self.architecture
+        small = sum(p.total for p in arch.layer_small_params(self))  # biases, norms
+        per_layer = self.linear_params_per_layer() + small
+        outside = sum(p.total for p in arch.model_small_params(self))  # positions, final norm
+        tables = self.vocab_tables * self.vocab_size * self.d_model
+        return self.n_layer * per_layer + tables + outside
 
     def flops_per_token(self, seq_len: int, *, recompute: bool) -> float:
         """Training FLOPs per token, Narayanan et al. (SC'21), as Megatron's get_flops,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from axonn_launch.common.divisors import LISTED_DIVISORS, divisors, listed, listed_divisors
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.machine import Hardware
 from axonn_launch.common.models import ModelSpec
@@ -31,23 +32,7 @@ from axonn_launch.common.traffic import block_linears
 if TYPE_CHECKING:
     pass
 
-LISTED_DIVISORS = 12  # a "valid" list names at most this many values
-
-
 # --------------------------------------------------------------------------- shard sizes
-
-
-def divisors(n: int) -> list[int]:
-    """The positive divisors of ``n``, ascending."""
-    small, large = [], []
-    d = 1
-    while d * d <= n:
-        if n % d == 0:
-            small.append(d)
-            if d * d != n:
-                large.append(n // d)
-        d += 1
-    return small + large[::-1]
 
 
 def padded_vocab(vocab_size: int, grid: Grid) -> int:
@@ -61,18 +46,6 @@ def local_vocab(vocab_size: int, grid: Grid) -> int:
     return padded_vocab(vocab_size, grid) // (grid.x * grid.y)
 
 
-BLOCK_NAMES = {  # traffic.block_linears name -> how messages call its weight block
-    "qkv": "QKV weight block",
-    "proj": "attention projection block",
-    "fc1": "MLP weight block",
-    "fc2": "MLP weight block",
-    "q": "query weight block",
-    "kv": "key-value weight block",
-    "gate_up": "MLP gate-up weight block",
-    "down": "MLP down weight block",
-}
-
-
 def z_blocks(model: ModelSpec, grid: Grid) -> dict[str, int]:
     """Elements of each block that is flattened and split over z, by name.
 
@@ -83,7 +56,7 @@ def z_blocks(model: ModelSpec, grid: Grid) -> dict[str, int]:
     head has the same). Valid only when ``shape_problem`` finds no problem with heads,
     hidden and MLP over x and y.
     """
-    blocks = {BLOCK_NAMES[lin.name]: int(lin.block_elements(grid)) for lin in block_linears(model)}
+    blocks = {lin.label: int(lin.block_elements(grid)) for lin in block_linears(model)}
     blocks["token table block"] = local_vocab(model.vocab_size, grid) * model.d_model
     return blocks
 
@@ -92,60 +65,19 @@ def z_blocks(model: ModelSpec, grid: Grid) -> dict[str, int]:
 
 
 def model_problem(model: ModelSpec) -> str | None:
-    """The model alone: whole heads (the QKV view in ``Attention``), KV heads that each
-    serve a whole group of query heads, rotary pairs, and Llama 3's rope scaling."""
+    """The model alone: whole heads (the QKV view in ``Attention``), then what its
+    architecture requires (``Architecture.shape_problem``)."""
     if model.n_head < 1:
         return f"model.n_head={model.n_head}: must be a positive integer"
     if model.d_model % model.n_head:
         return (
             f"model.d_model={model.d_model}: must be divisible by model.n_head={model.n_head}"
-            f"; valid n_head: {_divisors(model.d_model)}"
+            f"; valid n_head: {listed_divisors(model.d_model)}"
         )
     for key in ("n_kv_head", "ffn_hidden"):
         if getattr(model, key) < 0:
             return f"model.{key}={getattr(model, key)}: must be >= 0 (0 = the default)"
-    return _llama_problem(model) if model.is_llama else _gpt_problem(model)
-
-
-def _gpt_problem(model: ModelSpec) -> str | None:
-    if model.kv_heads != model.n_head:
-        return (
-            f"model.n_kv_head={model.n_kv_head}: grouped-query attention needs"
-            f" model.arch=llama; valid for arch=gpt: 0 or model.n_head={model.n_head}"
-        )
-    return None
-
-
-def _llama_problem(model: ModelSpec) -> str | None:
-    if model.n_head % model.kv_heads:
-        return (
-            f"model.n_kv_head={model.n_kv_head}: must divide model.n_head={model.n_head}"
-            f" (each KV head serves a group of query heads); valid n_kv_head:"
-            f" {_divisors(model.n_head)}"
-        )
-    if model.head_dim % 2:
-        valid = [n for n in divisors(model.d_model) if (model.d_model // n) % 2 == 0]
-        return (
-            f"model.n_head={model.n_head}: the head dimension model.d_model/model.n_head="
-            f"{model.head_dim} must be even (rotary positions turn pairs of features)"
-            f"; valid n_head: {listed(valid)}"
-        )
-    for key in ("norm_eps", "rope_theta"):
-        if not getattr(model, key) > 0:
-            return f"model.{key}={getattr(model, key)}: must be > 0"
-    if model.rope_scaling_factor > 0:
-        low, high = model.rope_low_freq_factor, model.rope_high_freq_factor
-        if not 0 < low < high:
-            return (
-                f"model.rope_high_freq_factor={high}: must exceed"
-                f" model.rope_low_freq_factor={low} > 0 (Llama 3 rope scaling)"
-            )
-        if model.rope_original_max_seq_len < 1:
-            return (
-                f"model.rope_original_max_seq_len={model.rope_original_max_seq_len}:"
-                " must be a positive integer (Llama 3 rope scaling)"
-            )
-    return None
+    return model.architecture.shape_problem(model)
 
 
 def valid_y(model: ModelSpec) -> list[int]:
@@ -175,12 +107,12 @@ def shape_problem(model: ModelSpec, grid: Grid) -> str | None:
     why = _y_problem(model, grid.y)
     if why:
         valid = valid_y(model)
-        shown = _divisors(model.n_head) if valid == divisors(model.n_head) else listed(valid)
+        shown = listed_divisors(model.n_head) if valid == divisors(model.n_head) else listed(valid)
         return f"grid.y={grid.y}: {why}; valid y: {shown}"
     if model.d_model % grid.x:
         return (
             f"grid.x={grid.x}: must divide model.d_model={model.d_model} (the hidden dimension"
-            f" is split over x); valid x: {_divisors(model.d_model)}"
+            f" is split over x); valid x: {listed_divisors(model.d_model)}"
         )
     blocks = z_blocks(model, grid)
     for name, elements in blocks.items():
@@ -188,7 +120,7 @@ def shape_problem(model: ModelSpec, grid: Grid) -> str | None:
             return (
                 f"grid.z={grid.z}: must divide the {name} of {elements} elements per x*y shard"
                 f"{_vocab_note(model, grid) if name.startswith('token') else ''}"
-                f"; valid z: {_divisors(math.gcd(*blocks.values()))}"
+                f"; valid z: {listed_divisors(math.gcd(*blocks.values()))}"
             )
     return None
 
@@ -330,15 +262,3 @@ def _vocab_note(model: ModelSpec, grid: Grid) -> str:
         f" (model.vocab_size={model.vocab_size} padded to {rows} rows per member of the"
         f" x*y={grid.x * grid.y} plane, times model.d_model={model.d_model})"
     )
-
-
-def _divisors(n: int) -> str:
-    values = divisors(n)
-    if len(values) <= LISTED_DIVISORS:
-        return ", ".join(map(str, values))
-    return ", ".join(map(str, values[:LISTED_DIVISORS])) + f", ... (the divisors of {n})"
-
-
-def listed(values: list[int]) -> str:
-    shown = ", ".join(map(str, values[:LISTED_DIVISORS]))
-    return shown + (", ..." if len(values) > LISTED_DIVISORS else "") if values else "none"

@@ -160,3 +160,47 @@ def parse_squeue(text: str) -> dict[str, JobRow]:
         if len(parts) == 3 and parts[0]:
             rows[parts[0]] = JobRow(parts[1], "", parts[2])
     return rows
+
+
+# Whose job an id is (submit/chain.py checks it before scancel): id, name, stdout path.
+# ``StdOut`` is the --output pattern as given (``%j`` unexpanded); it comes last, so a
+# ``|`` in a path cannot shift the other fields.
+SQUEUE_OWNER_FORMAT = "JobID:|,Name:|,StdOut:"
+
+
+def squeue_owner_command() -> list[str]:
+    return ["squeue", "-h", "-O", SQUEUE_OWNER_FORMAT]
+
+
+def parse_squeue_owners(text: str) -> dict[str, tuple[str, str]]:
+    """``squeue -h -O JobID:|,Name:|,StdOut:`` as job id -> (name, stdout pattern), for the
+    jobs still queued or running."""
+    rows = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|", 2)
+        if len(parts) == 3 and parts[0]:
+            rows[parts[0]] = (parts[1], parts[2])
+    return rows
+
+
+# --- text the launcher writes into a batch script ---------------------------------------
+# C0 controls and DEL: a newline or carriage return would end an ``#SBATCH`` line early (the
+# rest becomes a shell line, and the ``#SBATCH`` block ends there); NUL and the others have
+# no place in a partition, an account, a path or an option either.
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
+# submitit's own placeholders in its folder (``%j`` job id, ``%t`` task, ``%A``/``%a`` array):
+# it replaces them wherever they appear in the path, the job dir's part included.
+SUBMITIT_TAGS = ("%j", "%t", "%A", "%a")
+
+
+def control_characters(text: str) -> str:
+    """The control characters in ``text``, as ``repr`` shows them (``'\\n'``); '' when none."""
+    found = dict.fromkeys(CONTROL_CHARACTERS.findall(text))
+    return ", ".join(repr(c) for c in found)
+
+
+def escape_percent(path: str) -> str:
+    """``path`` for a Slurm filename pattern (--output, --error, --chdir) that expands
+    nothing in it: each ``%`` doubled (``%%`` is Slurm's literal ``%``), so that a job dir
+    named ``run%x`` is not read as ``run<job name>``."""
+    return path.replace("%", "%%")

@@ -3,7 +3,8 @@ size and the bytes per element on the wire. One function (``block_collectives``)
 the step-time model (``perf.py``) prices and the memory model (``memory.py``) reads the
 wire dtypes from. Torch-free: the planner runs on login nodes.
 
-The block is AxoNN's (axonn.md §2.3-§2.7) as the training core runs it. GPT: four Linears
+The block is AxoNN's (axonn.md §2.3-§2.7) as the training core runs it, with the Linears
+and norm collectives of the model's architecture (``common/arch/``). GPT: four Linears
 (QKV, attention projection, MLP up, MLP down; the second and fourth transposed, so x and
 y swap roles) and two LayerNorms whose statistics travel over x when x > 1. Llama: five
 Linears without biases (query, key-value, attention projection, SwiGLU gate-up, down;
@@ -40,18 +41,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from axonn_launch.common.arch.base import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    BACKWARD,
+    BF16,
+    FORWARD,
+    FP32,
+    RECOMPUTE,
+    REDUCE_SCATTER,
+    Collective,
+    LinearShape,
+)
+from axonn_launch.common.arch.base import NORM as NORM
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import TrainConfig
 
-ALL_REDUCE = "all_reduce"
-ALL_GATHER = "all_gather"
-REDUCE_SCATTER = "reduce_scatter"
 COLLECTIVES = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER)
-
-FORWARD, RECOMPUTE, BACKWARD = "forward", "recompute", "backward"
-BF16, FP32 = 2, 4
-NORM = "norm"  # the ``linear`` of the LayerNorm statistics
 
 
 # --------------------------------------------------------------------------- dtypes
@@ -85,67 +92,9 @@ def wire_bytes(train: TrainConfig, *, on_gpu: bool) -> WireBytes:
 # --------------------------------------------------------------------------- the block
 
 
-@dataclass(frozen=True)
-class LinearShape:
-    """One Linear of a block and the axes its all-reduces use (axonn.md §2.4).
-
-    ``inner`` splits the input features and carries the forward all-reduce of the
-    output; ``outer`` splits the output features and carries the backward all-reduce of
-    dX. transpose=True swaps x and y. ``out_groups`` > 0: the output features come in
-    that many groups that are never split (Llama's KV heads), so with more ``outer``
-    ranks than groups each rank holds one whole group, replicated over
-    outer / out_groups ranks. ``segments``: runs of rows stored one after another (q, k
-    and v of the fused QKV), for the checkpoint's layout (jobcost.py).
-    """
-
-    name: str
-    fan_in: int
-    fan_out: int
-    inner: str  # axis splitting fan_in
-    outer: str  # axis splitting fan_out
-    out_groups: int = 0
-    segments: int = 1
-
-    def out_split(self, grid: Grid) -> int:
-        """Distinct shares of the output features along ``outer``."""
-        size = grid.size(self.outer)
-        return min(size, self.out_groups) if self.out_groups else size
-
-    def replicas(self, grid: Grid) -> int:
-        """Ranks along ``outer`` holding the same weight block (1: none replicated)."""
-        return grid.size(self.outer) // self.out_split(grid)
-
-    def rows(self, grid: Grid) -> float:
-        """Output features of this rank's weight block."""
-        return self.fan_out / self.out_split(grid)
-
-    def cols(self, grid: Grid) -> float:
-        """Input features of this rank's weight block."""
-        return self.fan_in / grid.size(self.inner)
-
-    def block_elements(self, grid: Grid) -> float:
-        """Elements of this rank's weight block before the split over z."""
-        return self.fan_in * self.fan_out / (grid.size(self.inner) * self.out_split(grid))
-
-
 def block_linears(model: ModelSpec) -> tuple[LinearShape, ...]:
     """The Linears of one block in forward order, as the training core builds them."""
-    h, f = model.d_model, model.d_ff
-    if model.is_llama:
-        kv = 2 * model.kv_dim  # k rows then v rows, never splitting a KV head
-        return (
-            LinearShape("q", h, h, inner="x", outer="y"),
-            LinearShape("kv", h, kv, inner="x", outer="y", out_groups=model.kv_heads, segments=2),
-            LinearShape("proj", h, h, inner="y", outer="x"),  # transposed
-            LinearShape("gate_up", h, 2 * f, inner="x", outer="y", segments=2),
-            LinearShape("down", f, h, inner="y", outer="x"),  # transposed
-        )
-    return (
-        LinearShape("qkv", h, 3 * h, inner="x", outer="y", segments=3),
-        LinearShape("proj", h, h, inner="y", outer="x"),  # transpose=True
-        LinearShape("fc1", h, f, inner="x", outer="y"),
-        LinearShape("fc2", f, h, inner="y", outer="x"),  # transpose=True (§4.3 corrected)
-    )
+    return model.architecture.block_linears(model)
 
 
 def linear_weight_elements(model: ModelSpec, grid: Grid) -> float:
@@ -163,22 +112,6 @@ def replicated_kv_elements(model: ModelSpec, grid: Grid) -> float:
     ``outer`` axis (Llama's KV heads when y > n_kv_head), before the split over z.
     Their gradients are all-reduced over each group of replicas once per step."""
     return sum(lin.block_elements(grid) for lin in block_linears(model) if lin.replicas(grid) > 1)
-
-
-@dataclass(frozen=True)
-class Collective:
-    """One collective of a block's micro-step; ``elements`` is the full (gathered) size."""
-
-    op: str  # all_reduce | all_gather | reduce_scatter
-    axis: str  # x | y | z
-    elements: float
-    itemsize: int  # bytes per element on the wire
-    phase: str  # forward | recompute | backward
-    linear: str  # a LinearShape's name (qkv | proj | fc1 | fc2; q | kv | gate_up | down) or norm
-
-    @property
-    def nbytes(self) -> float:
-        return self.elements * self.itemsize
 
 
 def tokens_per_gpu(train: TrainConfig, grid: Grid) -> float:
@@ -209,7 +142,7 @@ def block_collectives(
 
 
 def _forward_pass(model, grid, tokens, wire: WireBytes, phase: str, *, gather: bool):
-    out = list(_norm_statistics(model, tokens, phase, grid.x))
+    out = list(model.architecture.norm_statistics(tokens, phase, grid.x))
     for lin in block_linears(model):
         if gather:
             out.append(Collective(ALL_GATHER, "z", lin.block_elements(grid), wire.all_gather,
@@ -220,7 +153,7 @@ def _forward_pass(model, grid, tokens, wire: WireBytes, phase: str, *, gather: b
 
 
 def _backward_pass(model, grid, tokens, wire: WireBytes, *, regather: bool):
-    out = list(_norm_statistics(model, tokens, BACKWARD, grid.x))
+    out = list(model.architecture.norm_statistics(tokens, BACKWARD, grid.x))
     for lin in reversed(block_linears(model)):
         block = lin.block_elements(grid)
         if regather:
@@ -230,23 +163,6 @@ def _backward_pass(model, grid, tokens, wire: WireBytes, *, regather: bool):
         out.append(Collective(REDUCE_SCATTER, "z", block, wire.reduce_scatter, BACKWARD,
                               lin.name))  # fmt: skip
     return tuple(out)
-
-
-def _norm_statistics(model: ModelSpec, tokens: float, phase: str, x: int):
-    """Each of the block's two norms, fp32 over x.
-
-    LayerNorm (GPT): forward, an all-gather of three numbers per token and rank (shift,
-    mean correction, M2: Chan's merge, exact); backward, an all-reduce of two per token
-    (sums of g and g * x_hat). RMSNorm (Llama): an all-reduce of one number per token
-    each way (the sum of squares forward, the sum of g * x_hat backward).
-    """
-    if model.is_llama:
-        one = Collective(ALL_REDUCE, "x", tokens, FP32, phase, NORM)
-    elif phase == BACKWARD:
-        one = Collective(ALL_REDUCE, "x", 2 * tokens, FP32, phase, NORM)
-    else:
-        one = Collective(ALL_GATHER, "x", 3 * tokens * x, FP32, phase, NORM)
-    return one, one
 
 
 def block_volumes(

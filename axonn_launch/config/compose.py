@@ -78,6 +78,7 @@ class LaunchConfig:
     wait: bool | None = None
     max_requeue: int = 3
     force: bool = False  # launch beside an identical queued or running job (submit/duplicates.py)
+    resume: bool = False  # continue its job dir's run as a new attempt (submit/dirguard.py)
     site: Site = field(default_factory=Site)
     objective: str = "val_loss"  # what a sweep point returns to an optimizer (sweep.py)
     # check GEMM speed, bandwidth and network plugin in the allocation before training
@@ -93,7 +94,7 @@ class LaunchConfig:
 # Overrides that a point's name leaves out: already in the name, or not about the run.
 UNNAMED_KEYS = (
     "machine", "model", "name", "dry_run", "wait", "nodes", "objective", "preflight", "study",
-    "scale", "rehearse", "recovery", "force", "show_config",
+    "scale", "rehearse", "recovery", "force", "resume", "show_config",
 )  # fmt: skip
 NAME_MAX = 80
 

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from axonn_launch.common import hostmem, prompts, rules, tokenfile
+from axonn_launch.common import hostmem, prompts, rules, slurmtext, tokenfile
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.machine import SCHEDULERS, MachineProfile
 from axonn_launch.common.models import ModelSpec
@@ -28,6 +28,7 @@ from axonn_launch.cost.perf import StepTime, step_time
 BUILTIN_DATA = ("shakespeare", "synthetic")
 BYTE_VOCAB = 256
 _NAME_FORBIDDEN = re.compile(r"[/\x00-\x1f\x7f]")
+SBATCH_OPTION = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")  # submitit writes '_' as '-'
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ def resolve(cfg: LaunchConfig) -> Resolved:
 
 def _resolve(cfg: LaunchConfig) -> Resolved:
     check_name(cfg.name)
+    check_scheduler_text(cfg)
     check_machine(cfg.machine)
     check_model(cfg.model)
     check_train(cfg.train, cfg.model)
@@ -126,6 +128,68 @@ def check_name(name: str) -> None:
     if not name or len(name) > 128 or _NAME_FORBIDDEN.search(name) or name in (".", ".."):
         raise ConfigError(
             f"name={name!r}: must be 1-128 characters without '/' or control characters"
+        )
+
+
+def scheduler_text(cfg: LaunchConfig) -> Iterator[tuple[str, str]]:
+    """(key, value) of every config value the launcher writes into a batch script's
+    ``#SBATCH`` lines, its srun line or the recovery job's script; ``site.accounts``
+    first, which becomes ``machine.slurm.account``."""
+    machine, slurm = cfg.machine, cfg.machine.slurm
+    for name, account in cfg.site.accounts.items():
+        yield f"site.accounts.{name}", str(account)
+    for key in ("partition", "qos", "constraint", "account", "gpu_bind", "network", "mpi_default"):
+        yield f"machine.slurm.{key}", str(getattr(slurm, key))
+    for key, value in slurm.extra_sbatch.items():
+        yield f"machine.slurm.extra_sbatch.{key}", str(value)
+    for n, arg in enumerate(slurm.srun_args):
+        yield f"machine.slurm.srun_args[{n}]", str(arg)
+    for n, module in enumerate(machine.modules):
+        yield f"machine.modules[{n}]", str(module)
+    for key in ("python", "container.python", "container.environment", "broadcast.dir",
+                "broadcast.constraint"):  # fmt: skip
+        yield f"machine.{key}", str(_lookup(machine, key))
+
+
+def check_scheduler_text(cfg: LaunchConfig) -> None:
+    """No control character in what reaches a batch script: a newline in a partition
+    would end its ``#SBATCH`` line there, make the rest a shell line, and end the
+    ``#SBATCH`` block."""
+    for key, value in scheduler_text(cfg):
+        found = slurmtext.control_characters(value)
+        if found:
+            raise ConfigError(
+                f"{key}={value!r}: holds control characters ({found}); valid: text on one line"
+            )
+    for key in cfg.machine.slurm.extra_sbatch:
+        if not SBATCH_OPTION.fullmatch(key):
+            raise ConfigError(
+                f"machine.slurm.extra_sbatch.{key}: not an sbatch option name; valid: letters,"
+                " digits, '-' and '_', e.g. mail-type"
+            )
+
+
+def check_job_dir(job_dir: str, machine: MachineProfile) -> None:
+    """The job dir (``hydra.run.dir``) goes into the batch script and Slurm's log paths:
+    no control characters anywhere, and on Slurm none of submitit's placeholders (it
+    would replace ``%j`` in the dir's own name too) nor a backslash (which turns off
+    Slurm's ``%j`` in a log path). Any other ``%`` is escaped (``render.escape_log_paths``)."""
+    key = f"hydra.run.dir={job_dir!r}"
+    found = slurmtext.control_characters(job_dir)
+    if found:
+        raise ConfigError(f"{key}: holds control characters ({found}); valid: a one-line path")
+    if machine.scheduler != "slurm":
+        return
+    tags = [tag for tag in slurmtext.SUBMITIT_TAGS if tag in job_dir]
+    if tags:
+        raise ConfigError(
+            f"{key}: holds {', '.join(tags)}, which submitit replaces in its folder (the job"
+            " id, task or array index) wherever they appear; valid: a path without them"
+        )
+    if "\\" in job_dir:
+        raise ConfigError(
+            f"{key}: holds a backslash, which turns off Slurm's %j in the log paths;"
+            " valid: a path without one"
         )
 
 
@@ -209,6 +273,10 @@ def check_data(data: str, model: ModelSpec) -> None:
         )
     if data not in BUILTIN_DATA and os.path.exists(data):  # a missing one: data_warnings
         _fail(tokenfile.problem("train.data", data, model.vocab_size))
+        if os.path.exists(os.path.splitext(data)[0] + ".idx"):  # numpy only when needed
+            from axonn_launch.common.indexed import index_file_problem
+
+            _fail(index_file_problem("train.data", data))
 
 
 BIG_MODEL_PARAMS = 1e9  # from here on, the built-in corpus is only a smoke test

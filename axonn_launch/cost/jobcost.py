@@ -100,10 +100,9 @@ def checkpoint_chunks(model: ModelSpec, grid: Grid) -> int:
         rows, cols = lin.fan_out // lin.out_split(grid), lin.fan_in // grid.size(lin.inner)
         blocks = grid.size(lin.inner) * lin.out_split(grid)
         weights += blocks * flat_range_boxes(rows, cols, z, segments=lin.segments)
-    if model.is_llama:
-        small, extra = 2 * x, x  # two RMSNorms; the final one
-    else:  # LayerNorms, biases (qkv bias: 3 runs per y block); positions, final LayerNorm
-        small, extra = 4 * x + 3 * y + x + y + x, x + 2 * x
+    arch = model.architecture  # biases, norms, positions: a box per tensor, shard and run
+    small = sum(param.boxes(grid) for param in arch.layer_small_params(model))
+    extra = sum(param.boxes(grid) for param in arch.model_small_params(model))
     plane = x * y
     vocab_rows = -(-model.vocab_size // plane)
     tables = model.vocab_tables * plane * flat_range_boxes(vocab_rows, model.d_model, z)

@@ -185,17 +185,13 @@ def local_param_elements(model: ModelSpec, grid: Grid) -> float:
 
 
 def replicated_over_z_elements(model: ModelSpec, grid: Grid) -> float:
-    """Biases, norms and positions: split over x or y, the same on every z rank.
-
-    GPT, per layer: QKV bias 3h/y, projection bias h/x, MLP biases f/y + h/x, two
-    LayerNorms 4h/x; plus the position table S*h/x and the final LayerNorm 2h/x. Llama:
-    two RMSNorm weights 2h/x per layer and the final one h/x.
-    """
-    h, f, x, y = model.d_model, model.d_ff, grid.x, grid.y
-    if model.is_llama:
-        return model.n_layer * 2 * h / x + h / x
-    per_layer = 3 * h / y + h / x + f / y + h / x + 4 * h / x
-    return model.n_layer * per_layer + model.max_seq_len * h / x + 2 * h / x
+    """Biases, norms and positions (the architecture's small parameters): split over x
+    or y, the same on every z rank."""
+    arch = model.architecture
+    total = model.n_layer * sum(p.local_elements(grid) for p in arch.layer_small_params(model))
+    for param in arch.model_small_params(model):
+        total += param.local_elements(grid)
+    return total
 
 
 def reduce_scatter_buffers(
@@ -226,43 +222,9 @@ def _activations(
 
 
 def layer_activation_bytes(model: ModelSpec, grid: Grid, tokens: float, half: int = 2) -> float:
-    """Bytes one transformer layer saves for its backward in the training core.
-
-    Sharded over x, fp32 (the residual stream is fp32 under autocast): the two LayerNorm
-    inputs and the two LayerNorm outputs saved by QKV and MLP-up (with x > 1 the
-    LayerNorm is an autograd function of its own that saves only its input and its
-    per-token statistics, recomputing the rest in backward). Sharded over y: q, k, v and the
-    attention output (autocast dtype), the GeLU input and output (fp32, f each); the
-    fused attention kernel adds a log-sum-exp per head (fp32) instead of the s^2 score
-    matrices that Korthikanti et al. (2022) count without one. Per token and LayerNorm:
-    mean and inverse deviation (fp32), three numbers when x > 1.
-    """
-    if model.is_llama:
-        return _llama_layer_activation_bytes(model, grid, tokens, half)
-    h, f = model.d_model, model.d_ff
-    hidden = tokens * h / grid.x * 4 * 4
-    wide = tokens * (4 * h * half + 2 * f * 4) / grid.y
-    lse = tokens * model.n_head / grid.y * 4
-    norms = tokens * 2 * (3 if grid.x > 1 else 2) * 4
-    return hidden + wide + lse + norms
-
-
-def _llama_layer_activation_bytes(model: ModelSpec, grid: Grid, tokens: float, half: int) -> float:
-    """A Llama block's saved tensors (``train/llama.py``), counted as GPT's.
-
-    Sharded over x, fp32: per RMSNorm its input, its normalized input and its output
-    (what the next Linears save), and one number per token (the inverse root mean
-    square). Sharded over y, in the autocast dtype: the rotated q and k, v and the
-    attention output, k and v at the query width (copied per query head), and SwiGLU's
-    gate-up output (2f), SiLU output and product (f each). Per head a log-sum-exp, and
-    the rotary cosines and sines (head_dim each), fp32.
-    """
-    h, f = model.d_model, model.d_ff
-    norms = tokens * 2 * (3 * h / grid.x + 1) * 4
-    wide = tokens * (4 * h + 4 * f) / grid.y * half
-    lse = tokens * model.n_head / grid.y * 4
-    rope = tokens * 2 * model.head_dim * 4
-    return norms + wide + lse + rope
+    """Bytes one transformer layer saves for its backward in the training core, tensor by
+    tensor (``Architecture.layer_activation_bytes``)."""
+    return model.architecture.layer_activation_bytes(model, grid, tokens, half)
 
 
 def fit_micro_batch(

@@ -362,16 +362,7 @@ def shaped_gemm_seconds(gemm: Gemm, hw: Hardware, cal: Calibration, *, tuned: bo
 
 
 # Element passes (one read or one write of an element) per token of the element-wise
-# kernels of one transformer layer's forward, as the training core runs them. A fused
-# LayerNorm reads and writes once (2); the x-exact LayerNorm of x > 1 squares, sums twice,
-# subtracts, scales, multiplies by the weight and adds the bias (12). A residual add reads
-# two and writes one (3). GeLU reads and writes (2). Q, K, V and the attention output are
-# copied between layouts (2 each). The attention core is fused (flash attention).
-LN_FUSED_PASSES, LN_EXACT_PASSES, ADD_PASSES, GELU_PASSES, COPY_PASSES = 2, 12, 3, 2, 2
-# Llama: the RMSNorm (unfused, at any x) squares (2), sums (1), scales (3) and multiplies
-# by the weight (3); the rotary embedding of q and k reads and writes the halves swapped,
-# two products and their sum (10); SwiGLU's SiLU (2 on the gate's f) and product (3 on f).
-RMS_PASSES, ROPE_PASSES, SWIGLU_PASSES = 9, 10, 5
+# kernels: a layer's forward is its architecture's (``Architecture.elementwise_passes``).
 BACKWARD_FACTOR = 2  # a backward kernel reads the output gradient and the saved input
 LOSS_PASSES = 6  # softmax cross-entropy: max, exp, sum, normalize; its gradient
 
@@ -382,28 +373,8 @@ def elementwise_elements(model: ModelSpec, grid: Grid) -> tuple[float, float]:
     The residual stream is split over x (h/x per token), the attention heads and the MLP's
     hidden over y (3h/y, h/y, f/y), the vocabulary over the x*y plane.
     """
-    h, f = model.d_model, model.d_ff
     head = LOSS_PASSES * model.vocab_size / (grid.x * grid.y)
-    if model.is_llama:
-        return _llama_elementwise(model, grid), head
-    ln = LN_FUSED_PASSES if grid.x == 1 else LN_EXACT_PASSES
-    per_layer = (2 * ln + 2 * ADD_PASSES) * h / grid.x
-    per_layer += COPY_PASSES * 4 * h / grid.y + GELU_PASSES * f / grid.y
-    return per_layer, head
-
-
-def _llama_elementwise(model: ModelSpec, grid: Grid) -> float:
-    """A Llama layer's forward element passes per token: two RMSNorms and residual adds
-    over h/x; over y, the rotation of q and k (k at this rank's KV width), the copies of
-    k and v to the query width when a KV head serves several local query heads, the
-    attention output's layout copy, and SwiGLU."""
-    h, f = model.d_model, model.d_ff
-    heads = h / grid.y  # query width of this rank
-    kv = next(lin for lin in block_linears(model) if lin.name == "kv").rows(grid) / 2
-    copies = heads + (2 * heads if kv < heads else 0)
-    per_layer = (2 * RMS_PASSES + 2 * ADD_PASSES) * h / grid.x
-    per_layer += COPY_PASSES * copies + ROPE_PASSES * (heads + kv)
-    return per_layer + SWIGLU_PASSES * f / grid.y
+    return model.architecture.elementwise_passes(model, grid), head
 
 
 # --------------------------------------------------------------------------- the step

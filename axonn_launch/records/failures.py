@@ -33,7 +33,9 @@ host_oom            do not retry unchanged; retry only with a new grid or node c
                     failure record: its cgroup's ``oom_kill`` count rose, or the kernel log
                     names its pid), never rank_killed
 gpu_oom             do not retry unchanged; retry only with a new grid or node count
-code_error          do not retry: a Python exception or a configuration error
+code_error          do not retry: a Python exception or a configuration error (also
+                    sacct's exit code 0:53: Slurm could not open the job's output or
+                    error file, which a retry cannot change)
 non_finite          stop: the loss or the gradients of a step were not finite; the
                     step was not applied and nothing was saved at or after it
                     (``recovery.policy.non_finite=rollback`` resumes before it and
@@ -289,6 +291,14 @@ PYTHON_EXCEPTION = re.compile(
     r"^(?:\[rank\d+\]: ?)?(?P<name>[A-Za-z_][\w.]*(?:Error|Exception|Exit)): ", re.M
 )
 TRACEBACK = "Traceback (most recent call last)"
+# sacct's ExitCode of a job whose --output or --error file Slurm could not open (a directory
+# that does not exist, or a path a '%' placeholder turned into one): no rank ever ran, and
+# the same script fails the same way again. Not a signal, though it reads as one.
+OUTPUT_NOT_OPENED = "0:53"
+OUTPUT_NOT_OPENED_REASON = (
+    "exit code 0:53: Slurm could not open the job's output or error file (a directory"
+    " missing, unwritable, or a '%' in its path read as a placeholder)"
+)
 SUBMITIT_UNCOMPLETED = "UncompletedJobError"
 
 
@@ -361,6 +371,8 @@ def classify(ev: Evidence) -> Diagnosis:
     explained = explain(ev)
     if explained is not None:
         return explained
+    if ev.exit_code == OUTPUT_NOT_OPENED:
+        return Diagnosis(CODE_ERROR, OUTPUT_NOT_OPENED_REASON)
     if _killed_by_signal(ev.exit_code):
         return Diagnosis(RANK_KILLED, f"exit code {ev.exit_code}")
     if state == "COMPLETED":

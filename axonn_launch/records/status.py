@@ -26,7 +26,9 @@ from axonn_launch.common.jobdir import (
     CHECKPOINTS,
     LOGS,
     PREFLIGHT,
+    RECORD,
     JobPaths,
+    RecordError,
     checkpoint_bytes,
     is_job_dir,
     last_job_id,
@@ -37,6 +39,7 @@ from axonn_launch.common.jobdir import (
     read_record_or_empty,
     read_stragglers,
     read_summary,
+    record_problems,
     update_record,
 )
 from axonn_launch.records import failures, firstfail, goodput
@@ -99,6 +102,8 @@ class JobStatus:
     # the newest straggler report's ranks (stragglers.json): rank, node, ratio, ...
     stragglers: list[dict] = field(default_factory=list)
     straggler_step: int | None = None  # the step of that report
+    # "UNREADABLE <record>: <why>" for each record that failed its schema (common/jobdir.py)
+    problems: list[str] = field(default_factory=list)
 
 
 RUN_RUNNING, RUN_WAITING, RUN_RECOVERING, RUN_DONE, RUN_STOPPED = (
@@ -275,13 +280,34 @@ class RunResults:
 
 
 def run_results(job_dir: Path, metrics: dict | None = None) -> RunResults:
-    """From summary.json, else from ``metrics`` (the last step's row, read if not given)."""
-    summary = read_summary(job_dir)
+    """From summary.json while it is the newest evidence, else from ``metrics`` (the last
+    step's row, read if not given): a requeued allocation's own steps, not the summary the
+    previous allocation left when it stopped."""
+    row = metrics if metrics is not None else last_metrics(Path(job_dir)) or {}
+    summary = current_summary(Path(job_dir), row)
     if summary is None:
-        row = metrics if metrics is not None else last_metrics(Path(job_dir)) or {}
         summary = {"final_loss": row.get("loss"), **row}
     values = [summary.get(k) for k in ("final_loss", "tokens_per_s", "step_time_s")]
     return RunResults(*(_finite(v) for v in values))
+
+
+def current_summary(job_dir: Path, row: dict) -> dict | None:
+    """summary.json, unless metrics.jsonl's last row ``row`` is newer evidence: a step past
+    the summary's, or rows written after it (a requeued or resumed allocation appends to
+    metrics.jsonl, or cuts it back to its checkpoint, while the summary its predecessor
+    wrote on stopping is still there). A finished run writes its summary after its last
+    row, so the summary stands."""
+    summary = read_summary(job_dir)
+    if summary is None or not row:
+        return summary
+    if int(row.get("step") or 0) > int(summary.get("steps") or 0):
+        return None
+    paths = JobPaths(job_dir)
+    try:
+        newer = paths.metrics.stat().st_mtime_ns > paths.summary.stat().st_mtime_ns
+    except OSError:  # one of them went away meanwhile: the summary was read, keep it
+        return summary
+    return None if newer else summary
 
 
 def _finite(value) -> float | None:
@@ -305,7 +331,7 @@ def preflight_of(job_dir: Path, record: dict) -> dict | None:
 def slow_nodes_of(preflight: dict | None) -> list[str]:
     """The preflight's slow nodes that are plain node names (they go into --exclude)."""
     nodes = (preflight or {}).get("slow_nodes") or []
-    return [str(n) for n in nodes if NODE_NAME.fullmatch(str(n))]
+    return [str(n) for n in nodes if NODE_NAME.fullmatch(str(n))] if isinstance(nodes, list) else []
 
 
 # --- the scheduler's view ------------------------------------------------------------------
@@ -637,9 +663,10 @@ def shown_reason(job_dir: Path, record: dict, diagnosis: Diagnosis) -> Diagnosis
         return diagnosis
     first = None
     cause = supervisor_cause(record)
-    if diagnosis.failure in failures.STORAGE_CLASSES:  # which file system, how much room
-        diagnosis = replace(diagnosis, reason=storage_reason(job_dir, diagnosis))
-    elif not cause.get("signal"):
+    if diagnosis.failure in failures.STORAGE_CLASSES:  # which file system, how much room:
+        # it wins over the supervisor's line (``rank 0 ... exited with code 1``), its effect
+        return replace(diagnosis, reason=storage_reason(job_dir, diagnosis))
+    if not cause.get("signal"):
         first = firstfail.first_failure(job_dir)
     if first is not None:  # the rank that failed first says why, in its own words
         return replace(diagnosis, reason=firstfail.headline(first))
@@ -789,6 +816,7 @@ def job_status(
         allocation=allocation_of(record, info),
         allocations=allocations_of(record, info),
         detail=dict(diagnosis.detail) if diagnosis else {},
+        problems=record_problems(job_dir),
         **stragglers_of(job_dir),
     )
 
@@ -849,15 +877,37 @@ def after_training_of(job_dir: Path) -> dict[str, str]:
     return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
+UNREADABLE_STATE = "UNREADABLE"
+
+
+def unreadable_row(job_dir: Path, why: str) -> JobStatus:
+    """The row of a job dir whose job.json cannot be trusted (``why``: the schema's words):
+    listed, never dropped, and nothing is done with it."""
+    return JobStatus(
+        job_dir=str(job_dir), job_id="", name="", machine="", model="", grid="", nodes=0,
+        state=UNREADABLE_STATE, step=None, steps=0, loss=None, tokens_per_s=None,
+        step_time_s=None, failure="", action="", reason=f"UNREADABLE {why}", attempt=1,
+        run_dir=str(job_dir), problems=[f"UNREADABLE {why}"],
+    )  # fmt: skip
+
+
 def collect(paths: list[str]) -> list[JobStatus]:
-    """Status of every job under ``paths``, with one scheduler query for all of them."""
-    records = []
+    """Status of every job under ``paths``, with one scheduler query for all of them. A job
+    dir whose job.json fails its schema is an UNREADABLE row (``unreadable_row``)."""
+    records: list[tuple[Path, dict | str]] = []
     for job_dir in find_job_dirs(paths):
-        with contextlib.suppress(OSError, ValueError):
+        try:
             records.append((job_dir, read_record(job_dir)))
-    infos = scheduler_states([last_job_id(r) for _, r in records])
+        except RecordError as error:
+            records.append((job_dir, str(error)))
+        except OSError as error:  # unreadable (permissions), or gone since the walk
+            records.append((job_dir, f"{RECORD}: {error.strerror or error}"))
+    infos = scheduler_states([last_job_id(r) for _, r in records if isinstance(r, dict)])
     rows = []
     for job_dir, record in records:
+        if isinstance(record, str):
+            rows.append(unreadable_row(job_dir, record))
+            continue
         info = infos.get(last_job_id(record))
         preflight = preflight_of(job_dir, record)  # read once per job
         row = job_status(job_dir, record, info, preflight)

@@ -37,6 +37,7 @@ resumed: its run is marked stopped.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shlex
 import signal
@@ -45,6 +46,7 @@ import sys
 import time
 from pathlib import Path
 
+from axonn_launch.common import slurmtext
 from axonn_launch.common.jobdir import (
     JobPaths,
     read_record,
@@ -162,7 +164,7 @@ def recovery_script(cfg: LaunchConfig, job_dir: Path) -> str:
         "nodes": "1",
         "ntasks": "1",
         "time": str(RECOVERY_TIME_MIN),
-        "output": str(JobPaths(job_dir).logs / "recovery_%j.log"),
+        "output": slurmtext.escape_percent(str(JobPaths(job_dir).logs)) + "/recovery_%j.log",
         "partition": slurm.partition,
         "account": slurm.account,
         "qos": slurm.qos,
@@ -250,24 +252,76 @@ def attempts_of(root: Path) -> list[Path]:
         seen.add(nxt)
 
 
+class NotOurJob(ValueError):
+    """A recorded Slurm job that is not this job dir's (a copied or edited job.json names
+    someone else's job): nothing is cancelled. The message names the job and what differs."""
+
+
 def stop(job_dir: Path) -> str:
     """End the run cleanly: mark it stopped (a recovery step that starts now does nothing),
-    then cancel its newest attempt's jobs and recovery job."""
+    then cancel its newest attempt's jobs and recovery job, once Slurm has confirmed that
+    each is that attempt's (``check_ours``; NotOurJob before anything is written)."""
     job_dir = Path(job_dir).resolve()
     root = run_root_of(job_dir, read_record(job_dir))
     settings = settings_of(read_record(root))
+    newest = attempts_of(root)[-1]
+    wanted = slurm_jobs_of(read_record_or_empty(newest))
+    ids = check_ours(newest, wanted)
     why = {"reason": USER_STOP, "class": ""}
     # stopped_by_user stays when the attempt's supervisor records its own stop after this
     set_chain(root, settings, state=STOPPED, stop=why, stopped_by_user=True)
-    newest = attempts_of(root)[-1]
-    record = read_record_or_empty(newest)
-    ids = [str(i) for i in record.get("job_ids", [])] + [str(record.get("recovery_job") or "")]
-    ids = [i for i in ids if i and not i.startswith("local-")]
     if ids:
         subprocess.run(["scancel", *ids], capture_output=True, check=False)
     stopped = stop_local_attempt(newest)
     ids += [f"local-{pid}" for pid in stopped]
     return f"stopped {root}" + (f": cancelled {' '.join(ids)}" if ids else "")
+
+
+def slurm_jobs_of(record: dict) -> dict[str, str]:
+    """The Slurm jobs an attempt's job.json names, by id: the Slurm job name each was
+    given (the attempt's ``name``; its recovery job's ``<name>-recovery``)."""
+    name = str(record.get("name", ""))
+    wanted = {str(i): name for i in record.get("job_ids") or [] if not str(i).startswith("local-")}
+    if record.get("recovery_job"):
+        wanted[str(record["recovery_job"])] = f"{name}-recovery"
+    return wanted
+
+
+def check_ours(job_dir: Path, wanted: dict[str, str]) -> list[str]:
+    """The ids of ``wanted`` (id -> job name) still queued or running, once squeue says each
+    is this dir's: its name, and an output path inside ``job_dir`` (where the launcher and
+    ``recovery_script`` send it). Raises NotOurJob naming the job and what differs, or
+    when squeue cannot tell; ended jobs are left out (nothing to cancel)."""
+    if not wanted:
+        return []
+    try:
+        done = subprocess.run(slurmtext.squeue_owner_command(), capture_output=True, text=True,
+                              timeout=60, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise NotOurJob(f"cannot check jobs {' '.join(wanted)}: squeue: {error}; "
+                        "nothing cancelled") from None  # fmt: skip
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise NotOurJob(f"cannot check jobs {' '.join(wanted)}: squeue: {said}; nothing cancelled")
+    owners = slurmtext.parse_squeue_owners(done.stdout)
+    live = [job_id for job_id in wanted if job_id in owners]
+    for job_id in live:
+        why = ownership_problem(job_dir, wanted[job_id], *owners[job_id])
+        if why:
+            raise NotOurJob(f"job {job_id} is not {job_dir}'s: {why}; nothing cancelled")
+    return live
+
+
+def ownership_problem(job_dir: Path, name: str, found_name: str, stdout: str) -> str:
+    """What differs between the job Slurm knows (``found_name``, its ``stdout`` pattern)
+    and the one ``job_dir`` launched as ``name`` ('' when nothing does)."""
+    differs = []
+    if found_name != name:
+        differs.append(f"its name is {found_name!r}, not {name!r}")
+    where = os.path.realpath(stdout.replace("%%", "%")) if stdout else ""
+    if not where.startswith(os.path.realpath(job_dir) + os.sep):
+        differs.append(f"its output goes to {stdout or '(none)'}, outside this dir")
+    return " and ".join(differs)
 
 
 def stop_local_attempt(job_dir: Path) -> list[int]:

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shlex
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -27,9 +28,18 @@ from axonn_launch.common.jobdir import (
 )
 from axonn_launch.common.spec import JobSpec, RuntimeConfig
 from axonn_launch.config.compose import LaunchConfig
-from axonn_launch.config.validate import Resolved, container_warnings, resolve
+from axonn_launch.config.validate import Resolved, check_job_dir, container_warnings, resolve
 from axonn_launch.records import failures, firstfail
-from axonn_launch.submit import chain, duplicates, local, rehearse, render, slurm
+from axonn_launch.submit import (
+    chain,
+    dirguard,
+    dirlock,
+    duplicates,
+    local,
+    rehearse,
+    render,
+    slurm,
+)
 from axonn_launch.submit.summary import (
     command_path,
     dry_run_text,
@@ -87,17 +97,54 @@ def launch(
         cfg = rehearse.site_config(cfg)
     resolved = resolve(cfg)  # raises ConfigError before anything is written
     slurm.require_slurm(cfg)  # so does a submission with no Slurm here
+    check_job_dir(str(job_dir.resolve()), cfg.machine)  # a sweep point's, interpolated
     warnings = container_warnings(cfg, str(job_dir.resolve()))
     if rehearsal:
         warnings += rehearsal.warnings
         cfg = rehearse.as_run(cfg, rehearsal)
-    duplicates.refuse_duplicate(cfg, resolved_yaml(config, resolved), job_dir)
+    if not (record_extra or {}).get("parent"):  # a new attempt continues its own run
+        duplicates.refuse_duplicate(cfg, resolved_yaml(config, resolved), job_dir)
     warnings = wallclock_warnings(cfg, resolved) + headroom_warnings(cfg, resolved) + warnings
     for warning in resolved.warnings + warnings:
         print(f"warning: {warning}", file=sys.stderr)
         log.warning(warning)
     job_dir = job_dir.resolve()
-    job_dir.mkdir(parents=True, exist_ok=True)
+    with dirguard.claimed(job_dir) as claim:  # one launch at a time; it makes the dir
+        continued = dirguard.continuation(job_dir, cfg.dry_run)  # resume=true's attempt
+        outcome = None
+        try:
+            outcome = write_and_start(
+                Launch(cfg, site_cfg, resolved, rehearsal, claim), job_dir, config,
+                command_line, out, {**continued, **(record_extra or {})},
+            )  # fmt: skip
+        finally:
+            if continued and (outcome is None or outcome.status == "refused"):
+                dirguard.undo_continuation(job_dir, continued)
+        return outcome
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What ``launch`` checked and holds: the config to run (a rehearsal's substitution),
+    the site's own, their resolution, the rehearsal and the job dir's lock."""
+
+    cfg: LaunchConfig
+    site_cfg: LaunchConfig
+    resolved: Resolved
+    rehearsal: rehearse.Rehearsal | None
+    claim: dirlock.Claim
+
+
+def write_and_start(
+    run: Launch,
+    job_dir: Path,
+    config: dict,
+    command_line: list[str],
+    out,
+    record_extra: dict,
+) -> Outcome:
+    """Write the job directory, then dry-run, run locally or submit."""
+    cfg, site_cfg, resolved, rehearsal = run.cfg, run.site_cfg, run.resolved, run.rehearsal
     spec = job_spec(cfg, resolved, job_dir)
     spec.save(JobPaths(job_dir).spec)
     write_preflight_expectations(cfg, job_dir)
@@ -110,7 +157,7 @@ def launch(
         JobPaths(job_dir).site_submission.write_text(
             batch_script(site_cfg, resolved, job_dir, None)
         )
-    record = {**job_record(cfg, resolved, job_dir, command_line), **(record_extra or {})}
+    record = {**job_record(cfg, resolved, job_dir, command_line), **record_extra}
     if rehearsal:
         record.update(rehearsal.record())
     report = summary(cfg, resolved, job_dir)
@@ -124,7 +171,7 @@ def launch(
         write_record(job_dir, record, status="dry_run")
         return Outcome("dry_run", str(job_dir), nodes=resolved.nodes)
     start = STARTERS[cfg.machine.scheduler]
-    return start(cfg, resolved, job_dir, record, out=out, rehearsal=rehearsal)
+    return start(cfg, resolved, job_dir, record, out=out, rehearsal=rehearsal, claim=run.claim)
 
 
 def resolved_yaml(config: dict, resolved: Resolved) -> str:
@@ -332,12 +379,15 @@ def _write_record(job_dir: Path, record: dict) -> None:
         write_record_file(job_dir, record)
 
 
-def run_local(cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict) -> Outcome:
+def run_local(
+    cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict, claim: dirlock.Claim
+) -> Outcome:
     """Start the job's supervisor (``submit/supervise.py``), which owns the ranks and writes
     job.json's final state; with ``wait``, follow it, passing SIGINT, SIGTERM and SIGHUP
     on to it (it stops the ranks). With recovery on, a failed job's supervisor starts the
     next attempt: ``wait`` then follows the run to its end, passing those signals on to
-    the supervisors of its attempts, and the outcome is the run's."""
+    the supervisors of its attempts, and the outcome is the run's. The job dir's lock goes
+    to the supervisor as it is released."""
     world_size = resolved.grid.world_size
     detached = cfg.wait is False
     print(local.starting_line(world_size, detached=detached), flush=True)
@@ -350,7 +400,9 @@ def run_local(cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict
     job_id = f"local-{supervisor.pid}"
     with contextlib.nullcontext() if detached else local.passing_stop_signals(supervisor):
         write_record(job_dir, record, job_ids=[job_id], status="running")
+        claim.name(f"local job {job_id} (pid {supervisor.pid} on {socket.gethostname()})", job_id)
         local.release(supervisor)
+        claim.release()  # the supervisor holds it from now on (supervise.py)
         log.info("started %s: %d local rank processes", job_id, world_size)
         if detached:
             print(f"started {job_id}; job dir {job_dir}\n{next_line(job_dir, ran=False)}")
@@ -454,6 +506,7 @@ def submit_slurm(
     *,
     out,
     rehearsal: rehearse.Rehearsal | None = None,
+    claim: dirlock.Claim | None = None,
 ) -> Outcome:
     params = slurm_params(cfg, resolved, job_dir, rehearsal)
     from submitit.core.utils import FailedJobError
@@ -470,6 +523,8 @@ def submit_slurm(
     except (FailedJobError, OSError) as exc:
         return refused(cfg, resolved, job_dir, record, exc)
     write_record(job_dir, record, job_ids=[job.job_id], status="submitted")
+    if claim is not None:  # the job outlives this process: its id, checked with squeue
+        claim.name(f"Slurm job {job.job_id}", job.job_id)
     nodes = f"{resolved.nodes} node" + ("s" if resolved.nodes != 1 else "")
     print(f"submitted job {job.job_id} ({nodes}); job dir {job_dir}", file=out)
     if chain.enabled(cfg):
@@ -517,7 +572,10 @@ def detach(job_id: str, job_dir: Path, nodes: int, out) -> Outcome:
         log.info("Ctrl-C: detached from Slurm job %s, which keeps running", job_id)
         if not second.within(slurm.SECOND_CTRL_C_S):
             return Outcome("interrupted", str(job_dir), job_id, nodes, "detached")
-        said = chain.stop(job_dir)
+        try:
+            said = chain.stop(job_dir)
+        except chain.NotOurJob as error:  # squeue could not confirm the job is this dir's
+            said = str(error)
     print(f"Ctrl-C again: {said}", file=out, flush=True)
     log.info("Ctrl-C again: %s", said)
     return Outcome("interrupted", str(job_dir), job_id, nodes, "stopped")
@@ -539,10 +597,17 @@ def recovery_line(recovery_job: str, job_id: str) -> str:
 
 
 def start_local(
-    cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict, *, out, rehearsal=None
+    cfg: LaunchConfig,
+    resolved: Resolved,
+    job_dir: Path,
+    record: dict,
+    *,
+    out,
+    rehearsal=None,
+    claim: dirlock.Claim,
 ) -> Outcome:
     """Local ranks print to this terminal themselves; there is no site to rehearse."""
-    return run_local(cfg, resolved, job_dir, record)
+    return run_local(cfg, resolved, job_dir, record, claim)
 
 
 # How a job starts, by ``machine.scheduler`` (common/machine.py's SCHEDULERS).

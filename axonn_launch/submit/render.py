@@ -19,12 +19,18 @@ killing the shell and, with it, the job. USR2 goes to srun, which passes it to t
 TERM goes to the job's steps through ``scancel --signal=TERM`` (as a plain
 ``scancel --signal=TERM JOB`` would send it): srun itself answers a TERM by killing its
 step, and that kill would cut the ranks' last save short.
+
+Slurm expands ``%`` placeholders in its filename options: the log paths' ``%j`` and ``%t``
+are submitit's, every other ``%`` (a job dir named ``run%x``) is doubled
+(``escape_log_paths``), or Slurm would write elsewhere, or fail to open the log at all
+(``FAILED 0:53``).
 """
 
 from __future__ import annotations
 
 import getpass
 import hashlib
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -33,6 +39,7 @@ from typing import Any
 from submitit.slurm.slurm import _make_sbatch_string
 
 from axonn_launch.common.machine import MachineProfile
+from axonn_launch.common.slurmtext import SUBMITIT_TAGS, escape_percent
 from axonn_launch.config.validate import placeholder
 
 # srun arguments every job gets: stop all ranks when one dies (a hung collective otherwise
@@ -240,7 +247,46 @@ def script_of(params: dict[str, Any], *, folder: Path, python: str) -> str:
     rehearsal's substitution of them) for tasks that run ``python``, with its signals
     relayed to the ranks (``relay_signals``)."""
     command = submitit_command(python=python, folder=folder)
-    return relay_signals(_make_sbatch_string(command=command, folder=folder, **params))
+    return as_submitted(_make_sbatch_string(command=command, folder=folder, **params))
+
+
+def as_submitted(script: str) -> str:
+    """submitit's batch script as the launcher submits it: its log paths' ``%`` escaped
+    (``escape_log_paths``) and its signals relayed to the ranks (``relay_signals``)."""
+    return relay_signals(escape_log_paths(script))
+
+
+LOG_FLAGS = ("--output", "--error")  # the filename options submitit writes
+_SUBMITIT_TAG = re.compile("(" + "|".join(re.escape(tag) for tag in SUBMITIT_TAGS) + ")")
+
+
+def log_path_pattern(path: str) -> str:
+    """A submitit log path as a Slurm filename pattern: its ``%j``, ``%t``, ``%A`` and
+    ``%a`` (submitit's tags, which Slurm expands alike) kept, every other ``%`` doubled. A
+    job dir holding one of those tags is refused (``validate.check_job_dir``), so every tag
+    here is submitit's."""
+    parts = _SUBMITIT_TAG.split(path)
+    return "".join(part if n % 2 else escape_percent(part) for n, part in enumerate(parts))
+
+
+def escape_log_paths(script: str) -> str:
+    """``script`` with the paths of its ``#SBATCH --output/--error`` lines and of its srun
+    line's ``--output/--error`` as Slurm filename patterns (``log_path_pattern``). A line
+    whose paths hold no other ``%`` is left as submitit wrote it."""
+    lines = script.split("\n")
+    for n, line in enumerate(lines):
+        flag, _, value = line.removeprefix("#SBATCH ").partition("=")
+        if line.startswith("#SBATCH ") and flag in LOG_FLAGS:
+            path = shlex.split(value)[0]
+            if log_path_pattern(path) != path:
+                lines[n] = f"#SBATCH {flag}={shlex.quote(log_path_pattern(path))}"
+        elif line.startswith("srun "):
+            words = shlex.split(line)
+            for at in [words.index(f) + 1 for f in LOG_FLAGS if f in words[:-1]]:
+                words[at] = log_path_pattern(words[at])
+            if words != shlex.split(line):
+                lines[n] = shlex.join(words)
+    return "\n".join(lines)
 
 
 # Defined just before srun starts (a signal during the set-up still ends the script, before

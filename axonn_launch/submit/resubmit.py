@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import sys
 import time
@@ -27,12 +26,10 @@ from pathlib import Path
 from axonn_launch.common import slurmtext
 from axonn_launch.common.jobdir import (
     CHECKPOINTS,
-    STEP_META,
     JobPaths,
     checkpointed_step,
     job_lock,
     latest_step_name,
-    metrics_through,
     read_record,
     read_record_or_empty,
     read_step_meta,
@@ -48,6 +45,7 @@ from axonn_launch.records.status import (
     saved_config,
 )
 from axonn_launch.submit import chain
+from axonn_launch.submit.attempts import attempt_dir, lineage_of, seed_from_checkpoint
 
 RETRIABLE = (failures.RESUME, failures.RESUME_EXCLUDING)
 # overrides that change what a job needs per GPU: with one, an out-of-memory job may retry
@@ -195,44 +193,6 @@ def for_hydra(override: str) -> str:
     if _key(override) != _key(EXCLUDE_KEY) or "," not in value or value[:1] in "'\"":
         return override
     return f"{key}='{value}'"
-
-
-def attempt_dir(job_dir: Path, attempt: int) -> Path:
-    base = re.sub(r"_attempt\d+$", "", job_dir.name)
-    return job_dir.with_name(f"{base}_attempt{attempt}")
-
-
-def seed_from_checkpoint(old: Path, new: Path) -> str:
-    """Give the new attempt the old one's latest checkpoint (hard links) and its metrics up
-    to that checkpoint's step."""
-    new.mkdir(parents=True, exist_ok=False)
-    before, after = JobPaths(old), JobPaths(new)
-    name = latest_step_name(old)
-    copied = ""
-    if name and (before.step(name) / STEP_META).exists():
-        shutil.copytree(before.step(name), after.step(name), copy_function=_link_or_copy)
-        after.latest.write_text(name)
-        copied = name
-    copy_metrics_through(before.metrics, after.metrics, checkpointed_step(new))
-    if before.skipped_steps.exists():  # a rollback's skipped batches hold in every attempt
-        shutil.copy2(before.skipped_steps, after.skipped_steps)
-    return copied
-
-
-def copy_metrics_through(source: Path, target: Path, step: int) -> None:
-    """The rows of ``source`` up to ``step`` (the new attempt's first step is the next):
-    until the attempt logs a step, the step its metrics show is the one it resumes from,
-    never one of the old run's after its checkpoint. Lines that are not whole rows go."""
-    if source.exists():
-        kept, _ = metrics_through(source, step)
-        target.write_text("".join(line + "\n" for line in kept))
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def resume_point(job_dir: Path) -> str:
@@ -414,17 +374,7 @@ def submit_attempt(
     resolve(cfg)  # a bad override fails here, before anything is written
     resumed_from = seed_from_checkpoint(job_dir, target)
     argv0 = (record.get("command_line") or ["axonn_launch"])[0]
-    lineage = [
-        *record.get("lineage", []),
-        {
-            "job_dir": str(job_dir),
-            "job_ids": record.get("job_ids", []),
-            "attempt": int(record.get("attempt", 1)),
-            "failure": status.failure,
-            "reason": status.reason,
-            "step": status.step,
-        },
-    ]
+    lineage = lineage_of(job_dir, record, status)
     return launch(
         cfg,
         job_dir=target,

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from axonn_launch.common import hostmem
 from axonn_launch.common.jobdir import (
+    JobPaths,
     last_job_id,
     read_record_or_empty,
     record_failure,
@@ -49,7 +50,7 @@ from axonn_launch.common.jobdir import (
     write_record_file,
 )
 from axonn_launch.common.proctitle import rename_argument
-from axonn_launch.submit import local
+from axonn_launch.submit import dirlock, local
 
 
 class StopRequest:
@@ -125,12 +126,17 @@ def take_environment(env: dict[str, str], warm: local.WarmStart, job_dir: Path) 
 def supervise_when_released(
     job_dir: Path, world_size: int, job_id: str, stop: StopRequest, warm: local.WarmStart | None
 ) -> int:
-    """Once the launcher says job.json names this process (``local.GO``), supervise the
-    job; else (it ended, or a stop came first) record that no rank started."""
+    """Once the launcher says job.json names this process (``local.GO``), take the job dir's
+    lock from it (held while this process lives: a second launch into the dir is refused)
+    and supervise the job; else (it ended, or a stop came first) record that no rank
+    started."""
     if sys.stdin.buffer.readline() != local.GO or stop():
         if warm is not None:
             warm.close(kill=True)
         return abandon(job_dir, job_id, stop())
+    held = dirlock.hold(job_dir, job_id)
+    if held is None:
+        say(f"cannot take {JobPaths(job_dir).job_lock}: the job runs, job.json names it")
     return supervise(job_dir, world_size, job_id, stop, warm)
 
 

@@ -40,6 +40,7 @@ from typing import Any
 from submitit.helpers import Checkpointable, DelayedSubmission
 
 from axonn_launch.common.jobdir import JobPaths, attempt_number, checkpointed_step
+from axonn_launch.common.ranks import environment_rank
 
 REQUEUE_WAIT_S = 300  # how long ranks other than 0 wait to be stopped by the requeue
 
@@ -59,7 +60,7 @@ class TrainJob(Checkpointable):
         stop = StopSignals()  # before the imports below: torch takes seconds to import
         apply_task_env(self.task_env, job_dir=self.job_dir)
         chained = getattr(self, "chained", False)  # a job pickled before chains existed
-        rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
+        rank = environment_rank(os.environ).rank
         if chained and rank == 0 and int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0:
             set_requeueable(False)  # this allocation's node failure goes to the chain
         from axonn_launch.common.spec import JobSpec
@@ -161,11 +162,12 @@ def apply_task_env(task_env: dict[str, str], job_dir: str = "") -> None:
     ``{node_id}``, ``{local_rank}``, ``{rank}`` and ``{job_dir}``. A value under /tmp/
     is a folder, made here; a value in the job dir names a file or a file-name prefix (the
     Flight Recorder's ``.../logs/flight_recorder/rank_``), whose folder is made here."""
+    where = environment_rank(os.environ)
     fields = {
         "user": os.environ.get("USER") or getpass.getuser(),
         "node_id": os.environ.get("SLURM_NODEID", "0"),
-        "local_rank": os.environ.get("SLURM_LOCALID", os.environ.get("LOCAL_RANK", "0")),
-        "rank": os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")),
+        "local_rank": str(where.local_rank),
+        "rank": str(where.rank),
         "job_dir": job_dir,
     }
     for key, template in task_env.items():

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from axonn_launch.common import jobdir
+from axonn_launch.common.formats import LEGACY_FORMAT
 from axonn_launch.common.jobdir import JobPaths, record_failure
 from axonn_launch.common.prompts import config_eos_ids
 from axonn_launch.common.rules import job_problem
@@ -28,7 +29,6 @@ from axonn_launch.train import preflight
 from axonn_launch.train.arch import build_model
 from axonn_launch.train.bootstrap import DistEnv, discover_env, init_distributed
 from axonn_launch.train.checkpoint import (
-    LEGACY_FORMAT,
     Checkpointer,
     read_meta,
     resume_point,
@@ -38,6 +38,7 @@ from axonn_launch.train.checkpoint import (
 from axonn_launch.train.comm import resolve_wire
 from axonn_launch.train.data import EvalLoader, Loader, open_source
 from axonn_launch.train.faults import poisons
+from axonn_launch.train.generation import generate_one
 from axonn_launch.train.groups import Groups, build_groups
 from axonn_launch.train.logs import setup_logging
 from axonn_launch.train.loop import (
@@ -51,7 +52,7 @@ from axonn_launch.train.loop import (
 from axonn_launch.train.metrics import MetricsLogger
 from axonn_launch.train.model import GPT
 from axonn_launch.train.monitor import StepMonitor
-from axonn_launch.train.sample import decode, default_prompt, generate
+from axonn_launch.train.sample import decode, default_prompt
 from axonn_launch.train.startup import log_startup, log_startup_time, node_name
 from axonn_launch.train.watchdog import Watchdog
 
@@ -434,7 +435,7 @@ def truncate_metrics(path: Path, start_step: int) -> None:
 
 
 def print_sample(spec: JobSpec, env: DistEnv, model: GPT, device: torch.device) -> str:
-    tokens = generate(
+    tokens = generate_one(
         model,
         default_prompt(spec.train.data),
         spec.train.sample_tokens,

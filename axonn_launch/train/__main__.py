@@ -19,11 +19,8 @@ import sys
 from pathlib import Path
 
 from axonn_launch.common.jobdir import JobPaths, attempt_number, checkpointed_step
+from axonn_launch.common.ranks import environment_rank
 from axonn_launch.common.spec import JobSpec
-
-# Where this process's rank is, in bootstrap's order (MPI before Slurm: mpirun inside an
-# allocation inherits the batch step's SLURM_PROCID).
-RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopFlag()
     signal.signal(signal.SIGUSR2, stop.request)
 
-    rank = int(next((os.environ[k] for k in RANK_VARS if os.environ.get(k)), "0"))
+    rank = environment_rank(os.environ).rank
     start, attempt = checkpointed_step(args.job_dir), attempt_number(args.job_dir)
     hook = step_hook(stop, rank=rank, start_step=start, attempt=attempt)
     run_job(JobSpec.load(JobPaths(args.job_dir).spec), should_stop=hook)

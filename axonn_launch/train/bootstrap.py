@@ -1,6 +1,7 @@
 """Find this process's rank, rendezvous address, device and backend.
 
-Sources, first match wins:
+Sources, first match wins (the order is ``common/ranks.py``'s, which every reader of the
+rank shares):
 
 1. torchrun-style variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
    ``MASTER_PORT``), also what the local launcher sets for each rank process;
@@ -36,11 +37,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from axonn_launch.common.ranks import rank_source
 from axonn_launch.common.slurmtext import expand_hostlist
 from axonn_launch.common.spec import RuntimeConfig
 
 SLURM_PORT_RANGE = 2000  # Slurm jobs use master_port + job_id % this, so concurrent jobs differ
-MPI_DETECT_VARS = ("PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 
 
 @dataclass(frozen=True)
@@ -86,18 +87,13 @@ def discover_env(runtime: RuntimeConfig, environ: Mapping[str, str] | None = Non
 
 
 def _ranks_from_environment(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
-    if "RANK" in env and "WORLD_SIZE" in env:
-        return _from_torchrun(env, runtime)
-    if "OMPI_COMM_WORLD_SIZE" in env:  # mpirun, even inside a Slurm step of its daemons
-        return _from_mpi(env, runtime)
-    slurm_task = "SLURM_PROCID" in env and "SLURM_NTASKS" in env
-    if slurm_task and "SLURM_STEP_ID" in env:
-        return _from_slurm(env, runtime)
-    if any(name in env for name in MPI_DETECT_VARS):
-        return _from_mpi(env, runtime)
-    if slurm_task:
-        return _from_slurm(env, runtime)
-    return _Ranks(0, 0, 1, 1, "127.0.0.1", runtime.master_port, "single")
+    """The numbers from the source ``common.ranks.rank_source`` names (its order)."""
+    source = rank_source(env)
+    if source == "single":
+        return _Ranks(0, 0, 1, 1, "127.0.0.1", runtime.master_port, "single")
+    readers = {"torchrun": _from_torchrun, "openmpi": _from_mpi, "slurm_step": _from_slurm,
+               "mpi": _from_mpi, "slurm": _from_slurm}  # fmt: skip
+    return readers[source](env, runtime)
 
 
 def _from_torchrun(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:

@@ -28,7 +28,10 @@ DCP metadata (``checkpoint_problem``: ``meta.json`` and ``.metadata`` readable, 
 ``.distcp`` file present and as long as the metadata's items need). A damaged step is
 named in one line and the newest complete older step is used instead; ``latest`` is
 moved to it, and the damaged directory is left for a person to look at (pruning removes
-it once it is old). Rank 0's choice is broadcast, so every rank loads the same step.
+it once it is old). ``latest`` names a step of this dir or nothing: text other than
+``step_<digits>`` (``../../other/step_N``, an absolute path, garbage) is ignored with a
+warning, and the newest complete step here is used. Rank 0's choice is broadcast, so
+every rank loads the same step.
 """
 
 from __future__ import annotations
@@ -51,11 +54,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
-from axonn_launch.common.jobdir import LATEST, STEP_META, JobPaths
+from axonn_launch.common.formats import DCP_FORMAT, LEGACY_FORMAT
+from axonn_launch.common.jobdir import LATEST, STEP_META, JobPaths, latest_step_name
 from axonn_launch.train.dcp import CountingReader, ShardLoadPlanner, ShardSavePlanner, ShardSpec
 
-FORMAT = "dcp/1"
-LEGACY_FORMAT = "per-rank-shards/1"
+FORMAT = DCP_FORMAT
 FAULT_ENV = "AXONN_CHECKPOINT_FAULT"
 FAULT_POINTS = ("write", "metadata", "rename")
 STEP_DIR = re.compile(r"step_(\d+)")
@@ -68,10 +71,13 @@ def checkpoint_root(job_dir: Path | str) -> Path:
 
 
 def latest_checkpoint(job_dir: Path | str) -> Path | None:
+    """The step ``latest`` names (a pointer outside this dir: the newest complete step
+    here, ``jobdir.latest_step_name``); None without one."""
     pointer = checkpoint_root(job_dir) / LATEST
-    if not pointer.exists():
+    name = latest_step_name(job_dir)
+    if name is None:
         return None
-    path = checkpoint_root(job_dir) / pointer.read_text().strip()
+    path = checkpoint_root(job_dir) / name
     if not (path / STEP_META).exists():
         raise FileNotFoundError(f"{pointer} names {path.name}, which is incomplete or missing")
     return path
@@ -284,8 +290,7 @@ def _prune(root: Path, keep: int) -> None:
     remove_stale_saves(root)
     if keep <= 0:
         return
-    pointer = root / LATEST
-    current = step_number(root / pointer.read_text().strip()) if pointer.exists() else None
+    current = step_number(named) if (named := pointed_step(root)) is not None else None
     complete = sorted(
         (number, p) for p in root.glob("step_*")
         if (number := step_number(p)) is not None and (p / STEP_META).exists()
@@ -349,15 +354,22 @@ def choose_checkpoint(root: Path) -> tuple[Path | None, dict | None]:
     """(step to resume from or None, fallback record or None), checking the step ``latest``
     names and, when it is damaged, falling back to the newest complete older step; moves
     ``latest`` to that step (removes it when there is none: the job starts from step 0,
-    as one with no checkpoint does). Rank 0 only: it logs and writes."""
+    as one with no checkpoint does). A ``latest`` that names no step of ``root``
+    (``pointed_step``) is ignored the same way, every complete step here a candidate
+    (``from_step`` None). Rank 0 only: it logs and writes."""
     pointer = root / LATEST
     if not pointer.exists():
         return None, None
-    newest = root / pointer.read_text().strip()
-    problem = checkpoint_problem(newest)
-    if problem is None:
-        return newest, None
-    newest_step = step_number(newest)
+    newest = pointed_step(root)
+    if newest is None:  # never followed: every complete step here is a candidate
+        text = pointer.read_text(errors="replace").strip()
+        problem = f"{LATEST} names {text!r}, not a step_<n> of {root}"
+        what, newest_step = f"{problem}: ignored", None
+    else:
+        problem = checkpoint_problem(newest)
+        if problem is None:
+            return newest, None
+        what, newest_step = f"checkpoint {newest.name} is damaged ({problem})", step_number(newest)
     older = sorted(
         (p for p in root.glob("step_*")
          if (n := step_number(p)) is not None and (newest_step is None or n < newest_step)),
@@ -365,15 +377,10 @@ def choose_checkpoint(root: Path) -> tuple[Path | None, dict | None]:
     )  # fmt: skip
     chosen = next((p for p in older if checkpoint_problem(p) is None), None)
     if chosen is None:
-        log.warning(
-            "checkpoint %s is damaged (%s); no complete older step: starting from step 0",
-            newest.name, problem,
-        )  # fmt: skip
+        log.warning("%s; no complete older step: starting from step 0", what)
         pointer.unlink()
     else:
-        log.warning(
-            "checkpoint %s is damaged (%s); resuming from %s", newest.name, problem, chosen.name
-        )
+        log.warning("%s; resuming from %s", what, chosen.name)
         _atomic_write_text(pointer, chosen.name)
     record = {
         "from_step": newest_step,
@@ -381,6 +388,16 @@ def choose_checkpoint(root: Path) -> tuple[Path | None, dict | None]:
         "reason": problem,
     }
     return chosen, record
+
+
+def pointed_step(root: Path) -> Path | None:
+    """The step directory of ``root`` that ``latest`` names, or None: no pointer, or one
+    that is not a ``step_<digits>`` of ``root`` (never followed out of this dir)."""
+    try:
+        text = (root / LATEST).read_text(errors="replace").strip()
+    except FileNotFoundError:
+        return None
+    return root / text if STEP_DIR.fullmatch(text) else None
 
 
 def resume_point(

@@ -29,12 +29,14 @@ computes in, and returns, the dtype that ``a @ b`` would.
 
 from __future__ import annotations
 
+import functools
 import logging
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
+
+from axonn_launch.train.timing import per_call_seconds
 
 log = logging.getLogger(__name__)
 
@@ -149,23 +151,8 @@ def distinct_formulations(a: torch.Tensor, b: torch.Tensor) -> list[str]:
 
 def _seconds_per_call(fn, a: torch.Tensor, b: torch.Tensor, warmup: int, reps: int) -> float:
     """Median seconds of one call after ``warmup`` calls; CUDA events on GPU."""
-    for _ in range(warmup):
-        fn(a, b)
-    if a.device.type != "cuda":
-        times = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            fn(a, b)
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-    torch.cuda.synchronize(a.device)
-    events = [tuple(torch.cuda.Event(enable_timing=True) for _ in "se") for _ in range(reps)]
-    for start, end in events:
-        start.record()
-        fn(a, b)
-        end.record()
-    torch.cuda.synchronize(a.device)
-    return statistics.median(start.elapsed_time(end) / 1000 for start, end in events)
+    call = functools.partial(fn, a, b)
+    return statistics.median(per_call_seconds(call, a.device, reps, warmup=warmup))
 
 
 def time_formulations(

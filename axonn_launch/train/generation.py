@@ -17,12 +17,18 @@ the other rows of its batch run on.
 
 Sampling draws each prompt's tokens from a generator of its own, seeded by (seed, the
 prompt's number): the same continuations on every grid and for every batch size.
+
+The end-of-run sample (``generate_one``) runs the same loop (``run_steps``) without a
+cache, recomputing the last ``max_seq_len`` tokens at each step, so that it may run past
+the model's context; there rank 0 picks for every rank.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Collection
+import time
+from collections.abc import Callable, Collection
 
 import torch
 import torch.distributed as dist
@@ -104,36 +110,141 @@ def generate_batch(
     ``generators``: one per prompt when sampling). Every rank of the world calls it at
     once; no prompts: a filler row that runs along."""
     check_lengths(prompts, max_new_tokens, model.spec)
-    groups: Groups = model.groups
     rows = prompts or [[PAD]]
     if temperature > 0 and not generators:
         generators = [torch.Generator() for _ in rows]
-    length = max(len(p) for p in rows)
-    pads = torch.tensor([length - len(p) for p in rows], device=device)
-    idx = torch.tensor([[PAD] * (length - len(p)) + list(p) for p in rows], device=device)
-    cache = KVCache(max_len=length + max_new_tokens)
+    steps = CachedSteps(model, rows, max_new_tokens, device)
+    pick = functools.partial(pick_tokens, temperature=temperature, top_k=top_k,
+                             generators=generators)  # fmt: skip
+    new = run_steps(model, steps, max_new_tokens, device=device, dtype=dtype, pick=pick,
+                    eos_ids=eos_ids, idle=not prompts)  # fmt: skip
+    return [until_eos(row, eos_ids) for row in new] if prompts else []
+
+
+@torch.no_grad()
+def generate_one(
+    model: nn.Module,
+    prompt: list[int],
+    n_tokens: int,
+    *,
+    max_seq_len: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    temperature: float = 0.8,
+    seed: int = 0,
+    group=None,
+    expect: Callable[[float], None] | None = None,
+    eos_ids: Collection[int] = (),
+) -> list[int]:
+    """``prompt`` followed by ``n_tokens`` new tokens, or fewer when one of ``eos_ids``
+    comes first (it ends the list); ``temperature=0`` is greedy. The end-of-run sample.
+
+    Without a cache (``WindowSteps``), so it may run past ``max_seq_len``. Every rank runs
+    the same row; rank 0's choice is broadcast over ``group`` (every rank; None: the
+    default group). ``expect``: as in ``run_steps``."""
+    generators = [torch.Generator(device="cpu").manual_seed(seed)]
+    steps = WindowSteps(model, [prompt], max_seq_len, device, group)
+    pick = functools.partial(pick_tokens, temperature=temperature, top_k=0, generators=generators)
+    new = run_steps(model, steps, n_tokens, device=device, dtype=dtype, pick=pick,
+                    eos_ids=eos_ids, expect=expect)  # fmt: skip
+    return list(prompt) + until_eos(new[0], eos_ids)
+
+
+class CachedSteps:
+    """Next-token logits with a KV cache: the left-padded prompts run once, filling each
+    layer's cache with this rank's heads, then each new token alone. The plane's first
+    rank's tokens count; a row has ended once it has on every rank of the world."""
+
+    def __init__(
+        self, model: nn.Module, rows: list[list[int]], max_new_tokens: int, device: torch.device
+    ) -> None:
+        length = max(len(p) for p in rows)
+        self.model, self.groups, self.device = model, model.groups, device
+        self.pads = torch.tensor([length - len(p) for p in rows], device=device)
+        self.idx = torch.tensor([[PAD] * (length - len(p)) + list(p) for p in rows], device=device)
+        self.cache = KVCache(max_len=length + max_new_tokens)
+        self.start, self.rows = 0, len(rows)
+
+    def logits(self) -> torch.Tensor:
+        return self.model.step_logits(self.idx, self.cache, self.start, self.pads)
+
+    def share(self, choice: torch.Tensor) -> torch.Tensor:
+        return broadcast_in_plane(choice, self.groups)
+
+    def agree(self, ended: bool) -> bool:
+        return all_ended(ended, self.groups, self.device)
+
+    def extend(self, choice: torch.Tensor) -> None:
+        self.start += self.idx.shape[1]
+        self.idx = choice[:, None]
+
+
+class WindowSteps:
+    """Next-token logits of each row's last ``window`` tokens, computed again at every step
+    (no cache, rows of one length): the context slides past the model's length. Rank 0's
+    tokens count on every rank of ``group``, so every rank sees a row end at once."""
+
+    def __init__(
+        self, model: nn.Module, rows: list[list[int]], window: int, device: torch.device, group
+    ) -> None:
+        self.model, self.window, self.device, self.group = model, window, device, group
+        self.tokens = [list(row) for row in rows]
+        self.rows = len(rows)
+
+    def logits(self) -> torch.Tensor:
+        context = [row[-self.window :] for row in self.tokens]
+        return self.model(torch.tensor(context, dtype=torch.long, device=self.device))
+
+    def share(self, choice: torch.Tensor) -> torch.Tensor:
+        return broadcast_from_rank0(choice, self.group)
+
+    def agree(self, ended: bool) -> bool:
+        return ended
+
+    def extend(self, choice: torch.Tensor) -> None:
+        for row, token in zip(self.tokens, choice.tolist(), strict=True):
+            row.append(token)
+
+
+@torch.no_grad()
+def run_steps(
+    model: nn.Module,
+    steps: CachedSteps | WindowSteps,
+    max_new_tokens: int,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    pick: Callable[[torch.Tensor], torch.Tensor],
+    eos_ids: Collection[int] = (),
+    idle: bool = False,
+    expect: Callable[[float], None] | None = None,
+) -> list[list[int]]:
+    """The one decoding loop: up to ``max_new_tokens`` tokens per row of ``steps``, each
+    ``pick``ed from the float logits and made common by ``steps.share``; it stops once
+    every row has produced one of ``eos_ids`` (``idle``: filler rows, ended from the
+    start). ``expect`` gets, once the first token is picked, the seconds the whole run
+    will take at that pace (so that a long sample can say so before the console goes
+    quiet). The model's mode is restored."""
     was_training = model.training
     model.eval()
     new: list[torch.Tensor] = []
-    done = torch.full((len(rows),), not prompts, dtype=torch.bool, device=device)
+    done = torch.full((steps.rows,), idle, dtype=torch.bool, device=device)
     eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device) if eos_ids else None
-    start = 0
-    for _ in range(max_new_tokens):
+    began = time.perf_counter()
+    for made in range(max_new_tokens):
+        if made == 1 and expect is not None:
+            expect((time.perf_counter() - began) * max_new_tokens)
         with autocast(device, dtype):
-            logits = model.step_logits(idx, cache, start, pads)
-        choice = pick_tokens(logits.float(), temperature, top_k, generators)
-        choice = broadcast_in_plane(choice, groups)
+            logits = steps.logits()
+        choice = steps.share(pick(logits.float()))
         new.append(choice)
         if eos is not None:
             done |= torch.isin(choice, eos)
-            if all_ended(bool(done.all()), groups, device):
+            if steps.agree(bool(done.all())):
                 break
-        start += idx.shape[1]
-        idx = choice[:, None]
+        steps.extend(choice)
     model.train(was_training)
-    if not prompts:
-        return []
-    return [until_eos(row, eos_ids) for row in torch.stack(new, dim=1).tolist()]
+    return torch.stack(new, dim=1).tolist() if new else [[] for _ in range(steps.rows)]
 
 
 def pick_tokens(

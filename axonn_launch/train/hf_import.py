@@ -6,6 +6,9 @@ HF tensors ``axonn_launch.common.hf.hf_segments`` maps it to: for each box of th
 rows the box overlaps, it reads exactly the overlapping rows and columns with
 safetensors' ``get_slice`` (bytes copied out of a memory map, nothing else) and copies
 them, converted to the parameter's dtype, into the matching view of the local shard.
+A tensor stored as integers, or holding a NaN or an infinity in what this rank reads, is
+refused in one line naming it (the login node checked the dtypes already; only the job
+reads the values: ``common/hf.py``'s ``weights_problem``).
 Each safetensors file is opened once. Padded vocab rows are zero, so every rank ends
 with exactly what ``load_full_state_dict`` of the full HF weights gives; a rank never
 reads a row or column it does not hold, and one rank reads every tensor once.
@@ -22,7 +25,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from axonn_launch.common.hf import INDEX, SINGLE, HFConfigError, hf_segments
+from axonn_launch.common.hf import FLOAT_DTYPES, INDEX, SINGLE, HFConfigError, hf_segments
 from axonn_launch.train.dcp import Piece, piece_view, shard_pieces
 from axonn_launch.train.groups import Groups
 
@@ -92,20 +95,39 @@ def _copy_piece(
         a, b = max(lo, start), min(hi, start + rows)
         if a < b:
             sl = files.slice(hf_name)
+            if sl.get_dtype() not in FLOAT_DTYPES:
+                raise HFConfigError(
+                    f"{files.dir}: tensor {hf_name} is stored as {sl.get_dtype()}; valid: a"
+                    f" floating-point dtype ({', '.join(FLOAT_DTYPES)})"
+                )
             shape = tuple(sl.get_shape())
             want = (rows,) if columns is None else (rows, columns)
             if shape != want:
                 raise HFConfigError(
                     f"{files.dir}: tensor {hf_name} has shape {list(shape)}, expected {list(want)}"
                 )
+            origin = (a - start,) if columns is None else (a - start, piece.offsets[1])
             if columns is None:
                 data = sl[a - start : b - start]
             else:
                 c0, c1 = piece.offsets[1], piece.offsets[1] + piece.sizes[1]
                 data = sl[a - start : b - start, c0:c1]
+            if not torch.isfinite(data).all():
+                found = f"{_non_finite(data, origin)}; valid: finite values"
+                raise HFConfigError(f"{files.dir}: tensor {hf_name} holds {found}")
             stats.add(hf_name, data.numel() * data.element_size())
             view[a - lo : b - lo].copy_(data.to(view.dtype))
         start += rows
+
+
+def _non_finite(data: torch.Tensor, origin: tuple[int, ...]) -> str:
+    """``2 NaN and 0 inf values, the first at [7, 3]``: counted in ``data``, the part of the
+    tensor that starts at ``origin`` (this rank reads only its part)."""
+    nan, inf = int(torch.isnan(data).sum()), int(torch.isinf(data).sum())
+    first = [
+        int(i) + o for i, o in zip(torch.nonzero(~torch.isfinite(data))[0], origin, strict=True)
+    ]
+    return f"{nan} NaN and {inf} inf values, the first at {first}"
 
 
 @torch.no_grad()

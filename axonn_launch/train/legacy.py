@@ -24,13 +24,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from axonn_launch.common.formats import LEGACY_FORMAT
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.jobdir import STEP_META
 from axonn_launch.train.dcp import grid_position
 from axonn_launch.train.groups import Groups
 from axonn_launch.train.layers import ShardLayout
-
-FORMAT = "per-rank-shards/1"
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -136,7 +135,7 @@ def write_legacy(path: Path, meta: dict, rank_states: list[dict]) -> None:
     path.mkdir(parents=True, exist_ok=True)
     for rank, state in enumerate(rank_states):
         torch.save(state, path / f"rank_{rank:05d}.pt")
-    (path / STEP_META).write_text(json.dumps({**meta, "format": FORMAT}))
+    (path / STEP_META).write_text(json.dumps({**meta, "format": LEGACY_FORMAT}))
 
 
 def legacy_rank_state(

@@ -137,7 +137,7 @@ class GPT(nn.Module):
         self.runtime = OverlapRuntime(self.comm, overlap, wire=wire, gemm_tuning=gemm_tuning)
         self.embedding = VocabParallelEmbedding(
             spec.vocab_size, spec.max_seq_len, spec.d_model, comm=self.comm, device=device,
-            wire=wire, positions=not spec.is_llama, tied=spec.tie_embeddings,
+            wire=wire, positions=spec.architecture.learned_positions, tied=spec.tie_embeddings,
         )  # fmt: skip
         self.blocks = nn.ModuleList(self._block(i, device) for i in range(spec.n_layer))
         self.ln_f = self._norm("ln_f", device)

@@ -51,7 +51,7 @@ import re
 import socket
 import statistics
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -64,6 +64,7 @@ from axonn_launch.common.spec import JobSpec
 from axonn_launch.train.bootstrap import DistEnv
 from axonn_launch.train.faults import preflight_slowdown
 from axonn_launch.train.startup import enable_nccl_log
+from axonn_launch.train.timing import elapsed
 
 log = logging.getLogger(__name__)
 
@@ -102,14 +103,9 @@ def read_expectations(job_dir: str | Path) -> PreflightExpectations:
 # --- measuring -------------------------------------------------------------------------
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _clock(device: torch.device) -> float:
+def _clock(device: torch.device) -> Callable[[], float]:
     """CPU seconds of this thread for CPU GEMMs, wall-clock seconds otherwise."""
-    return time.thread_time() if device.type == "cpu" else time.perf_counter()
+    return time.thread_time if device.type == "cpu" else time.perf_counter
 
 
 @contextlib.contextmanager
@@ -134,13 +130,12 @@ def gemm_tflops(device: torch.device, size: int, dtype: torch.dtype, slowdown: i
     b = torch.randn(size, size, device=device).to(dtype)
     out = torch.empty(size, size, device=device, dtype=dtype)
 
-    def timed(count: int) -> float:
-        _sync(device)
-        start = _clock(device)
+    def gemms(count: int) -> None:
         for _ in range(count * slowdown):
             torch.mm(a, b, out=out)
-        _sync(device)
-        return max(_clock(device) - start, 1e-9)
+
+    def timed(count: int) -> float:
+        return max(elapsed(lambda: gemms(count), device, clock=_clock(device)), 1e-9)
 
     with _one_thread(device):
         timed(1)  # warm-up: BLAS handles, kernel choice, caches
@@ -152,12 +147,12 @@ def gemm_tflops(device: torch.device, size: int, dtype: torch.dtype, slowdown: i
 def busbw_gbps(tensor: torch.Tensor, group: dist.ProcessGroup, size: int) -> float:
     """All-reduce bus bandwidth in GB/s over ``group`` (``size`` ranks), this rank's view."""
     dist.all_reduce(tensor, group=group)  # warm-up; NCCL makes the communicator here
-    _sync(tensor.device)
-    start = time.perf_counter()
-    for _ in range(ALLREDUCE_ITERS):
-        dist.all_reduce(tensor, group=group)
-    _sync(tensor.device)
-    seconds = max((time.perf_counter() - start) / ALLREDUCE_ITERS, 1e-9)
+
+    def all_reduces() -> None:
+        for _ in range(ALLREDUCE_ITERS):
+            dist.all_reduce(tensor, group=group)
+
+    seconds = max(elapsed(all_reduces, tensor.device) / ALLREDUCE_ITERS, 1e-9)
     return tensor.numel() * tensor.element_size() * 2 * (size - 1) / size / seconds / 1e9
 
 

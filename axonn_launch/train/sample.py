@@ -1,63 +1,11 @@
-"""Text generation with the parallel model; every rank takes part, rank 0 prints.
+"""What a sample's tokens read as: text for the built-in byte-level corpus, ids otherwise.
 
-All ranks run the same forward on the same context (the model returns full-vocab
-logits of the last position on every rank). Rank 0 picks each token and broadcasts it,
-so all ranks extend the context identically even if their logits differ in the last bit.
-It stops after the first of ``eos_ids`` (as ``generation.generate`` and transformers do);
-a model trained on the built-in byte corpus has no end-of-sequence id, so its sample
-always runs the tokens asked for.
+The end-of-run sample itself is ``generation.generate_one``: a model trained on the
+built-in byte corpus has no end-of-sequence id, so its sample always runs the tokens
+asked for.
 """
 
 from __future__ import annotations
-
-import time
-from collections.abc import Callable, Collection
-
-import torch
-from torch import nn
-
-from axonn_launch.train.generation import broadcast_from_rank0, pick_tokens
-from axonn_launch.train.loop import autocast
-
-
-@torch.no_grad()
-def generate(
-    model: nn.Module,
-    prompt: list[int],
-    n_tokens: int,
-    *,
-    max_seq_len: int,
-    device: torch.device,
-    dtype: torch.dtype = torch.float32,
-    temperature: float = 0.8,
-    seed: int = 0,
-    group=None,
-    expect: Callable[[float], None] | None = None,
-    eos_ids: Collection[int] = (),
-) -> list[int]:
-    """``prompt`` followed by ``n_tokens`` new tokens, or fewer when one of ``eos_ids``
-    comes first (it ends the list); ``temperature=0`` is greedy.
-
-    Rank 0's choice is broadcast over ``group`` (every rank; None: the default group).
-    ``expect`` gets, once the first token is picked, the seconds the whole sample will take
-    at that pace (so that a long sample can say so before the console goes quiet)."""
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    tokens = list(prompt)
-    was_training = model.training
-    model.eval()
-    began = time.perf_counter()
-    for made in range(n_tokens):
-        if made == 1 and expect is not None:
-            expect((time.perf_counter() - began) * n_tokens)
-        context = torch.tensor([tokens[-max_seq_len:]], dtype=torch.long, device=device)
-        with autocast(device, dtype):
-            logits = model(context)
-        choice = pick_tokens(logits.float(), temperature, 0, [generator])
-        tokens.append(int(broadcast_from_rank0(choice, group).item()))
-        if tokens[-1] in eos_ids:
-            break
-    model.train(was_training)
-    return tokens
 
 
 def decode(tokens: list[int], data: str) -> str:

@@ -120,7 +120,9 @@ def local_reference(tmp_path_factory):
 def test_two_nodes_complete_and_match_the_local_run(
     slurm_cluster, early_jobs, local_reference, tmp_path
 ):  # early_jobs first: the sweep and mpirun jobs run while this one does
-    job_dir = tmp_path / "job"
+    # '%x' would be Slurm's job name in --output (FAILED 0:53 before issue 32): escaped, the
+    # logs land in this very dir
+    job_dir = tmp_path / "job%x"
     result = run_launcher(
         ["machine=slurm_local", *TRAIN, "wait=true", f"hydra.run.dir={job_dir}"],
         cwd=tmp_path,
@@ -130,6 +132,8 @@ def test_two_nodes_complete_and_match_the_local_run(
     record = json.loads((job_dir / "job.json").read_text())
     (job_id,) = record["job_ids"]
     assert record["status"] == "completed" and record["nodes"] == 2
+    # sbatch took the recovery job with its escaped --output
+    assert record["recovery_job"] and "recovery_error" not in record
     assert sacct(job_id)[job_id][0] == "COMPLETED"
     assert settled_nodelist(job_id) == "n[1-2]"
     assert (job_dir / "submission.sh").read_text() == (

@@ -12,9 +12,8 @@ from axonn_launch.common.grid import Grid
 from axonn_launch.common.hf import spec_from_hf_config
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig
-from axonn_launch.train import sample
 from axonn_launch.train.arch import build_model
-from axonn_launch.train.generation import generate, generate_batch, pick_tokens
+from axonn_launch.train.generation import generate, generate_batch, generate_one, pick_tokens
 from axonn_launch.train.groups import build_groups, single_process_groups
 from axonn_launch.train.model import GPT, load_full_state_dict
 from tests.train.dist_utils import run_world
@@ -84,13 +83,13 @@ def test_stops_at_eos_as_transformers_with_and_without_the_cache(hf_case):
         theirs = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW,
                              eos_token_id=hf_eos, pad_token_id=0)  # fmt: skip
         assert ours == theirs[0, len(prompt) :].tolist() == cut
-    cacheless = sample.generate(model, prompt, NEW, max_seq_len=spec.max_seq_len, device=CPU,
-                                temperature=0.0, eos_ids=(eos,))  # fmt: skip
+    cacheless = generate_one(model, prompt, NEW, max_seq_len=spec.max_seq_len, device=CPU,
+                             temperature=0.0, eos_ids=(eos,))  # fmt: skip
     assert cacheless == prompt + cut
-    drawn = sample.generate(model, prompt, 6, max_seq_len=spec.max_seq_len, device=CPU)
+    drawn = generate_one(model, prompt, 6, max_seq_len=spec.max_seq_len, device=CPU)
     stop = drawn[len(prompt) + 3]
-    stopped = sample.generate(model, prompt, 6, max_seq_len=spec.max_seq_len, device=CPU,
-                              eos_ids=(stop,))  # fmt: skip
+    stopped = generate_one(model, prompt, 6, max_seq_len=spec.max_seq_len, device=CPU,
+                           eos_ids=(stop,))  # fmt: skip
     assert stopped == drawn[: drawn.index(stop, len(prompt)) + 1]
 
 

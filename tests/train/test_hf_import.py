@@ -171,6 +171,41 @@ def test_missing_tensor_and_wrong_shape_are_one_line_errors(hf_dirs, tmp_path):
         load_hf_weights(model, groups, tmp_path)
 
 
+def _set(name: str, at: tuple[int, int], value: float):
+    return lambda tensors: tensors[name].__setitem__(at, value)
+
+
+def test_non_finite_and_integer_weights_are_refused_at_load_naming_the_tensor(hf_dirs, tmp_path):
+    """The login node reads only headers; the job refuses a NaN or inf it loads (and an
+    integer tensor, checked on the login node too) in one line naming the tensor."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from axonn_launch.common.hf import HFConfigError
+
+    spec = _spec(hf_dirs["tied"])
+    name = "model.layers.1.mlp.down_proj.weight"
+    ok, floating = "valid: finite values", "valid: a floating-point dtype (F16, BF16, F32, F64)"
+    cases = [
+        (_set(name, (3, 5), float("nan")), f"1 NaN and 0 inf values, the first at [3, 5]; {ok}"),
+        (_set(name, (0, 0), float("-inf")), f"0 NaN and 1 inf values, the first at [0, 0]; {ok}"),
+        (lambda tensors: tensors.__setitem__(name, tensors[name].long()), f"I64; {floating}"),
+    ]  # fmt: skip
+    for change, words in cases:
+        folder = tmp_path / "bad"
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(hf_dirs["tied"], folder)
+        tensors = load_file(folder / "model.safetensors")
+        change(tensors)
+        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+        model, groups, _ = _one_rank_model(spec)
+        with pytest.raises(HFConfigError) as caught:
+            load_hf_weights(model, groups, folder)
+        verb = "is stored as" if "I64" in words else "holds"
+        assert str(caught.value) == f"{folder}: tensor {name} {verb} {words}"
+
+
 def _import_worlds(rank: int, world: int, grids: list[Grid], hf_dir: str, root: str) -> dict:
     """Import on each grid; check against load_full_state_dict; report bytes read."""
     out = {}

@@ -149,9 +149,16 @@ def test_stop_and_resume_gives_the_same_losses(tmp_path):
     assert all(s["stopped"] and s["steps"] == 5 for s in summaries)  # every rank stopped
     assert (resumed / "checkpoints" / "latest").read_text() == "step_00000005"
     assert [r["step"] for r in metrics(resumed)] == [1, 2, 3, 4, 5]
+    # latest pointed at another run's (complete) step: never followed, this dir's newest is
+    # used (issue 32: rank 0 checked the outside step, every rank opened its own step_12)
+    outside = os.path.relpath(straight / "checkpoints" / "step_00000012", resumed / "checkpoints")
+    (resumed / "checkpoints" / "latest").write_text(outside)
     second = launch(resumed, 4, "tests.train.loop_worker")
     summary = json.loads(second[0].strip().splitlines()[-1])
     assert summary["resumed_from"] == 5 and summary["steps"] == 12 and not summary["stopped"]
+    fallback = summary["checkpoint_fallback"]
+    assert fallback["from_step"] is None and fallback["to_step"] == 5, fallback
+    assert fallback["reason"].startswith(f"latest names {outside!r}, not a step_<n> of"), fallback
     expected, got = metrics(straight), metrics(resumed)
     assert [r["step"] for r in got] == list(range(1, 13))
     for a, b in zip(expected, got, strict=True):

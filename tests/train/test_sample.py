@@ -6,10 +6,11 @@ import torch
 
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig
+from axonn_launch.train.generation import generate_one
 from axonn_launch.train.groups import single_process_groups
 from axonn_launch.train.loop import StopFlag
 from axonn_launch.train.model import GPT
-from axonn_launch.train.sample import decode, default_prompt, generate
+from axonn_launch.train.sample import decode, default_prompt
 
 SPEC = ModelSpec("s", n_layer=1, d_model=32, n_head=4, vocab_size=64, max_seq_len=8)
 CPU = torch.device("cpu")
@@ -21,7 +22,7 @@ def model() -> GPT:
 
 def test_greedy_matches_repeated_argmax_with_a_sliding_window():
     net = model()
-    tokens = generate(net, [1, 2], 10, max_seq_len=8, device=CPU, temperature=0)
+    tokens = generate_one(net, [1, 2], 10, max_seq_len=8, device=CPU, temperature=0)
     expected = [1, 2]
     with torch.no_grad():
         for _ in range(10):
@@ -33,9 +34,9 @@ def test_greedy_matches_repeated_argmax_with_a_sliding_window():
 
 def test_sampling_is_seeded():
     net = model()
-    a = generate(net, [5], 12, max_seq_len=8, device=CPU, temperature=1.0, seed=1)
-    b = generate(net, [5], 12, max_seq_len=8, device=CPU, temperature=1.0, seed=1)
-    c = generate(net, [5], 12, max_seq_len=8, device=CPU, temperature=1.0, seed=2)
+    a = generate_one(net, [5], 12, max_seq_len=8, device=CPU, temperature=1.0, seed=1)
+    b = generate_one(net, [5], 12, max_seq_len=8, device=CPU, temperature=1.0, seed=1)
+    c = generate_one(net, [5], 12, max_seq_len=8, device=CPU, temperature=1.0, seed=2)
     assert a == b and a != c
     assert all(0 <= t < SPEC.vocab_size for t in a)
 

@@ -9,7 +9,7 @@ import time
 import torch
 
 from axonn_launch.train import SILENT_S, announce_sample, said_if_slow
-from axonn_launch.train.sample import generate
+from axonn_launch.train.generation import generate_one
 from tests.train.test_sample import CPU, model
 
 
@@ -27,7 +27,7 @@ class SlowForward(torch.nn.Module):
 
 def test_the_sample_predicts_its_length_from_its_first_token():
     expected: list[float] = []
-    generate(SlowForward(0.05), [1], 6, max_seq_len=8, device=CPU, expect=expected.append)
+    generate_one(SlowForward(0.05), [1], 6, max_seq_len=8, device=CPU, expect=expected.append)
     (seconds,) = expected  # once, after the first token
     assert 6 * 0.05 <= seconds < 6 * 0.05 + 1.0
 

@@ -1,0 +1,64 @@
+"""Which launcher started this process, and its rank, from the environment alone.
+
+One order for every reader: the job's rendezvous (``train/bootstrap.py``), the fault hooks
+and the Slurm task's per-rank variables (``submit/task.py``), the local rank process
+(``train/__main__.py``). First match wins:
+
+1. ``torchrun``: ``RANK`` and ``WORLD_SIZE`` (also what the local launcher sets);
+2. ``openmpi``: ``OMPI_COMM_WORLD_SIZE``, even inside a Slurm step (mpirun's daemons run as
+   one, so its ranks inherit that step's ``SLURM_PROCID``);
+3. ``slurm_step``: ``SLURM_PROCID``, ``SLURM_NTASKS`` and ``SLURM_STEP_ID`` (a task of srun);
+4. ``mpi``: another MPI launcher's PMI or PMIx variables (``PMI_RANK``, ``PMIX_RANK``);
+5. ``slurm``: Slurm's task variables outside a step (a batch script running Python);
+6. ``single``: rank 0 of one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+MPI_DETECT_VARS = ("PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+# (rank, local rank) variables of each source; the first set one of each list counts
+RANK_VARS = {
+    "torchrun": (("RANK",), ("LOCAL_RANK",)),
+    "openmpi": (("OMPI_COMM_WORLD_RANK",), ("OMPI_COMM_WORLD_LOCAL_RANK",)),
+    "slurm_step": (("SLURM_PROCID",), ("SLURM_LOCALID",)),
+    "mpi": (("PMI_RANK", "PMIX_RANK"), ("MPI_LOCALRANKID",)),
+    "slurm": (("SLURM_PROCID",), ("SLURM_LOCALID",)),
+    "single": ((), ()),
+}
+
+
+@dataclass(frozen=True)
+class EnvRank:
+    source: str  # a key of RANK_VARS
+    rank: int
+    local_rank: int
+
+
+def rank_source(environ: Mapping[str, str]) -> str:
+    """The launcher that set ``environ``, in the order of this module's docstring."""
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        return "torchrun"
+    if "OMPI_COMM_WORLD_SIZE" in environ:
+        return "openmpi"
+    slurm_task = "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ
+    if slurm_task and "SLURM_STEP_ID" in environ:
+        return "slurm_step"
+    if any(name in environ for name in MPI_DETECT_VARS):
+        return "mpi"
+    return "slurm" if slurm_task else "single"
+
+
+def environment_rank(environ: Mapping[str, str]) -> EnvRank:
+    """This process's rank and local rank as its launcher's variables give them (0 where
+    the source sets none: an MPI launcher may leave the local rank to mpi4py, which the
+    rendezvous asks)."""
+    source = rank_source(environ)
+    rank_vars, local_vars = RANK_VARS[source]
+    return EnvRank(source, _first_int(environ, rank_vars), _first_int(environ, local_vars))
+
+
+def _first_int(environ: Mapping[str, str], names: tuple[str, ...]) -> int:
+    return int(next((environ[n] for n in names if environ.get(n)), "0"))
