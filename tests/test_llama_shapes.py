@@ -74,7 +74,7 @@ def test_a_llama_preset_takes_overrides_of_every_llama_key():
     cfg = load(["model=llama3_8b", "model.n_kv_head=4", "model.tie_embeddings=true",
                 "model.rope_scaling_factor=0", "model.ffn_hidden=8192"])  # fmt: skip
     m = cfg.model
-    assert (m.is_llama, m.kv_heads, m.tie_embeddings, m.d_ff) == (True, 4, True, 8192)
+    assert (m.arch, m.kv_heads, m.tie_embeddings, m.d_ff) == ("llama", 4, True, 8192)
 
 
 # --------------------------------------------------------------------------- FLOPs

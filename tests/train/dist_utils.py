@@ -16,18 +16,20 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 import queue
+import shutil
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-from axonn_launch.submit.local import free_port
 
 PRELOAD = [
     "torch",
@@ -57,12 +59,14 @@ def run_world(
     """Run ``fn`` on ``world_size`` gloo ranks; return the per-rank results in rank order."""
     ctx = _CONTEXT
     results_queue = ctx.Queue()
-    port = free_port()
+    # a file store: a free port picked here can be taken by another test before rank 0
+    # listens on it (EADDRINUSE under the suite's parallel workers)
+    store = Path(tempfile.mkdtemp(prefix="world_")) / "store"
     environ = dict(os.environ)
     procs = [
         ctx.Process(
             target=_child,
-            args=(fn, rank, world_size, port, results_queue, args, environ),
+            args=(fn, rank, world_size, f"file://{store}", results_queue, args, environ),
             daemon=True,
         )
         for rank in range(world_size)
@@ -75,6 +79,7 @@ def run_world(
         _stop(procs, grace=0.0)  # the others may wait forever in a collective
         raise
     _stop(procs, grace=10.0)
+    shutil.rmtree(store.parent, ignore_errors=True)
     return [results[rank] for rank in range(world_size)]
 
 
@@ -90,7 +95,7 @@ def _collect(procs, results_queue, world_size: int, deadline: float, timeout: fl
             continue
         if not ok:
             raise WorldFailure(f"rank {rank} of {world_size} failed:\n{payload}")
-        results[rank] = payload
+        results[rank] = pickle.loads(payload)
     return results
 
 
@@ -109,19 +114,21 @@ def _stop(procs, grace: float) -> None:
             proc.join(timeout=5)
 
 
-def _child(fn, rank: int, world_size: int, port: int, results_queue, args, environ) -> None:
+def _child(fn, rank: int, world_size: int, init: str, results_queue, args, environ) -> None:
     os.environ.clear()
     os.environ.update(environ)
     try:
         torch.set_num_threads(1)
         dist.init_process_group(
             "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
+            init_method=init,
             rank=rank,
             world_size=world_size,
             timeout=timedelta(seconds=120),
         )
-        result = fn(rank, world_size, *args)
+        # plain pickle (the tensors' bytes), not torch's shared-memory reduction, whose file
+        # descriptor the parent fetches from this process: it may have exited by then
+        result = pickle.dumps(fn(rank, world_size, *args))
         results_queue.put((rank, True, result))
     except BaseException:
         results_queue.put((rank, False, traceback.format_exc()))
