@@ -1,8 +1,9 @@
 """`python -m axonn_launch [-m] key=value ...`: the Hydra application.
 
-Before Hydra runs, a pre-flight composes every point of the command line (and for a
-single run validates it) so that bad input ends with one line and exit code 2, with
-nothing written or submitted. Set HYDRA_FULL_ERROR=1 for tracebacks.
+A run is composed once, by Hydra, and resolved once, by ``ValidateRun`` before Hydra makes
+its job dir; ``hydra_entry`` launches that resolution (``run_resolution``). A sweep's or a
+study's points are composed and checked first (``check_arguments``). Bad input ends with
+one line and exit code 2, with nothing written or submitted. HYDRA_FULL_ERROR=1: tracebacks.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from axonn_launch.config.compose import (
     split_argv,
     to_launch_config,
 )
-from axonn_launch.config.validate import check_job_dir, container_warnings, launch_scope, resolve
+from axonn_launch.config.resolve import Resolved, check_job_dir, container_warnings, resolve
 from axonn_launch.submit import chain, local, rehearse, slurm
 from axonn_launch.submit.pipeline import EXIT_BAD_INPUT, launch
 from axonn_launch.submit.sweep import (
@@ -50,7 +51,7 @@ from axonn_launch.submit.sweep import (
 )
 from axonn_launch.usage import register_help_resolver
 
-HYDRA_FLAGS_WITHOUT_PREFLIGHT = {
+HYDRA_FLAGS_WITHOUT_CHECK = {
     "--help",
     "-h",
     "--hydra-help",
@@ -85,6 +86,7 @@ def hydra_entry(cfg: DictConfig) -> PointOutcome:
             local.dismiss_early_supervisor()  # no local job to hand it: its imports stop
         outcome = launch(
             launch_cfg,
+            run_resolution(launch_cfg),
             job_dir=job_dir,
             config=OmegaConf.to_container(cfg, resolve=True),
             command_line=list(sys.argv),
@@ -122,21 +124,54 @@ def point_config(cfg: DictConfig, hydra_cfg: Any) -> LaunchConfig:
     return point_cfg
 
 
+@dataclasses.dataclass
+class RunHandoff:
+    """A run's resolution, from ``ValidateRun`` to ``hydra_entry``. Hydra calls both in this
+    process but passes the task function only the config, so the callback leaves the
+    resolution here with the config it resolved, and the entry takes it once
+    (``run_resolution``). One slot: resolving never looks here."""
+
+    cfg: LaunchConfig | None = None
+    resolved: Resolved | None = None
+
+    def hand(self, cfg: LaunchConfig, resolved: Resolved) -> None:
+        self.cfg, self.resolved = cfg, resolved
+
+    def take(self, cfg: LaunchConfig) -> Resolved | None:
+        """The resolution handed for ``cfg``, once; None when none was (a sweep point)."""
+        handed, resolved = self.cfg, self.resolved
+        self.cfg = self.resolved = None
+        return resolved if handed == cfg else None
+
+
+RUN_HANDOFF = RunHandoff()
+
+
+def run_resolution(cfg: LaunchConfig) -> Resolved:
+    """The one resolution of this job: ``ValidateRun``'s for a run, made here for a sweep
+    point (Hydra calls no run callback for it)."""
+    handed = RUN_HANDOFF.take(cfg)
+    return handed if handed is not None else resolve(rehearse.to_resolve(cfg))
+
+
 class ValidateRun(Callback):
-    """A run (not a sweep) is validated here (conf/config.yaml's ``hydra.callbacks``): on
-    the config Hydra composed, before Hydra creates the job dir, so that bad input writes
-    nothing and the config is composed no more often than Hydra does it itself."""
+    """A run (not a sweep) is checked and resolved here (conf/config.yaml's
+    ``hydra.callbacks``): on the config Hydra composed, before Hydra creates the job dir,
+    so that bad input writes nothing and the config is composed no more often than Hydra
+    does it itself. The resolution goes to ``hydra_entry`` (``RUN_HANDOFF``)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         run_dir = OmegaConf.to_container(config.hydra.run, resolve=False).get("dir", "")
         tree = OmegaConf.masked_copy(config, [key for key in config if key != "hydra"])
         try:
-            check_run(tree, to_launch_config(tree), run_dir_prefix([f"hydra.run.dir={run_dir}"]))
+            cfg = to_launch_config(tree)
+            resolved = check_run(tree, cfg, run_dir_prefix([f"hydra.run.dir={run_dir}"]))
         except ConfigError as exc:  # Hydra would only warn of an exception from a callback
             if _USER_FULL_ERROR.get() == "1":
                 traceback.print_exc()
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(EXIT_BAD_INPUT) from None
+        RUN_HANDOFF.hand(cfg, resolved)
 
 
 class LoggedNotPrinted(logging.Filter):
@@ -148,11 +183,12 @@ class LoggedNotPrinted(logging.Filter):
         return not record.name.startswith("axonn_launch")
 
 
-def preflight(argv: list[str]) -> None:
-    """Compose each point of the command line; validate it when not sweeping, and each
-    trial an optimizing sweeper may pick."""
+def check_arguments(argv: list[str]) -> None:
+    """Before Hydra runs: compose each point of a sweep and check each trial an optimizing
+    sweeper may pick, or check a study run's settings before Hydra makes its callback of
+    them. A plain run is checked and resolved by ``ValidateRun``, on Hydra's composition."""
     overrides, valued, bare = split_argv(argv)
-    if bare & HYDRA_FLAGS_WITHOUT_PREFLIGHT or {
+    if bare & HYDRA_FLAGS_WITHOUT_CHECK or {
         "--config-path",
         "-cp",
         "--config-name",
@@ -178,8 +214,8 @@ def preflight(argv: list[str]) -> None:
     for point in points:
         tree = compose(point)
         cfg = for_sweeper(to_launch_config(tree), sweeper or "basic")
-        if not sweeping:  # a study's callback checks its settings before ValidateRun runs
-            check_run(tree, cfg, run_dir_prefix(overrides))
+        if not sweeping:  # Hydra makes a study's callback before ValidateRun runs
+            study_callback(tree)
         elif optimizing:
             check_trial(tree, cfg, point, sweeper)
 
@@ -192,27 +228,46 @@ def run_dir_prefix(overrides: list[str]) -> str:
     return os.path.abspath(prefix or ".")
 
 
-def check_run(tree: DictConfig, cfg: LaunchConfig, run_dir: str = "") -> None:
-    """Validate a run. A study's data (``+study=...``) is prepared by its Hydra callback
-    when the run starts, after this check of ``train.data``; so once the rest is valid
-    (checked as a dry run, which only warns about missing data) it is prepared here."""
+def check_run(tree: DictConfig, cfg: LaunchConfig, run_dir: str = "") -> Resolved:
+    """Check a run and resolve it, once (a rehearsal's site config: ``rehearse.to_resolve``).
+    A study's data (``+study=...``) is prepared first (``prepare_study``)."""
     if "study" in tree:
-        from axonn_launch.study import PrepareStudy, StudyError
-
-        resolve(dataclasses.replace(cfg, dry_run=True))
-        try:
-            PrepareStudy(tree.study).ensure()
-        except StudyError as exc:
-            raise ConfigError(str(exc)) from None
+        prepare_study(tree, cfg)
     run_dir = run_dir or run_dir_prefix([])
     if cfg.rehearse:
         rehearse.prepare(cfg, run_dir)
-        cfg = rehearse.site_config(cfg)
-    resolve(cfg)
-    check_job_dir(run_dir, cfg.machine)
-    slurm.require_slurm(cfg)  # no Slurm here: one line, no job dir (submit/slurm.py)
-    chain.settings_problem(cfg)
-    container_warnings(cfg, run_dir)
+    checked = rehearse.to_resolve(cfg)
+    resolved = resolve(checked)
+    check_job_dir(run_dir, checked.machine)
+    slurm.require_slurm(checked)  # no Slurm here: one line, no job dir (submit/slurm.py)
+    chain.settings_problem(checked)
+    container_warnings(checked, run_dir)
+    return resolved
+
+
+def study_callback(tree: DictConfig) -> Any:
+    """The study's Hydra callback (``submit/study_data.PrepareStudy``), which checks its
+    settings as it is made: a bad one is one line here."""
+    from axonn_launch.submit.study_data import PrepareStudy, StudyError
+
+    try:
+        return PrepareStudy(tree.study)
+    except StudyError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def prepare_study(tree: DictConfig, cfg: LaunchConfig) -> None:
+    """A study's data is prepared by its Hydra callback when the run starts, after the
+    check of ``train.data``; so once the rest is valid (checked as a dry run, which only
+    warns about missing data) it is prepared here. The run is then resolved again, with
+    its data: a study run resolves twice."""
+    from axonn_launch.submit.study_data import StudyError
+
+    resolve(dataclasses.replace(cfg, dry_run=True))
+    try:
+        study_callback(tree).ensure()
+    except StudyError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_trial(tree: DictConfig, cfg: LaunchConfig, point: list[str], sweeper: str) -> None:
@@ -228,18 +283,17 @@ def check_trial(tree: DictConfig, cfg: LaunchConfig, point: list[str], sweeper: 
 
 def main() -> None:
     local.start_early_supervisor(sys.argv[1:])  # a local job's imports start meanwhile
-    with launch_scope():  # the pre-flight's resolution is the launch's
-        try:
-            preflight(sys.argv[1:])
-        except ConfigError as exc:
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise
-            print(f"error: {exc}", file=sys.stderr)
-            raise SystemExit(EXIT_BAD_INPUT) from None
-        register_help_resolver()  # --help names the other commands (conf/config.yaml)
-        register_resolvers()  # sweep points' names (conf/config.yaml)
-        with composition_errors_in_one_line(split_argv(sys.argv[1:])[0]), mode_told(sys.argv[1:]):
-            hydra_entry()
+    try:
+        check_arguments(sys.argv[1:])
+    except ConfigError as exc:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT) from None
+    register_help_resolver()  # --help names the other commands (conf/config.yaml)
+    register_resolvers()  # sweep points' names (conf/config.yaml)
+    with composition_errors_in_one_line(split_argv(sys.argv[1:])[0]), mode_told(sys.argv[1:]):
+        hydra_entry()
 
 
 @contextlib.contextmanager

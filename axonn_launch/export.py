@@ -183,7 +183,7 @@ def _main(argv: list[str]) -> int:
     if action == "convert":
         if fmt != LEGACY_FORMAT:
             raise ExportError(f"checkpoint={str(checkpoint)!r} has format {fmt!r}, not legacy")
-        from axonn_launch.train.export import convert_legacy
+        from axonn_launch.train.checkpoint.export import convert_legacy
 
         kept = convert_legacy(checkpoint)
         print(f"converted {checkpoint} to DCP; the old files are in {kept}")
@@ -196,7 +196,7 @@ def _main(argv: list[str]) -> int:
     if action == "hf":
         import torch
 
-        from axonn_launch.train.export import export_hf
+        from axonn_launch.train.checkpoint.export import export_hf
 
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[options["dtype"]]
         tensors, files, copied = export_hf(
@@ -205,7 +205,7 @@ def _main(argv: list[str]) -> int:
         extra = f", tokenizer files {', '.join(copied)}" if copied else ", no tokenizer files"
         print(f"wrote {tensors} tensors of {checkpoint} to {out} ({files} file(s){extra})")
         return 0
-    from axonn_launch.train.export import export_checkpoint
+    from axonn_launch.train.checkpoint.export import export_checkpoint
 
     count = export_checkpoint(checkpoint, out)
     print(f"wrote {count} tensors of {checkpoint} to {out}")

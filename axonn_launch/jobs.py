@@ -5,7 +5,7 @@ the ones worth bringing back.
 found anywhere under each PATH; default ``jobs/``): job id, name, machine, model, grid,
 nodes, state, step reached / total (``metrics.jsonl``), last loss, failure class
 (``axonn_launch.records.failures``) and attempts; under the table, why each failed job failed and
-the slow nodes the preflight named (``axonn_launch.train.preflight``; a job it stopped
+the slow nodes the preflight named (``axonn_launch.train.health.preflight``; a job it stopped
 counts as a node failure of those nodes). States come from one batched ``sacct`` call for
 all jobs; without accounting, from ``squeue`` for queued jobs and from submitit's result
 pickles and the logs for ended ones.

@@ -21,7 +21,7 @@ a document; without one the stream is cut into consecutive chunks of ``chunk`` t
 boundaries to recover. Its dtype comes from the ``.idx``, the JSON sidecar
 ``<file>.json``, or else uint16.
 
-The metric functions are pure Python; generation is ``axonn_launch.generate.run_generation``.
+The metric functions are pure Python; generation is ``submit/generation_job.run_generation``.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from axonn_launch.common.memorization_metric import (
     read_documents,
     write_json,
 )
+from axonn_launch.submit.generation_job import run_generation
 from axonn_launch.usage import help_page, run_tool, wants_help
 
 FORWARDED = ("grid.", "machine", "nodes", "name", "site.", "train.dtype", "stop_at_eos")
@@ -60,7 +61,7 @@ def measure(settings: Settings, generate: Generator | None = None) -> dict:
     tokenizer = load_tokenizer(source)
     documents = read_documents(Path(settings.data), tokenizer, chunk=settings.chunk)
     prompts, skipped = build_prompts(documents, settings)
-    generate = generate or _generation_runner()
+    generate = generate or run_generation
     outputs = (
         generate(
             str(source),
@@ -77,18 +78,6 @@ def measure(settings: Settings, generate: Generator | None = None) -> dict:
     result |= evaluate(prompts, outputs, tokenizer, skipped)
     write_json(Path(settings.out), result)
     return result
-
-
-def _generation_runner() -> Generator:
-    try:
-        from axonn_launch.generate import run_generation
-    except ModuleNotFoundError as exc:
-        if exc.name != "axonn_launch.generate":
-            raise
-        raise MemorizationError(
-            "this installation has no generation runner (axonn_launch.generate)"
-        ) from exc
-    return run_generation
 
 
 def format_table(result: dict, rows: int = 10) -> str:

@@ -7,7 +7,7 @@ Everything but ``top``, ``output`` and ``calibration`` is a Hydra override, comp
 launcher composes it: ``machine.hardware.*``, ``model.*`` and ``train.*`` can be changed
 too. ``calibration=`` is a file from ``axonn_launch.calibrate``. Below the table: the best
 grid's checkpoint interval (``train.checkpoint_every=auto``, Young/Daly) and expected goodput
-(``cost/goodput.py``), also under ``checkpointing`` in ``output=json``.
+(``cost/expected_goodput.py``), also under ``checkpointing`` in ``output=json``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from axonn_launch.common.grid import Grid
 from axonn_launch.common.machine import Hardware, MachineProfile
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import TrainConfig
-from axonn_launch.cost import goodput
+from axonn_launch.config.compose import machine_choices
+from axonn_launch.cost import expected_goodput
 from axonn_launch.cost.jobcost import job_cost
 from axonn_launch.cost.memory import fit_micro_batch
 from axonn_launch.cost.perf import (
@@ -49,30 +50,37 @@ from axonn_launch.usage import help_page, run_tool, wants_help
 
 PLAN_KEYS = ("top", "output", "calibration")
 
-HELP = help_page(
-    usage="python -m axonn_launch.plan [KEY=VALUE ...] [--debug]",
-    summary=(
-        "Enumerate every 4D grid (data, x, y, z) of a node count that divides the model and the\n"
-        "batch and fits in memory, predict each one's step time and print the fastest. The\n"
-        "configuration is composed exactly as the launcher composes it."
-    ),
-    keys=[
-        ("machine=NAME", "local (default), slurm_local, perlmutter, frontier, alps"),
-        ("model=NAME", "gpt_tiny (default) ... gpt_640b, llama_tiny ... llama3_405b"),
-        ("nodes=N", "node count to plan for; default: the fewest where a grid fits"),
-        ("top=K", "how many grids to print (default 5)"),
-        ("output=table|json", "aligned columns (default) or JSON"),
-        ("calibration=FILE", "measurements from python -m axonn_launch.calibrate"),
-        ("train.KEY=VALUE", "any training key: global_batch, seq_len, micro_batch (pins it)"),
-        ("machine.hardware.KEY=VALUE", "any hardware number, e.g. inter_node_gbps=50"),
-        ("--debug", "show the traceback of an error"),
-    ],
-    examples=[
-        "python -m axonn_launch.plan machine=frontier model=gpt_320b nodes=1024 top=5",
-        "python -m axonn_launch.plan machine=frontier model=gpt_320b      # the fewest nodes",
-        "python -m axonn_launch.plan machine=alps model=gpt_80b nodes=1536 output=json",
-    ],
+
+def help_text() -> str:
+    """``plan --help``; its machine list is the profiles in conf/machine/."""
+    return help_page(
+        usage="python -m axonn_launch.plan [KEY=VALUE ...] [--debug]",
+        summary=SUMMARY,
+        keys=[("machine=NAME", machine_choices()), *KEYS],
+        examples=EXAMPLES,
+    )
+
+
+SUMMARY = (
+    "Enumerate every 4D grid (data, x, y, z) of a node count that divides the model and the\n"
+    "batch and fits in memory, predict each one's step time and print the fastest. The\n"
+    "configuration is composed exactly as the launcher composes it."
 )
+KEYS = [
+    ("model=NAME", "gpt_tiny (default) ... gpt_640b, llama_tiny ... llama3_405b"),
+    ("nodes=N", "node count to plan for; default: the fewest where a grid fits"),
+    ("top=K", "how many grids to print (default 5)"),
+    ("output=table|json", "aligned columns (default) or JSON"),
+    ("calibration=FILE", "measurements from python -m axonn_launch.calibrate"),
+    ("train.KEY=VALUE", "any training key: global_batch, seq_len, micro_batch (pins it)"),
+    ("machine.hardware.KEY=VALUE", "any hardware number, e.g. inter_node_gbps=50"),
+    ("--debug", "show the traceback of an error"),
+]
+EXAMPLES = [
+    "python -m axonn_launch.plan machine=frontier model=gpt_320b nodes=1024 top=5",
+    "python -m axonn_launch.plan machine=frontier model=gpt_320b      # the fewest nodes",
+    "python -m axonn_launch.plan machine=alps model=gpt_80b nodes=1536 output=json",
+]
 
 
 @dataclass(frozen=True)
@@ -303,10 +311,13 @@ def job_start_line(args: PlanArgs, grid: Grid) -> str:
     return f"job start, save and resume on {grid.describe()}: {cost.describe()}"
 
 
-def checkpointing(args: PlanArgs, row: PlanRow, nodes: int) -> goodput.Checkpointing | None:
-    """The checkpoint interval and expected goodput of ``row`` (``cost/goodput.py``): auto's
-    (Young/Daly) and, unless auto was asked for, the composed ``train.checkpoint_every``'s."""
-    return goodput.predict(
+def checkpointing(
+    args: PlanArgs, row: PlanRow, nodes: int
+) -> expected_goodput.Checkpointing | None:
+    """The checkpoint interval and expected goodput of ``row``
+    (``cost/expected_goodput.py``): auto's (Young/Daly) and, unless auto was asked for,
+    the composed ``train.checkpoint_every``'s."""
+    return expected_goodput.predict(
         machine=args.machine,
         model=args.model,
         nodes=nodes,
@@ -316,7 +327,9 @@ def checkpointing(args: PlanArgs, row: PlanRow, nodes: int) -> goodput.Checkpoin
     )
 
 
-def checkpoint_lines(ck: goodput.Checkpointing | None, machine: MachineProfile) -> list[str]:
+def checkpoint_lines(
+    ck: expected_goodput.Checkpointing | None, machine: MachineProfile
+) -> list[str]:
     """Two lines: the interval and goodput of the best grid, then what they rest on (on a
     CPU profile, failure figures that are test values: said so)."""
     if ck is None:
@@ -331,7 +344,7 @@ def checkpoint_lines(ck: goodput.Checkpointing | None, machine: MachineProfile) 
         f" expected goodput {ck.auto_goodput:.1%}{'' if ck.auto else composed}",
         f"  from: job MTBF {ck.mtbf_s / 3600:.3g} h ({ck.node_mtbf_hours:,.4g} h per node /"
         f" {ck.nodes:,} nodes), a save {ck.save_s:.3g} s ({ck.checkpoint_gb:,.4g} GB at"
-        f" {ck.write_gbps:,.4g} GB/s), restart {ck.restart_s:.0f} s (cost/goodput.py)"
+        f" {ck.write_gbps:,.4g} GB/s), restart {ck.restart_s:.0f} s (cost/expected_goodput.py)"
         + (
             f"; machine={machine.name}'s failure figures are test values: no prediction for a"
             " CPU run"
@@ -389,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     """Print the plan; exit status 0 with plans, 1 when no grid can run, 2 on bad input."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if wants_help(argv):
-        print(HELP)
+        print(help_text())
         return 0
     return run_tool(_main, argv, (PlanError, ValueError, TypeError))
 

@@ -124,11 +124,11 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
 def job_config(job_dir: Path) -> dict[str, Any]:
     """The job's settings as dotted keys: ``config.yaml`` overlaid by ``spec.json``."""
     config: dict[str, Any] = {}
-    if (job_dir / "config.yaml").is_file():
+    if JobPaths(job_dir).config.is_file():
         import yaml
 
         try:
-            config = flatten(yaml.safe_load((job_dir / "config.yaml").read_text()) or {})
+            config = flatten(yaml.safe_load(JobPaths(job_dir).config.read_text()) or {})
         except yaml.YAMLError:
             config = {}
     return config | flatten(read_json(JobPaths(job_dir).spec))

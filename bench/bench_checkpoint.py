@@ -75,14 +75,15 @@ def worker(phase: str, job_dir: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from axonn_launch import train as job
-    from axonn_launch.train.bootstrap import discover_env, init_distributed
-    from axonn_launch.train.checkpoint import Checkpointer, latest_checkpoint
+    from axonn_launch.train import run as job
+    from axonn_launch.train.checkpoint.manager import Checkpointer, latest_checkpoint
+    from axonn_launch.train.checkpoint.state import load_training_state
     from axonn_launch.train.data import Loader, open_source
-    from axonn_launch.train.groups import build_groups
-    from axonn_launch.train.loop import build_optimizer, compute_dtype, run_micro_steps
-    from axonn_launch.train.model import GPT, clip_grad_norm_, finish_gradients
-    from axonn_launch.train.state import load_training_state
+    from axonn_launch.train.loop import run_micro_steps
+    from axonn_launch.train.models.gpt import GPT, clip_grad_norm_, finish_gradients
+    from axonn_launch.train.models.optim import build_optimizer, compute_dtype
+    from axonn_launch.train.parallel.bootstrap import discover_env, init_distributed
+    from axonn_launch.train.parallel.groups import build_groups
 
     spec = JobSpec.load(job_dir / "spec.json")
     env = discover_env(spec.runtime)
@@ -160,8 +161,8 @@ torch.set_num_threads(1)
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig
-from axonn_launch.train.dcp import grid_position
-from axonn_launch.train.model import GPT
+from axonn_launch.train.parallel.shards import grid_position
+from axonn_launch.train.models.gpt import GPT
 spec = ModelSpec(**{model.__dict__!r})
 out = {{}}
 def best(fn):  # the least disturbed of three runs

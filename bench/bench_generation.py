@@ -33,10 +33,10 @@ import torch  # noqa: E402
 
 from axonn_launch.common.hf import spec_from_hf_config  # noqa: E402
 from axonn_launch.common.spec import OverlapConfig  # noqa: E402
-from axonn_launch.train.generation import generate_batch  # noqa: E402
-from axonn_launch.train.groups import single_process_groups  # noqa: E402
-from axonn_launch.train.hf_import import load_hf_weights  # noqa: E402
-from axonn_launch.train.model import build_model  # noqa: E402
+from axonn_launch.train.inference.generation import generate_batch  # noqa: E402
+from axonn_launch.train.models.hf_import import load_hf_weights  # noqa: E402
+from axonn_launch.train.models.registry import build_model  # noqa: E402
+from axonn_launch.train.parallel.groups import single_process_groups  # noqa: E402
 from tests.hf_fixtures import tiny_llama_dir  # noqa: E402
 
 CPU = torch.device("cpu")

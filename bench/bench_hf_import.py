@@ -120,10 +120,10 @@ def worker(method: str, grid_name: str, hf_dir: Path, out: Path) -> None:
 
     from axonn_launch.common.hf import spec_from_hf_config
     from axonn_launch.common.spec import OverlapConfig
-    from axonn_launch.train.arch import build_model
-    from axonn_launch.train.groups import build_groups
-    from axonn_launch.train.hf_import import load_hf_weights
-    from axonn_launch.train.model import load_full_state_dict
+    from axonn_launch.train.models.gpt import load_full_state_dict
+    from axonn_launch.train.models.hf_import import load_hf_weights
+    from axonn_launch.train.models.registry import build_model
+    from axonn_launch.train.parallel.groups import build_groups
 
     began = time.perf_counter()
     torch.set_num_threads(1)

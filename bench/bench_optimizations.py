@@ -119,17 +119,18 @@ class Setting:
 def build_setting(name: str, args: dict, grid: Grid, groups, rank: int) -> tuple[Setting, list]:
     """The model, loader and optimizer of one setting; also the knobs GPT ignored."""
     from axonn_launch.train.data import Loader, open_source
-    from axonn_launch.train.loop import TrainContext, build_optimizer
+    from axonn_launch.train.loop import TrainContext
     from axonn_launch.train.metrics import MetricsLogger
-    from axonn_launch.train.model import GPT
+    from axonn_launch.train.models.gpt import GPT
+    from axonn_launch.train.models.optim import build_optimizer
 
     spec, train, device = ModelSpec(**args["model"]), train_config(name, args), torch.device("cpu")
     accepted = inspect.signature(GPT).parameters
     knobs = {kw: getattr(train, f) for kw, f in MODEL_KNOBS.items() if kw in accepted}
     ignored = [kw for kw in MODEL_KNOBS if kw not in accepted]
     if "wire" in knobs:  # as axonn_launch.train.run builds it: auto follows the compute
-        from axonn_launch.train.comm import resolve_wire
-        from axonn_launch.train.loop import compute_dtype
+        from axonn_launch.train.models.optim import compute_dtype
+        from axonn_launch.train.parallel.comm import resolve_wire
 
         knobs["wire"] = resolve_wire(train.wire, compute_dtype(train, device))
     torch.manual_seed(train.seed)
@@ -166,8 +167,8 @@ def run_steps(setting: Setting, steps: int) -> float:
 
 
 def run_rank(rank: int, args: dict) -> dict:
-    from axonn_launch.train.groups import build_groups
     from axonn_launch.train.loop import gemm_tuner
+    from axonn_launch.train.parallel.groups import build_groups
 
     grid = Grid(**args["grid"])
     groups = build_groups(grid, rank=rank)

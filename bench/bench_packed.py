@@ -27,8 +27,8 @@ import torch  # noqa: E402
 
 from axonn_launch.common.models import ModelSpec  # noqa: E402
 from axonn_launch.common.spec import OverlapConfig  # noqa: E402
-from axonn_launch.train.groups import single_process_groups  # noqa: E402
-from axonn_launch.train.model import build_model  # noqa: E402
+from axonn_launch.train.models.registry import build_model  # noqa: E402
+from axonn_launch.train.parallel.groups import single_process_groups  # noqa: E402
 
 SPEC = ModelSpec("llama-bench", n_layer=4, d_model=256, n_head=8, vocab_size=4096,
                  max_seq_len=1024, arch="llama", n_kv_head=4, ffn_hidden=688,

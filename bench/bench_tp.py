@@ -7,7 +7,7 @@ step) with a full training step (forward, backward, gradient sync, clipping, Ada
   (b) PyTorch's own tensor parallelism (``torch.distributed.tensor.parallel``,
       Megatron-style ColwiseParallel for q/k/v/MLP-up and RowwiseParallel for
       attention-out/MLP-down on a 1-D DeviceMesh; embeddings and norms replicated);
-  (c) ``axonn_launch.train.model.GPT`` on the grids x=2,y=2 / x=4 / y=4 / z=4 (overlaps
+  (c) ``axonn_launch.train.models.gpt.GPT`` on the grids x=2,y=2 / x=4 / y=4 / z=4 (overlaps
       on); y=4 is the layout of (b): heads and MLP units split, Linears' all-reduces of
       T*h; x=4 splits the hidden dim instead and all-reduces 3x as much (tp_findings.md).
 
@@ -138,8 +138,8 @@ def _batch(spec: ModelSpec, batch: int, seq: int, step: int):
 
 def axonn_step(rank: int, spec: ModelSpec, grid: Grid, batch: int, seq: int):
     """(one training step of ours on this rank, the model, the optimizer)."""
-    from axonn_launch.train.groups import build_groups
-    from axonn_launch.train.model import GPT, clip_grad_norm_, finish_gradients
+    from axonn_launch.train.models.gpt import GPT, clip_grad_norm_, finish_gradients
+    from axonn_launch.train.parallel.groups import build_groups
 
     groups = build_groups(grid, rank=rank)
     model = GPT(spec, groups=groups, overlap=OverlapConfig(), seed=0)
@@ -220,8 +220,8 @@ def run_torch_tp(rank: int, spec: ModelSpec, world: int, batch: int, seq: int, s
 
 
 def run_single(spec: ModelSpec, batch: int, seq: int, steps: int):
-    from axonn_launch.train.groups import single_process_groups
-    from axonn_launch.train.model import GPT, clip_grad_norm_, finish_gradients
+    from axonn_launch.train.models.gpt import GPT, clip_grad_norm_, finish_gradients
+    from axonn_launch.train.parallel.groups import single_process_groups
 
     groups = single_process_groups()
     model = GPT(spec, groups=groups, overlap=OverlapConfig(), seed=0)

@@ -79,10 +79,10 @@ def monitor_cost_per_step(iterations: int = 20000) -> float:
     compute clock, the finite check), in this process, with the watchdog thread running."""
     import torch
 
-    from axonn_launch.train.groups import single_process_groups
+    from axonn_launch.train.health.monitor import StepMonitor
+    from axonn_launch.train.health.watchdog import Watchdog
     from axonn_launch.train.loop import check_finite
-    from axonn_launch.train.monitor import StepMonitor
-    from axonn_launch.train.watchdog import Watchdog
+    from axonn_launch.train.parallel.groups import single_process_groups
 
     with tempfile.TemporaryDirectory() as tmp:
         dog = Watchdog(WatchdogConfig(), tmp, rank=0, world_size=1, node="here").start()

@@ -120,8 +120,8 @@ class _GridRun:
     def __init__(self, grid: Grid, micro: int, rank: int) -> None:
         import torch
 
-        from axonn_launch.train.groups import build_groups
-        from axonn_launch.train.model import GPT
+        from axonn_launch.train.models.gpt import GPT
+        from axonn_launch.train.parallel.groups import build_groups
 
         train = dataclasses.replace(TRAIN, micro_batch=micro)
         self.groups = build_groups(grid, rank=rank)
@@ -140,7 +140,7 @@ class _GridRun:
         import torch
         import torch.distributed as dist
 
-        from axonn_launch.train.model import finish_gradients
+        from axonn_launch.train.models.gpt import finish_gradients
 
         dist.barrier()
         start = time.perf_counter()

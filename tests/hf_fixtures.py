@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SHAKESPEARE = Path(__file__).resolve().parent.parent / "axonn_launch/train/data/tinyshakespeare.txt"
+SHAKESPEARE = Path(__file__).resolve().parents[1] / "axonn_launch/train/assets/tinyshakespeare.txt"
 EOS = "<|endoftext|>"
 
 

@@ -1,5 +1,5 @@
 """An architecture is one strategy object (``common/arch``) and one torch module
-(``train/arch.py``) under the same name, with a preset and tests.
+(``train/models/registry.py``) under the same name, with a preset and tests.
 
 A third architecture registered through the two registries alone (GPT with half the MLP
 width) reaches the memory estimate, the traffic, the step time and the job side, which
@@ -25,9 +25,9 @@ from axonn_launch.common.spec import OverlapConfig, TrainConfig
 from axonn_launch.common.traffic import block_collectives
 from axonn_launch.cost.memory import estimate_memory, layer_activation_bytes, local_param_elements
 from axonn_launch.cost.perf import step_time
-from axonn_launch.train.arch import MODELS, build_model, register_model
-from axonn_launch.train.groups import single_process_groups
-from axonn_launch.train.model import GPT
+from axonn_launch.train.models.gpt import GPT
+from axonn_launch.train.models.registry import MODELS, build_model, register_model
+from axonn_launch.train.parallel.groups import single_process_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ROOT / "axonn_launch" / "conf" / "model"

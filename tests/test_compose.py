@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from axonn_launch.config.compose import ConfigError, load
-from axonn_launch.config.validate import resolve
+from axonn_launch.config.resolve import resolve
 from axonn_launch.cost.memory import GIB
 from axonn_launch.submit.pipeline import batch_script
 

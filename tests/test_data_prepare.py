@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from axonn_launch.common.corpus import TextTokenizer
 from axonn_launch.common.indexed import MASK_SUFFIX, read_index
-from axonn_launch.data import TextTokenizer, main
+from axonn_launch.data import main
 from axonn_launch.train.data import SHAKESPEARE, open_source
 from tests.conftest import REPO
 

@@ -16,11 +16,11 @@ from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig, TrainConfig
 from axonn_launch.export import main
-from axonn_launch.train.checkpoint import Checkpointer, latest_checkpoint, read_meta
-from axonn_launch.train.dcp import grid_position
-from axonn_launch.train.loop import build_optimizer
-from axonn_launch.train.model import GPT
-from axonn_launch.train.state import MOMENTS, load_training_state, save_training_state
+from axonn_launch.train.checkpoint.manager import Checkpointer, latest_checkpoint, read_meta
+from axonn_launch.train.checkpoint.state import MOMENTS, load_training_state, save_training_state
+from axonn_launch.train.models.gpt import GPT
+from axonn_launch.train.models.optim import build_optimizer
+from axonn_launch.train.parallel.shards import grid_position
 from tests.cli_server import run_module
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

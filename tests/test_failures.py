@@ -16,7 +16,7 @@ from axonn_launch import jobs
 from axonn_launch.records import failures, status
 from axonn_launch.records.failures import Diagnosis, Evidence, classify
 from axonn_launch.submit import resubmit
-from axonn_launch.train import faults
+from axonn_launch.train.health import faults
 
 # --- literal texts, as Slurm, submitit, torch and the kernel write them ---------------------
 
@@ -84,7 +84,7 @@ VALUE_ERROR = (
     "ValueError: seq_len=128 > model max_seq_len=64\n"
 )
 SCANCEL = "slurmstepd-n1: error: *** JOB 34 ON n1 CANCELLED AT 2026-11-29T15:40:01 ***"
-# train/watchdog.py's line, and train/loop.py's non-finite guard (its log line, its error)
+# train/health/watchdog.py's line, and train/loop.py's non-finite guard (its log line, its error)
 HANG_LINE = (
     "axonn_launch watchdog: hang: rank 1 (n1) saw no progress in section step of step 113 for"
     " 45 s (deadline 40 s); without progress: rank 2 (n2), silent; stacks in"
@@ -549,7 +549,7 @@ CRASH_COLUMNS = 50_000  # elements of each rank's row of the sharded tensor
 
 def _crash_specs(world: int, rank: int):
     """Rank r holds row r of a (world x CRASH_COLUMNS) tensor "w", as one flat shard."""
-    from axonn_launch.train.dcp import Piece, ShardSpec
+    from axonn_launch.train.parallel.shards import Piece, ShardSpec
 
     spec = ShardSpec((world, CRASH_COLUMNS), (Piece(0, (rank, 0), (1, CRASH_COLUMNS)),), True)
     return {"w": spec}
@@ -566,7 +566,7 @@ def _saver(rank: int, world: int, store_path: str, job_dir: str, fault: str) -> 
     test kills it); each rank's row encodes the step."""
     import torch.distributed as dist
 
-    from axonn_launch.train.checkpoint import FAULT_ENV, Checkpointer
+    from axonn_launch.train.checkpoint.manager import FAULT_ENV, Checkpointer
 
     os.environ[FAULT_ENV] = fault
     store = dist.FileStore(store_path, world)
@@ -594,8 +594,8 @@ def _load_latest(job_dir: Path) -> int:
     """Read every tensor of the latest checkpoint in one process; returns its step."""
     import torch
 
-    from axonn_launch.train.checkpoint import latest_checkpoint, load_state, read_meta
-    from axonn_launch.train.dcp import Piece, ShardSpec
+    from axonn_launch.train.checkpoint.manager import latest_checkpoint, load_state, read_meta
+    from axonn_launch.train.parallel.shards import Piece, ShardSpec
 
     latest = latest_checkpoint(job_dir)
     step = read_meta(latest)["step"]

@@ -52,9 +52,9 @@ def our_logits(job_dir: Path, tokens: torch.Tensor) -> torch.Tensor:
     from axonn_launch.common.jobdir import resolve_checkpoint
     from axonn_launch.common.models import ModelSpec
     from axonn_launch.common.spec import OverlapConfig
-    from axonn_launch.train.arch import build_model
-    from axonn_launch.train.groups import single_process_groups
-    from axonn_launch.train.state import load_model_weights
+    from axonn_launch.train.checkpoint.state import load_model_weights
+    from axonn_launch.train.models.registry import build_model
+    from axonn_launch.train.parallel.groups import single_process_groups
 
     step = resolve_checkpoint(str(job_dir))
     spec = ModelSpec(**json.loads((step / "meta.json").read_text())["model"])

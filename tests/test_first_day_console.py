@@ -35,14 +35,15 @@ def test_the_default_run_is_quiet_starts_visibly_and_says_what_is_next(tmp_path)
 
     info = [ln for ln in lines if " INFO axonn_launch." in ln]
     assert 0 < len(info) <= MAX_INFO_LINES, "\n".join(info)
-    assert not any("axonn_launch.train.gemm" in ln for ln in lines), "a GEMM line on the console"
+    gemm_logger = "axonn_launch.train.parallel.gemm"
+    assert not any(gemm_logger in ln for ln in lines), "a GEMM line on the console"
     assert sum("gemm tuning in step 1:" in ln for ln in info) == 1  # the one summary line
     sample_at = next(i for i, ln in enumerate(lines) if "--- sample (" in ln)
     assert " INFO axonn_launch.train.metrics: done: 2 steps" in lines[-2]
     assert all("gemm" not in ln for ln in lines[sample_at:])  # nothing during the sample
 
     rank0 = (tmp_path / "jobs" / "default" / "logs" / "rank_0.log").read_text()
-    picked = [ln for ln in rank0.splitlines() if "axonn_launch.train.gemm: gemm " in ln]
+    picked = [ln for ln in rank0.splitlines() if "axonn_launch.train.parallel.gemm: gemm " in ln]
     assert picked and all(" DEBUG " in ln and "picked" in ln for ln in picked)  # kept, in the file
 
     assert lines[-1].startswith("next: "), lines[-1]

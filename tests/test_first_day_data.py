@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from axonn_launch.common import tokenfile
-from axonn_launch.common.indexed import token_dtype
-from axonn_launch.data import IndexedWriter, main
+from axonn_launch.common.indexed import IndexedWriter, token_dtype
+from axonn_launch.data import main
 from axonn_launch.train.data import SHAKESPEARE, bin_dtype
 from tests.conftest import run_launcher
 

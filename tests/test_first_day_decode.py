@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from axonn_launch.train.sample import byte_text, decode
+from axonn_launch.train.inference.generation import byte_text, decode
 from tests.conftest import run_launcher
 from tests.hf_fixtures import tiny_llama_dir, write_jsonl
 

@@ -6,6 +6,10 @@ straight back. The default job runs here as a new user runs it (``python -m
 axonn_launch``, all 200 steps; a run of fewer steps differs in its schedule): after
 warm-up no loss reaches the first step's, and at no step does the loss rise a nat above
 the lowest loss before it.
+
+Only the default grid (x2 z2) runs: every other grid computes the same losses to rounding
+(tests/train/test_model_exact.py), so a second 200-step run of another grid checked the
+schedule again, not the grid.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ import pytest
 
 from tests.conftest import run_launcher
 
-GRIDS = {"x2 z2": [], "x2 y2": ["grid.x=2", "grid.y=2", "grid.z=1"]}  # x2 z2: the default
 SPIKE_NATS = 1.0  # far above the step-to-step noise of a batch of 16 x 64 bytes (~0.2)
 
 
@@ -27,15 +30,14 @@ def losses(job: Path) -> dict[int, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("grid", GRIDS)
-def test_the_default_job_has_no_loss_spike(tmp_path, grid):
+def test_the_default_job_has_no_loss_spike(tmp_path):
     """Over 60 s under load: the default job's 200 steps, as a new user runs it."""
     job = tmp_path / "job"
-    proc = run_launcher([*GRIDS[grid], f"hydra.run.dir={job}"], cwd=tmp_path, timeout=600)
+    proc = run_launcher([f"hydra.run.dir={job}"], cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     spec = json.loads((job / "spec.json").read_text())
     axes = [spec["grid"][axis] for axis in ("data", "x", "y", "z")]
-    assert axes == ([1, 2, 1, 2] if grid == "x2 z2" else [1, 2, 2, 1])
+    assert axes == [1, 2, 1, 2]
     steps, warmup = spec["train"]["steps"], spec["train"]["warmup_steps"]
     loss = losses(job)
     assert sorted(loss) == list(range(1, steps + 1)) and warmup < steps

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from axonn_launch.train.sample import decode
+from axonn_launch.train.inference.generation import decode
 
 JOB_DIR_HINT = (
     "a job dir is the folder one launch writes, holding job.json"

@@ -1,7 +1,7 @@
 """Issue 24, predicted goodput and the checkpoint interval: Daly's interval, ``auto`` in steps,
 the goodput formula, the figures ``plan`` and the launch summary print, and bad input.
 
-Every expected number is computed here from the formula in ``cost/goodput.py``'s docstring,
+Every expected number is computed here from the formula in ``cost/expected_goodput.py``'s docstring,
 independently of the module (or, where stated, written out by hand)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import re
 import pytest
 
 from axonn_launch.config.compose import ConfigError, load
-from axonn_launch.config.validate import resolve
-from axonn_launch.cost import goodput
+from axonn_launch.config.resolve import resolve
+from axonn_launch.cost import expected_goodput as goodput
 from axonn_launch.cost.perf import step_time
 from axonn_launch.plan import main as plan_main
 from tests.conftest import REPO, run_launcher

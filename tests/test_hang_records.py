@@ -2,7 +2,7 @@
 failure records decide the class before the symptoms in the logs, with the nodes to leave
 out; ``jobs status`` shows where a hang stopped, its stacks and the stragglers
 (records/status.py). Records and logs are written here as the job side writes them
-(common/jobdir.record_failure, train/watchdog.py's line); nothing is launched."""
+(common/jobdir.record_failure, train/health/watchdog.py's line); nothing is launched."""
 
 from __future__ import annotations
 
@@ -37,14 +37,14 @@ STACKS = "/scratch/job/logs/stacks"
 
 
 def hang_record(rank: int = 1, *, suspects=(), time: float = 100.0, **more) -> dict:
-    """What a rank's watchdog writes (train/watchdog.py, through record_failure)."""
+    """What a rank's watchdog writes (train/health/watchdog.py, through record_failure)."""
     named = ", ".join(f"rank {s['rank']} ({s['node']}), silent" for s in suspects) or "none named"
     line = (
         f"axonn_launch watchdog: hang: rank {rank} (n1) saw no progress in section compute of"
         f" step 113 for 45 s (deadline 40 s); without progress: {named}; stacks in {STACKS}"
     )
     return {"rank": rank, "host": "n1.cluster", "time": time, "exception": f"Hang: {line}",
-            "tail": [f"axonn_launch.train.watchdog.Hang: {line}"], "failure_class": "hang",
+            "tail": [f"axonn_launch.train.health.watchdog.Hang: {line}"], "failure_class": "hang",
             "section": "compute", "step": 113, "stalled_s": 45.0, "deadline_s": 40.0,
             "suspects": list(suspects), "stacks": STACKS, **more}  # fmt: skip
 

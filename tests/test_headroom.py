@@ -11,7 +11,7 @@ import re
 import pytest
 
 from axonn_launch.config.compose import load
-from axonn_launch.config.validate import resolve
+from axonn_launch.config.resolve import resolve
 from axonn_launch.cost import planner
 from axonn_launch.cost.memory import GIB, estimate_memory
 from axonn_launch.submit import rehearse

@@ -7,6 +7,7 @@ functions) by an AST pass, so a deferred import cannot hide a cycle or a torch i
   and ``train/`` imports nothing of the package outside ``common/``;
 - the login path (cli, submit/, config/, cost/, records/, common/ and the plan, jobs and data
   commands) imports no torch, here or through the package modules it imports;
+- no command module (``python -m axonn_launch.<name>``) imports another command module;
 - no job-directory file name is written as a string literal outside ``common/jobdir.py``.
 
 Each failure names the offending import with its file and line.
@@ -15,12 +16,11 @@ Each failure names the offending import with its file and line.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "axonn_launch"
 ROOT = PACKAGE.parent
@@ -29,10 +29,12 @@ BRIDGE = ("axonn_launch.submit.task", "axonn_launch.train")
 LOGIN_COMMANDS = ("axonn_launch.cli", "axonn_launch.plan", "axonn_launch.jobs", "axonn_launch.data")
 HEAVY = ("torch", "transformers", "safetensors", "tokenizers", "matplotlib")  # not at import
 NEVER = ("torch",)  # not even inside a function: the data command may load a tokenizer
+# names common/jobdir.py must hold (the test collects every name it defines, and more)
 JOB_DIR_NAMES = (
     "job.json", "spec.json", "metrics.jsonl", "summary.json", "preflight.json",
     "preflight_expected.json", "memorization.json", "submission.sh", "site_submission.sh",
-    "checkpoints", "latest", "failures", "nccl_rank{rank}.log",
+    "checkpoints", "latest", "failures", "nccl_rank{rank}.log", "config.yaml", "slurm", "%j",
+    "rank_{rank}.log", "axonn_launch.log",
 )  # fmt: skip
 
 
@@ -225,9 +227,9 @@ def test_login_modules_import_no_torch_when_run():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-def string_literals(path: Path) -> list[tuple[int, str]]:
-    tree = ast.parse(path.read_text())
-    docstrings = {
+def docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes of a module, its classes and functions."""
+    return {
         id(node.body[0].value)
         for node in ast.walk(tree)
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
@@ -235,26 +237,137 @@ def string_literals(path: Path) -> list[tuple[int, str]]:
         and isinstance(node.body[0], ast.Expr)
         and isinstance(node.body[0].value, ast.Constant)
     }
-    return [
-        (node.lineno, node.value)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and isinstance(node.value, str)
-        and id(node) not in docstrings
-    ]  # fmt: skip
 
 
-@pytest.mark.parametrize("name", JOB_DIR_NAMES)
-def test_job_directory_names_live_in_one_module(name):
-    owner = PACKAGE / "common" / "jobdir.py"
-    assert any(value == name for _, value in string_literals(owner)), f"jobdir lacks {name!r}"
-    elsewhere = [
-        f"{path.relative_to(ROOT)}:{line}"
-        for path in MODULES.values()
-        if path != owner
-        for line, value in string_literals(path)
-        if value == name
-    ]
-    assert not elsewhere, f"{name!r} written outside common/jobdir.py: " + ", ".join(elsewhere)
+JOB_DIR_OWNER = PACKAGE / "common" / "jobdir.py"
+# What a job dir's file looks like, as the last part of a literal joined to a job dir: a
+# name with a file suffix; and anywhere in a path, a rank's file or submitit's folder.
+SUFFIXED = re.compile(r"(?:^|/)[\w.{}-]+\.(?:json|jsonl|yaml|yml|log|sh|pkl|pt|txt)$")
+RANK_OR_SLURM = re.compile(r"(?:^|/)(?:rank_\{\}|slurm/)")
+# Literals that look like a job dir's file and are not one: where each belongs.
+NOT_JOB_DIR = {"rank_{}.pt": "a per-rank-shards checkpoint's own files (its legacy format)"}
+# Calls whose string arguments are parts of a path.
+PATH_CALLS = {"join", "Path", "joinpath", "glob", "rglob", "open", "with_name"}
+# What a path built under a job dir starts from.
+JOB_DIR_ROOT = re.compile(r"job_dir|JobPaths|\.folder\b")
+
+
+def job_dir_names(owner: Path = JOB_DIR_OWNER) -> set[str]:
+    """Every file or folder name ``owner`` defines: its module-level string constants that
+    are one name (``"job.json"``, ``"rank_{rank}.log"``, ``"%j"``; not a sentence)."""
+    return {
+        node.value.value
+        for node in ast.parse(owner.read_text()).body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str) and re.fullmatch(r"[\w.%*{}-]+", node.value.value)
+    }  # fmt: skip
+
+
+def as_pattern(text: str) -> str:
+    """A name or a literal with its placeholders (``{rank}``, an f-string's values, a glob's
+    ``*``) all written ``{}``."""
+    return re.sub(r"\{[^{}]*\}|\*", "{}", text)
+
+
+def code_literals(path: Path) -> list[tuple[ast.AST, ast.AST | None, str]]:
+    """(node, parent, text) of each string literal of code: an f-string whole (its values as
+    ``{}``); not docstrings, and not prose (a literal with whitespace: a message or a help
+    text may name a file, as a docstring or a comment may)."""
+    tree = ast.parse(path.read_text())
+    skipped = docstrings(tree)
+    parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    inside_fstrings = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
+                       for part in ast.walk(node) if part is not node}  # fmt: skip
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr) and id(node) not in inside_fstrings:
+            text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) in skipped or id(node) in inside_fstrings:
+                continue
+            text = node.value
+        else:
+            continue
+        if not re.search(r"\s", text):
+            found.append((node, parents.get(id(node)), as_pattern(text)))
+    return found
+
+
+def path_root(node: ast.AST, parent: ast.AST | None) -> str | None:
+    """The source of what the literal is joined to when it is a part of a path (an operand
+    of ``/``, an argument of a path call, an f-string's first value before a ``/``)."""
+    if isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Div):
+        return ast.unparse(parent.left)
+    if (
+        isinstance(parent, ast.Call)
+        and getattr(parent.func, "attr", getattr(parent.func, "id", "")) in PATH_CALLS
+    ):
+        return ast.unparse(parent)
+    if isinstance(node, ast.JoinedStr) and isinstance(node.values[0], ast.FormattedValue):
+        return ast.unparse(node.values[0].value)
+    return None
+
+
+def job_dir_literals(package: Path = PACKAGE) -> list[str]:
+    """``file:line: 'literal'`` for each literal of code outside ``common/jobdir.py`` that
+    spells a job dir's file: one of the names jobdir defines, as the literal or a part of
+    its path (a bare word such as ``slurm``, also a scheduler's name, only in a path); a
+    suffixed file name joined to a job dir; a rank's file or ``slurm/`` in any path."""
+    owner = package / "common" / "jobdir.py"
+    names = {as_pattern(n) for n in job_dir_names(owner)}
+    files = {n for n in names if re.search(r"[.{]", n)}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path == owner:
+            continue
+        for node, parent, text in code_literals(path):
+            root = path_root(node, parent)
+            in_a_path = "/" in text or root is not None
+            parts = set(text.split("/"))
+            named = parts & files or in_a_path and parts & names
+            suffixed = SUFFIXED.search(text) and JOB_DIR_ROOT.search(root or "")
+            looks = suffixed or in_a_path and RANK_OR_SLURM.search(text)
+            if named or looks and text not in NOT_JOB_DIR:
+                found.append(f"{path.relative_to(package.parent)}:{node.lineno}: {text!r}")
+    return found
+
+
+def test_job_directory_names_live_in_one_module():
+    """Every file name of the job dir is a name of common/jobdir.py and nowhere else: found
+    by pattern, not from a list (JOB_DIR_NAMES is only the floor of what jobdir holds)."""
+    names = job_dir_names()
+    assert set(JOB_DIR_NAMES) <= names, f"jobdir lacks {set(JOB_DIR_NAMES) - names}"
+    found = job_dir_literals()
+    assert not found, "job-dir names written outside common/jobdir.py:\n" + "\n".join(found)
+
+
+def runs_as_command(path: Path) -> bool:
+    """A module with a ``main`` or a ``__main__`` block: ``python -m axonn_launch.<name>``."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and node.name == "main":
+            return True
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            return True
+    return False
+
+
+def command_modules() -> set[str]:
+    """The package's top-level commands (its own ``__main__`` is the launcher's entry)."""
+    return {
+        module
+        for module, path in MODULES.items()
+        if module.count(".") == 1 and path.name != "__main__.py" and runs_as_command(path)
+    }
+
+
+def test_no_command_imports_another_command():
+    """A command parses, calls a library and prints: what two commands share lives in a
+    folder (or ``usage.py``), never in one of them. In-function imports count too."""
+    commands = command_modules()
+    named = {"cli", "data", "study", "generate", "memorization", "recover", "plan", "jobs"}
+    assert {f"axonn_launch.{name}" for name in named} <= commands, sorted(commands)
+    crossing = [e for e in EDGES if e.source in commands and e.target in commands]
+    assert not crossing, "commands importing commands:\n" + "\n".join(f"  {e}" for e in crossing)
 
 
 def test_registries_cover_every_name():
@@ -262,17 +375,53 @@ def test_registries_cover_every_name():
     from axonn_launch.common.machine import SCHEDULERS
     from axonn_launch.common.models import ARCHITECTURES
     from axonn_launch.submit.pipeline import STARTERS
-    from axonn_launch.train.arch import MODELS as BUILDERS
+    from axonn_launch.train.models.registry import MODELS as BUILDERS
 
     assert set(STARTERS) == set(SCHEDULERS)
     assert set(BUILDERS) == set(ARCHITECTURES)
 
 
 def test_the_job_package_does_not_shadow_its_modules():
-    """``axonn_launch.train.bootstrap`` is the module, not a function of the same name."""
+    """``axonn_launch.train.parallel.bootstrap`` is the module, not a function of the same name."""
     import types
 
-    import axonn_launch.train as train
+    import axonn_launch.train.parallel as train  # bootstrap's folder
 
     assert isinstance(train.bootstrap, types.ModuleType)
     assert callable(train.bootstrap.discover_env)
+
+
+# train/'s folders, bottom to top; its top-level modules (the training loop, data, metrics,
+# logs and the driver that runs them) sit above every folder
+TRAIN_FOLDERS = ("parallel", "models", "checkpoint", "health", "inference")
+TRAIN_TOP_MODULES = 10  # at most, __init__ and __main__ included
+
+
+def train_layer(module: str) -> int | None:
+    """A train/ module's place in ``TRAIN_FOLDERS`` (a top-level module: above them all)."""
+    parts = module.split(".")
+    if parts[:2] != ["axonn_launch", "train"]:
+        return None
+    if len(parts) > 2 and parts[2] in TRAIN_FOLDERS:
+        return TRAIN_FOLDERS.index(parts[2])
+    return len(TRAIN_FOLDERS)
+
+
+def test_train_folders_import_only_the_folders_before_them():
+    """train/ keeps at most ``TRAIN_TOP_MODULES`` modules at its top; every folder of it is
+    placed in ``TRAIN_FOLDERS``, and a module imports only from its own folder, the folders
+    before it, or (a top-level module) anywhere: a folder never reaches up into a later
+    folder or into the training at the top."""
+    train = PACKAGE / "train"
+    top = sorted(p.name for p in train.glob("*.py"))
+    assert len(top) <= TRAIN_TOP_MODULES, f"{len(top)} modules at train/'s top: {top}"
+    folders = {p.parent.name for p in train.glob("*/__init__.py")}
+    assert folders == set(TRAIN_FOLDERS), f"train/ folders {sorted(folders)} != TRAIN_FOLDERS"
+    upward = [
+        e
+        for e in EDGES
+        if train_layer(e.source) is not None
+        and train_layer(e.target) is not None
+        and train_layer(e.source) < train_layer(e.target)
+    ]
+    assert not upward, "train/ imports from above:\n" + "\n".join(f"  {e}" for e in upward)

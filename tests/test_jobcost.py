@@ -16,8 +16,8 @@ SPEC = ModelSpec("t", n_layer=2, d_model=32, n_head=4, vocab_size=64, max_seq_le
 def saved_chunks(grid: Grid) -> int:
     """Chunks the DCP save planner writes for SPEC on ``grid`` (parameters and moments)."""
     from axonn_launch.common.spec import OverlapConfig
-    from axonn_launch.train.dcp import grid_position, shard_spec
-    from axonn_launch.train.model import GPT
+    from axonn_launch.train.models.gpt import GPT
+    from axonn_launch.train.parallel.shards import grid_position, shard_spec
 
     count = 0
     for rank in range(grid.world_size):

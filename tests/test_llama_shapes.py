@@ -1,5 +1,5 @@
 """The Llama architecture on the login node: counts, FLOPs, shape rules, memory, traffic and
-planning, each checked against hand values or the job's own layers (``train/llama.py``)."""
+planning, each checked against hand values or the job's own layers (``train/models/llama.py``)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from axonn_launch.common.traffic import (
     wire_bytes,
 )
 from axonn_launch.config.compose import ConfigError, load
-from axonn_launch.config.validate import resolve
+from axonn_launch.config.resolve import resolve
 from axonn_launch.cost.jobcost import checkpoint_chunks
 from axonn_launch.cost.memory import (
     GIB,
@@ -158,11 +158,11 @@ def test_a_replicated_kv_block_must_split_over_z():
 
 def layers_build(spec: ModelSpec, grid: Grid) -> str | None:
     """The job's Llama layers for the grid's last rank on the meta device, or their error."""
-    from axonn_launch.train.attention import rope_frequencies
-    from axonn_launch.train.comm import Comm
-    from axonn_launch.train.dcp import grid_position
-    from axonn_launch.train.layers import OverlapRuntime, TPRMSNorm, VocabParallelEmbedding
-    from axonn_launch.train.llama import LlamaBlock
+    from axonn_launch.train.models.llama import LlamaBlock
+    from axonn_launch.train.parallel.attention import rope_frequencies
+    from axonn_launch.train.parallel.comm import Comm
+    from axonn_launch.train.parallel.layers import OverlapRuntime, TPRMSNorm, VocabParallelEmbedding
+    from axonn_launch.train.parallel.shards import grid_position
 
     comm = Comm(grid_position(grid, grid.world_size - 1))
     runtime = OverlapRuntime(comm, OverlapConfig())
@@ -213,9 +213,9 @@ def test_local_parameters_match_the_llama_layers(grid):
 def test_activation_formula_matches_the_saved_tensors_of_a_llama_block(bf16):
     import torch
 
-    from axonn_launch.train.attention import Positions
-    from axonn_launch.train.groups import build_groups
-    from axonn_launch.train.llama import Llama
+    from axonn_launch.train.models.llama import Llama
+    from axonn_launch.train.parallel.attention import Positions
+    from axonn_launch.train.parallel.groups import build_groups
 
     llama = Llama(TINY, groups=build_groups(Grid(), rank=0), overlap=OverlapConfig())
     params = {p.untyped_storage().data_ptr() for p in llama.parameters()}

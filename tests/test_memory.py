@@ -191,8 +191,8 @@ def test_estimate_api():
 )
 def test_local_parameters_match_the_training_core(grid):
     """Build one rank's shard of the core's GPT (no process group is needed to shard)."""
-    from axonn_launch.train.groups import Groups
-    from axonn_launch.train.model import GPT
+    from axonn_launch.train.models.gpt import GPT
+    from axonn_launch.train.parallel.groups import Groups
 
     odd_vocab = dataclasses.replace(MODEL, vocab_size=250)  # padded to a multiple of x*y
     last = grid.world_size - 1
@@ -209,9 +209,9 @@ def saved_bytes_of_one_block(grid: Grid, rank: int, bf16: bool) -> int:
     """Bytes of the tensors block 0 of the core's GPT saves for backward (not parameters)."""
     import torch
 
-    from axonn_launch.train.attention import Positions
-    from axonn_launch.train.groups import build_groups
-    from axonn_launch.train.model import GPT
+    from axonn_launch.train.models.gpt import GPT
+    from axonn_launch.train.parallel.attention import Positions
+    from axonn_launch.train.parallel.groups import build_groups
 
     model = GPT(MODEL, groups=build_groups(grid, rank=rank), overlap=OverlapConfig())
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}

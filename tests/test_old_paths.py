@@ -54,3 +54,18 @@ def test_a_job_pickled_before_the_move_runs_after_it(tmp_path):
     assert "steps 2 env from-the-old-pickle" in run.stdout
     summary = json.loads(JobPaths(job_dir).summary.read_text())
     assert summary["steps"] == 2
+
+
+def test_the_pickled_path_is_the_one_old_path_kept():
+    """``axonn_launch.job.TrainJob`` is today's class itself, through a plain module: no
+    finder on ``sys.meta_path``, and the old paths no job ever pickled are gone."""
+    import importlib.util
+
+    import axonn_launch
+    from axonn_launch.job import TrainJob as old
+    from axonn_launch.submit.task import TrainJob
+
+    assert old is TrainJob
+    finders = [f for f in sys.meta_path if type(f).__module__.startswith(axonn_launch.__name__)]
+    assert not finders, finders
+    assert importlib.util.find_spec("axonn_launch.grid") is None

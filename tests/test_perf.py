@@ -476,8 +476,8 @@ def _record_one_micro_step(rank: int, world: int, port: int, grid: dict, out: st
     import torch
     import torch.distributed as dist
 
-    from axonn_launch.train.groups import build_groups
-    from axonn_launch.train.model import GPT
+    from axonn_launch.train.models.gpt import GPT
+    from axonn_launch.train.parallel.groups import build_groups
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -552,7 +552,7 @@ def test_calibrate_times_the_gemm_shapes_of_the_planned_grids():
 def test_gemm_operands_are_laid_out_as_the_core_passes_them():
     import torch
 
-    from axonn_launch.calibrate import gemm_operands
+    from axonn_launch.train.health.calibrate import gemm_operands
 
     cpu = torch.device("cpu")
     a, b = gemm_operands(Gemm("fwd", "qkv", 8, 6, 4), cpu)  # X @ W^T

@@ -26,9 +26,8 @@ from axonn_launch.config.compose import ConfigError, compose, load, to_launch_co
 from axonn_launch.records import status
 from axonn_launch.submit import resubmit
 from axonn_launch.submit.pipeline import write_record
-from axonn_launch.train import faults
-from axonn_launch.train.bootstrap import DistEnv
-from axonn_launch.train.preflight import (
+from axonn_launch.train.health import faults
+from axonn_launch.train.health.preflight import (
     PreflightError,
     gemm_tflops,
     judge,
@@ -36,12 +35,13 @@ from axonn_launch.train.preflight import (
     run_preflight,
     slow_ranks,
 )
-from axonn_launch.train.startup import (
+from axonn_launch.train.health.startup import (
     enable_nccl_log,
     log_startup,
     nccl_log_path,
     nccl_networks,
 )
+from axonn_launch.train.parallel.bootstrap import DistEnv
 from tests.conftest import run_launcher
 from tests.train.dist_utils import run_world
 
@@ -322,7 +322,7 @@ def stopped_job(root: Path, name: str, job_id: str, slow: list[str], in_record: 
         record.update(preflight=verdict, slow_nodes=slow)
     (job_dir / "job.json").write_text(json.dumps(record))
     (job_dir / "preflight.json").write_text(json.dumps({**verdict, "ranks": []}))
-    err = "axonn_launch.train.preflight.PreflightError: preflight: slow nodes ...\n"
+    err = "axonn_launch.train.health.preflight.PreflightError: preflight: slow nodes ...\n"
     (job_dir / "slurm" / job_id / f"{job_id}_0_log.err").write_text(err)
     return job_dir
 

@@ -13,7 +13,7 @@ a temporary directory (job directories land there, not in the repository), as fo
 - ``machine=local`` launcher lines train for real, with ``train.steps=2`` added (the same code
   path as the 200 steps the README runs, in seconds); all but the bare default line also get
   ``train.sample_tokens=0`` (the sample after training is checked on that line), and the
-  Optuna line runs 2 of its 8 trials (``hydra.sweeper.n_trials=2``: the same sweeper and
+  Optuna line runs 1 of its 8 trials (``hydra.sweeper.n_trials=1``: the same sweeper and
   code path; tests/test_hydra_launchers.py runs an Optuna sweep of 3 trials);
 - ``plan`` and ``jobs`` lines run exactly as written; the paths they name
   (``jobs/sweeps/<time>``, ``jobs/gpt_80b-frontier/<time>``) are first made there by dry runs;
@@ -48,7 +48,7 @@ CALIBRATE_QUICK = [
     f"large_bytes={1 << 16}",
     "block_seconds=0.005",
 ]
-QUICK_TRIALS = "hydra.sweeper.n_trials=2"
+QUICK_TRIALS = "hydra.sweeper.n_trials=1"
 GENERATE_LLAMA = (
     "python -m axonn_launch.generate /models/Llama-3.2-1B prompts=p.jsonl out=o.jsonl"
     " machine=slurm_local grid.x=2 grid.z=2 wait=true"

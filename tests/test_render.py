@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from axonn_launch.config.compose import ConfigError, load
-from axonn_launch.config.validate import resolve
+from axonn_launch.config.resolve import resolve
 from axonn_launch.submit.render import RELAY_SUFFIX, render_script
 from axonn_launch.submit.task import apply_task_env
 

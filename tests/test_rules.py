@@ -1,7 +1,7 @@
 """The rules agree: the login node accepts exactly what the job can build and run.
 
 For every model preset (plus odd vocab sizes and small custom shapes) and every grid of up
-to 64 ranks, the launcher's verdict (``validate.resolve`` with memory unbounded) is
+to 64 ranks, the launcher's verdict (``resolve.resolve`` with memory unbounded) is
 compared with what the job side does with that configuration: build the layers of one
 rank (the last, every coordinate at its largest) with the constructors ``GPT`` calls, on
 the meta device, with a ``Groups`` that has the grid's coordinates and no process groups.
@@ -25,13 +25,13 @@ from axonn_launch.common.machine import Hardware, MachineProfile, SlurmSettings
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig, TrainConfig
 from axonn_launch.config.compose import ConfigError, GridRequest, LaunchConfig
-from axonn_launch.config.validate import resolve
-from axonn_launch.train.comm import Comm
+from axonn_launch.config.resolve import resolve
 from axonn_launch.train.data import Loader, SyntheticSource
-from axonn_launch.train.dcp import grid_position
-from axonn_launch.train.groups import single_process_groups
-from axonn_launch.train.layers import OverlapRuntime, TPLayerNorm, VocabParallelEmbedding
-from axonn_launch.train.model import GPT, Block
+from axonn_launch.train.models.gpt import GPT, Block
+from axonn_launch.train.parallel.comm import Comm
+from axonn_launch.train.parallel.groups import single_process_groups
+from axonn_launch.train.parallel.layers import OverlapRuntime, TPLayerNorm, VocabParallelEmbedding
+from axonn_launch.train.parallel.shards import grid_position
 
 CONF = Path(__file__).resolve().parents[1] / "axonn_launch" / "conf" / "model"
 MAX_RANKS = 64
@@ -282,7 +282,7 @@ def test_sequence_length_rule_is_the_position_tables():
 
 def test_the_job_refuses_what_the_login_node_refuses():
     from axonn_launch.common.spec import JobSpec, RuntimeConfig
-    from axonn_launch.train import recheck_rules
+    from axonn_launch.train.run import recheck_rules
 
     model = dataclasses.replace(TINY, vocab_size=65)
     spec = JobSpec(

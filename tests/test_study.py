@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from axonn_launch import study
 from axonn_launch.common.memorization_metric import read_documents
+from axonn_launch.submit import study_data as study
 from axonn_launch.train.data import open_source
 from tests.conftest import run_launcher
 

@@ -23,7 +23,7 @@ from axonn_launch.common.indexed import index_bytes, index_file_problem
 from axonn_launch.common.jobdir import JobPaths, checkpointed_step, latest_step_name
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.config.compose import ConfigError, load
-from axonn_launch.config.validate import check_job_dir, resolve
+from axonn_launch.config.resolve import check_job_dir, resolve
 from axonn_launch.submit import chain
 from axonn_launch.submit.render import RELAY_SUFFIX, render_script
 from tests.conftest import run_launcher

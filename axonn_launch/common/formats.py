@@ -6,6 +6,6 @@ verification, the legacy reader) compare the same string, so it is spelled once,
 
 from __future__ import annotations
 
-DCP_FORMAT = "dcp/1"  # torch.distributed.checkpoint, one folder per step (train/checkpoint.py)
-LEGACY_FORMAT = "per-rank-shards/1"  # one rank_NNNNN.pt per rank (train/legacy.py)
+DCP_FORMAT = "dcp/1"  # torch.distributed.checkpoint, a folder per step (checkpoint/manager.py)
+LEGACY_FORMAT = "per-rank-shards/1"  # one rank_NNNNN.pt per rank (train/checkpoint/legacy.py)
 RESUMABLE_FORMATS = (DCP_FORMAT, LEGACY_FORMAT)  # what a run resumes from

@@ -2,7 +2,7 @@
 
 Login-node code (json only, never torch or transformers): the launcher checks a
 ``model.init_from`` directory here before anything is submitted, the job imports the
-weights with ``axonn_launch.train.hf_import`` and ``python -m axonn_launch.export --hf``
+weights with ``axonn_launch.train.models.hf_import`` and ``python -m axonn_launch.export --hf``
 writes them back.
 
 * ``spec_from_hf_config``: a ``LlamaForCausalLM`` config.json as a ``ModelSpec``
@@ -406,7 +406,7 @@ def weights_problem(directory: str, segments: dict[str, list[tuple[str, int]]]) 
     ``segments`` (``hf_segments``) names, in one line, or None: a shard the index names
     that is missing or unreadable, a needed tensor no shard holds, or one stored in a
     dtype that is not floating point. Headers only: no tensor data is read (the job
-    refuses non-finite values as it loads them, ``train/hf_import.py``)."""
+    refuses non-finite values as it loads them, ``train/models/hf_import.py``)."""
     field, folder = f"model.init_from={directory!r}", Path(directory)
     try:
         files = weight_files(directory)

@@ -1,11 +1,15 @@
 """Megatron's indexed token format (``MMapIndexedDataset``): ``PREFIX.bin`` holds the tokens,
 ``PREFIX.idx`` the sequence sizes, their byte offsets and the first sequence of each document.
-The data command writes it and the job reads it; numpy only, no torch.
+``IndexedWriter`` writes it (the data and study commands), ``read_index`` reads it (the job,
+the login node's checks); numpy only, no torch.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +70,75 @@ def index_bytes(sizes: np.ndarray, dtype: np.dtype, firsts: np.ndarray | None = 
     header = MEGATRON_IDX_HEADER + struct.pack("<QBQQ", MEGATRON_IDX_VERSION, dtype_code(dtype),
                                                count, len(docs))  # fmt: skip
     return header + sizes.tobytes() + pointers.tobytes() + docs.tobytes()
+
+
+class IndexedWriter:
+    """Writes PREFIX.bin (+ .mask), then .idx and .bin.json; all under temporary names
+    until ``commit``; ``abort`` (or an exception in a ``with`` block) removes them."""
+
+    def __init__(self, prefix: Path, dtype: np.dtype, *, masked: bool = False) -> None:
+        self.prefix = prefix
+        self.dtype = dtype
+        self.sizes: list[np.ndarray] = []
+        self.firsts: list[int] = []  # the sequence each document starts with
+        self.sequences = 0
+        self.max_id = -1  # the largest token id written (the sidecar's max_token_id)
+        self.names = [".bin", ".idx", ".bin.json"] + ([MASK_SUFFIX] if masked else [])
+        self.tmp = {s: prefix.with_name(f".{prefix.name}{s}.tmp{os.getpid()}") for s in self.names}
+        self.bin = self.tmp[".bin"].open("wb")
+        self.mask = self.tmp[MASK_SUFFIX].open("wb") if masked else None
+
+    def add(
+        self,
+        tokens: np.ndarray,
+        sizes: Sequence[int],
+        mask: np.ndarray | None = None,
+        *,
+        one_document: bool = False,
+    ) -> None:
+        """Sequences of ``sizes`` tokens, concatenated in ``tokens``: each a document, or
+        with ``one_document`` together one."""
+        ids = np.asarray(tokens, dtype=self.dtype)
+        self.bin.write(ids.tobytes())
+        if ids.size:
+            self.max_id = max(self.max_id, int(ids.max()))
+        if self.mask is not None:
+            self.mask.write(np.asarray(mask, dtype=np.uint8).tobytes())
+        self.sizes.append(np.asarray(sizes, dtype=np.int64))
+        starts = range(self.sequences, self.sequences + (1 if one_document else len(sizes)))
+        self.firsts.extend(starts)
+        self.sequences += len(sizes)
+
+    def commit(self, meta: dict) -> dict:
+        """Write the index and sidecar, rename everything into place; the sidecar's dict."""
+        self._close()
+        sizes = np.concatenate(self.sizes) if self.sizes else np.zeros(0, dtype=np.int64)
+        self.tmp[".idx"].write_bytes(index_bytes(sizes, self.dtype, np.array(self.firsts)))
+        meta = {"dtype": self.dtype.name, **meta, "documents": len(self.firsts),
+                "tokens": int(sizes.sum())}  # fmt: skip
+        if self.max_id >= 0:  # the launcher checks it against the model's vocabulary
+            meta["max_token_id"] = self.max_id
+        self.tmp[".bin.json"].write_text(json.dumps(meta, indent=1) + "\n")
+        for suffix in sorted(self.names, key=lambda s: s == ".bin"):  # the .bin last
+            self.tmp[suffix].replace(self.prefix.with_name(self.prefix.name + suffix))
+        return meta
+
+    def abort(self) -> None:
+        self._close()
+        for path in self.tmp.values():
+            path.unlink(missing_ok=True)
+
+    def _close(self) -> None:
+        for handle in (self.bin, self.mask):
+            if handle is not None:
+                handle.close()
+
+    def __enter__(self) -> IndexedWriter:
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        if kind is not None:
+            self.abort()
 
 
 def read_index(path: Path) -> MegatronIndex:

@@ -7,6 +7,8 @@ serves its executor and the submitted process). Layout::
       job.json                 the launcher's record (status, job ids, attempts), all writers
                                hold the record lock and replace it atomically
       spec.json                what the job runs (common/spec.py's JobSpec)
+      config.yaml              the launch's resolved config
+      axonn_launch.log         the launcher's log (Hydra's file handler); .hydra/ Hydra's own
       submission.sh            the batch script (site_submission.sh: a rehearsal's original)
       recovery.sh              the recovery job chained to a Slurm attempt (submit/recovery.py)
       preflight_expected.json  the launcher's expectations for the job's preflight
@@ -16,13 +18,17 @@ serves its executor and the submitted process). Layout::
       memorization.json        the in-job memorization evaluation
       checkpoints/latest       names the newest complete checkpoints/step_<n>/ (meta.json in it)
       checkpoints/.tmp_step_<n>/  a save in progress, or the leftover of an interrupted one
+      slurm/<id>/              submitit's files of Slurm job <id>: <id>_<task>_log.out,
+                               _log.err and _result.pkl (its folder is given as slurm/%j)
       logs/rank_<r>.log        each rank's log; logs/nccl_rank<r>.log NCCL's
+      logs/recovery_<id>.log   the recovery job's output (submit/chain.py)
       logs/failures/rank_<r>.json  a dying rank's exception (records/firstfail.py reads them);
                                a hang or a non-finite step adds its class and evidence
-      logs/heartbeats/rank_<r>.json  each rank's section, step and last beat (train/watchdog.py)
+      logs/heartbeats/rank_<r>.json  each rank's section, step and last beat
+                               (train/health/watchdog.py); REQUEST: its call for stacks
       logs/stacks/rank_<r>.txt every thread's Python stack, dumped when a hang was detected
       logs/flight_recorder/rank_<r>  NCCL/RCCL Flight Recorder dumps on a collective timeout
-      stragglers.json          the newest straggler report (rank 0; train/watchdog.py)
+      stragglers.json          the newest straggler report (rank 0; train/health/watchdog.py)
       skipped_steps.json       steps whose batch a rollback skips (recovery, non_finite)
 
 Torch-free and submitit-free: a local run, the job and the login tools all import it.
@@ -45,6 +51,15 @@ from pathlib import Path
 
 RECORD = "job.json"
 SPEC = "spec.json"
+CONFIG = "config.yaml"
+CONSOLE_LOG = "axonn_launch.log"
+HYDRA = ".hydra"
+SUBMITIT = ".submitit"  # submitit's default folder: never a job dir's own
+SLURM = "slurm"
+SLURM_JOB = "%j"  # Slurm's job-id placeholder: submitit's folder is given as slurm/%j
+SLURM_RESULT = "result.pkl"  # slurm/<id>/<id>_<task>_<kind>: the kinds of files
+SLURM_STDOUT = "log.out"
+SLURM_STDERR = "log.err"
 SUBMISSION = "submission.sh"
 SITE_SUBMISSION = "site_submission.sh"
 RECOVERY_SCRIPT = "recovery.sh"
@@ -65,6 +80,11 @@ STACKS = "stacks"
 STRAGGLERS = "stragglers.json"
 SKIPPED_STEPS = "skipped_steps.json"
 NCCL_LOG = "nccl_rank{rank}.log"
+RANK_LOG = "rank_{rank}.log"
+RANK_RECORD = "rank_{rank}.json"  # a rank's heartbeat, and its failure record
+STACK_DUMP = "rank_{rank}.txt"
+HANG_REQUEST = "REQUEST"  # in heartbeats/: a rank that saw a hang asks for stacks
+RECOVERY_LOG = "recovery_%j.log"  # Slurm fills in %j
 RESUBMIT_LOCK = ".resubmit.lock"
 RECORD_LOCK = ".record.lock"
 # held while a job lives in the dir: by its launcher, then its local supervisor
@@ -81,6 +101,8 @@ class JobPaths:
 
     record = property(lambda self: self.folder / RECORD)
     spec = property(lambda self: self.folder / SPEC)
+    config = property(lambda self: self.folder / CONFIG)
+    console_log = property(lambda self: self.folder / CONSOLE_LOG)
     submission = property(lambda self: self.folder / SUBMISSION)
     site_submission = property(lambda self: self.folder / SITE_SUBMISSION)
     recovery_script = property(lambda self: self.folder / RECOVERY_SCRIPT)
@@ -99,15 +121,25 @@ class JobPaths:
     stragglers = property(lambda self: self.folder / STRAGGLERS)
     skipped_steps = property(lambda self: self.folder / SKIPPED_STEPS)
     job_lock = property(lambda self: self.folder / JOB_LOCK)
+    recovery_log = property(lambda self: self.logs / RECOVERY_LOG)
+    hang_request = property(lambda self: self.heartbeats / HANG_REQUEST)
 
     def heartbeat(self, rank: int) -> Path:
-        return self.heartbeats / f"rank_{rank}.json"
+        return self.heartbeats / RANK_RECORD.format(rank=rank)
+
+    def failure_record(self, rank: int) -> Path:
+        return self.failures / RANK_RECORD.format(rank=rank)
 
     def stack_dump(self, rank: int) -> Path:
-        return self.stacks / f"rank_{rank}.txt"
+        return self.stacks / STACK_DUMP.format(rank=rank)
 
-    def rank_log(self, rank: int) -> Path:
-        return self.logs / f"rank_{rank}.log"
+    def rank_log(self, rank: int | str) -> Path:
+        """Rank ``rank``'s log (``"*"``: the pattern of every rank's)."""
+        return self.logs / RANK_LOG.format(rank=rank)
+
+    def slurm_job(self, job_id: str = SLURM_JOB) -> Path:
+        """submitit's folder of Slurm job ``job_id`` (by default the pattern it is given)."""
+        return self.folder / SLURM / job_id
 
     def nccl_log(self, rank: int | str) -> Path:
         return self.logs / NCCL_LOG.format(rank=rank)
@@ -263,7 +295,7 @@ TIMELINE_EVENT_SCHEMA = {  # one line of timeline.jsonl (append_timeline)
     "step": Field((int,)),
     "checkpoint": Field((int,)),
 }
-STRAGGLERS_SCHEMA = {  # stragglers.json (train/watchdog.py)
+STRAGGLERS_SCHEMA = {  # stragglers.json (train/health/watchdog.py)
     "step": Field((int, NONE)),
     "stragglers": Field((list,), check=_list_of(dict, "an object")),
 }
@@ -509,12 +541,12 @@ def record_failure(
     if cause is not None:
         record["os_error"] = str(cause).splitlines()[0][:500]
     record |= evidence or {}
-    folder = JobPaths(job_dir).failures
-    part = folder / f".rank_{rank}.json.{os.getpid()}"
+    final = JobPaths(job_dir).failure_record(rank)
+    part = final.with_name(f".{final.name}.{os.getpid()}")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        final.parent.mkdir(parents=True, exist_ok=True)
         part.write_text(json.dumps(record))
-        part.replace(folder / f"rank_{rank}.json")
+        part.replace(final)
     except OSError:  # the traceback still reaches the rank's own log
         with contextlib.suppress(OSError):
             part.unlink()
@@ -570,7 +602,7 @@ def latest_step_name(job_dir: str | Path) -> str | None:
     """The step directory ``checkpoints/latest`` names (``step_<n>``), or None without one.
     Only a ``step_<digits>`` counts: a pointer to anything else (another dir's step, an
     absolute path, garbage) is not followed, and the newest complete step here stands in
-    for it, as the job's resume does (``train/checkpoint.py``)."""
+    for it, as the job's resume does (``train/checkpoint/manager.py``)."""
     try:
         text = JobPaths(job_dir).latest.read_text(errors="replace").strip()
     except OSError:

@@ -69,11 +69,11 @@ class Broadcast:
     constraint: str = ""  # an sbatch constraint that storage needs (Frontier: nvme)
 
 
-# Restart after a failure, besides reading the checkpoint back (cost/goodput.py): a default
+# Restart after a failure, besides reading the checkpoint back (cost/expected_goodput.py): a default
 # stated as one, not a measurement. A surviving rank may wait out the job's collective timeout
-# (600 s, train/bootstrap.py init_distributed) before it ends; then the allocation is requeued
-# and the ranks start again (about 300 s assumed). A profile or machine.reliability.restart_s=
-# changes it.
+# (600 s, train/parallel/bootstrap.py init_distributed) before it ends; then the allocation is
+# requeued and the ranks start again (about 300 s assumed). A profile or
+# machine.reliability.restart_s= changes it.
 DEFAULT_RESTART_S = 900.0
 # Filesystem write bandwidth per node of a job when a profile names none: a conservative default
 # stated as one, below the fair shares of the three site profiles' filesystems (0.27-1.03 GB/s).
@@ -84,7 +84,7 @@ DEFAULT_WRITE_GBPS_PER_NODE = 0.25
 class Reliability:
     """How often a node fails and what a checkpoint costs: the inputs of the checkpoint
     interval (``train.checkpoint_every=auto``) and of the predicted goodput
-    (``cost/goodput.py``). Site profiles cite each value they set (``sources``)."""
+    (``cost/expected_goodput.py``). Site profiles cite each value they set (``sources``)."""
 
     # mean hours between job-ending failures of one node; 0 = unknown (no prediction, no auto)
     node_mtbf_hours: float = 0.0
@@ -109,7 +109,7 @@ GEMM_DTYPES = ("bf16", "fp32")
 
 @dataclass(frozen=True)
 class PreflightSettings:
-    """What the preflight in the allocation (``axonn_launch.train.preflight``) expects.
+    """What the preflight in the allocation (``axonn_launch.train.health.preflight``) expects.
 
     Floors are fractions of the ``hardware`` numbers, so that each number has one source;
     a zero hardware number (CPU profiles) means no floor, and only the relative rule holds:

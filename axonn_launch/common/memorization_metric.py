@@ -1,5 +1,5 @@
 """The memorization metric of the Goldfish study, shared by the in-job evaluation
-(``train/memorize_job.py``) and the ``python -m axonn_launch.memorization`` tool, which
+(``train/inference/memorize_job.py``) and the ``python -m axonn_launch.memorization`` tool, which
 describes the measurement. Documents are read, cut into prompt and truth, and the model's
 greedy continuations scored: exact match, token match and ROUGE-L. Pure Python and numpy.
 """

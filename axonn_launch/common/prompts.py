@@ -1,8 +1,8 @@
 """A generation job's prompts, their token counts and its end-of-sequence ids, without torch.
 
-The login node (``config/validate.py``, ``submit/summary.py``) and the job
-(``train/generate_job.py``) ask these functions, so that the login node refuses exactly the
-prompts the job would, and names the end-of-sequence ids the job stops at:
+The login node (``config/resolve.py``, ``submit/summary.py``) and the job
+(``train/inference/generate_job.py``) ask these functions, so that the login node refuses exactly
+the prompts the job would, and names the end-of-sequence ids the job stops at:
 
 * text becomes ids with ``generate.tokenizer``, else ``model.init_from``'s tokenizer, else
   bytes for a model trained on the built-in byte corpus (``train.data=shakespeare``), else

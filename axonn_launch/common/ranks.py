@@ -1,6 +1,6 @@
 """Which launcher started this process, and its rank, from the environment alone.
 
-One order for every reader: the job's rendezvous (``train/bootstrap.py``), the fault hooks
+One order for every reader: the job's rendezvous (``train/parallel/bootstrap.py``), the fault hooks
 and the Slurm task's per-rank variables (``submit/task.py``), the local rank process
 (``train/__main__.py``). First match wins:
 

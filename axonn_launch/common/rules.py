@@ -2,7 +2,7 @@
 
 The login node (``validate``, ``plan``) and the job (``train.recheck_rules``) ask the
 same functions, and each rule mirrors what the job's layers and loader require
-(``train/layers.py``, ``train/model.py``, ``train/data.py``; ``tests/test_rules.py``
+(``train/parallel/layers.py``, ``train/models/gpt.py``, ``train/data.py``; ``tests/test_rules.py``
 builds them to check that the two agree). Torch-free. Each rule returns None or one line
 naming the field, its value and what would be valid.
 
@@ -12,7 +12,7 @@ and the hidden dimension over x; each Linear's weight is cut into an x*y grid of
 z. The token table (and an untied LM head) is padded with zero rows to a multiple of x*y,
 split by rows over the x*y plane, and each plane member's block is flattened and split
 over z. Position table, biases and norms are split over x or y only. Every micro-batch is
-split over z. Llama (``train/llama.py``): the MLP's ffn_hidden units are split over y;
+split over z. Llama (``train/models/llama.py``): the MLP's ffn_hidden units are split over y;
 the KV heads too when y divides n_kv_head, and when n_kv_head divides y each y rank holds
 the one KV head its query heads use (``traffic.LinearShape.out_groups``).
 """
@@ -129,7 +129,7 @@ def placement_problem(hardware: Hardware, grid: Grid) -> str | None:
     """x must stay inside a node: ranks are numbered x fastest, and x's collectives (two
     per layer, in the forward and the backward pass) need the node's fast links, as in
     AxoNN. So x divides the GPUs of a node. The planner rejects any other x; an explicit
-    grid with one runs, slower, after a warning (``validate.placement_warnings``)."""
+    grid with one runs, slower, after a warning (``resolve.placement_warnings``)."""
     if hardware.gpus_per_node % grid.x:
         return f"grid.x={grid.x} does not divide the {hardware.gpus_per_node} GPUs of a node"
     return None
@@ -151,7 +151,7 @@ def prompt_length_problem(
 ) -> str | None:
     """A prompt and its new tokens must fit the model's ``max_seq_len`` positions (the
     KV cache and the position table); ``where`` names the prompt (file and line). The
-    login node (config/validate.py) and the job (train/generation.py) both ask this."""
+    login node (config/resolve.py) and the job (train/inference/generation.py) both ask this."""
     if prompt_tokens + new_tokens > model.max_seq_len:
         room = model.max_seq_len - new_tokens
         return (

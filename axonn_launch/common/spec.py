@@ -77,7 +77,7 @@ class GoldfishConfig:
 
 @dataclass(frozen=True)
 class WatchdogConfig:
-    """Deadlines of a rank's sections (``train/watchdog.py``): a section that outlives its
+    """Deadlines of a rank's sections (``train/health/watchdog.py``): a section that outlives its
     deadline is a hang; the rank dumps its stacks and the job ends, naming the ranks that
     stopped making progress. ``train.watchdog=off`` is ``enabled=false``."""
 
@@ -161,7 +161,7 @@ class TrainConfig:
     seed: int = 1234
     dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
     # steps; 0 = only at the end and on a requeue signal; None = auto (``auto`` in the config):
-    # the launcher picks Daly's interval (cost/goodput.py) and the job always gets a number
+    # the launcher picks Daly's interval (cost/expected_goodput.py) and the job always gets a number
     checkpoint_every: int | None = 0
     keep_checkpoints: int = 2
     data: str = "shakespeare"  # shakespeare | synthetic | path to a uint16/uint32 .bin token file

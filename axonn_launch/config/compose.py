@@ -13,6 +13,7 @@ import re
 import types
 import typing
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
 
 from axonn_launch.common.jobdir import CheckpointMissing, read_step_meta, resolve_checkpoint
@@ -82,7 +83,7 @@ class LaunchConfig:
     site: Site = field(default_factory=Site)
     objective: str = "val_loss"  # what a sweep point returns to an optimizer (sweep.py)
     # check GEMM speed, bandwidth and network plugin in the allocation before training
-    # (train/preflight.py); None = the machine's default: on for Slurm machines
+    # (train/health/preflight.py); None = the machine's default: on for Slurm machines
     preflight: bool | None = None
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     memorization: MemorizationConfig = field(default_factory=MemorizationConfig)
@@ -125,7 +126,7 @@ def register_resolvers() -> None:
 
 
 def compose(overrides: list[str]):
-    """Compose the config tree with Hydra's compose API (tests, pre-flight, tools)."""
+    """Compose the config tree with Hydra's compose API (tests, the argument check, tools)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
@@ -144,13 +145,34 @@ def compose(overrides: list[str]):
 def machine_profile(name: str) -> MachineProfile:
     """The machine profile ``conf/machine/<name>.yaml`` alone (no interpolations to resolve
     beyond its own), for tools that need a second machine, e.g. a rehearsal's local one."""
-    from importlib import resources
-
     from omegaconf import OmegaConf
 
     text = resources.files(CONFIG_MODULE).joinpath("machine", f"{name}.yaml").read_text()
     raw = OmegaConf.to_container(OmegaConf.create(text), resolve=True)
     return build(MachineProfile, raw, "machine")
+
+
+DEFAULT_MACHINE = "local"  # conf/config.yaml's defaults
+
+
+def machine_names(scheduler: str = "") -> list[str]:
+    """The machine profiles (``conf/machine/*.yaml``), for the lists in help texts and
+    messages; only those of ``scheduler`` if given. The default first, then from the smallest
+    memory per GPU up (this computer and the local cluster, then the sites), then by name."""
+    import yaml
+
+    folder = resources.files(CONFIG_MODULE).joinpath("machine")
+    load = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C parser where built
+    raw = {f.name.removesuffix(".yaml"): yaml.load(f.read_text(), load) for f in folder.iterdir()
+           if f.name.endswith(".yaml")}  # fmt: skip
+    names = [n for n, p in raw.items() if not scheduler or p.get("scheduler") == scheduler]
+    gpu_memory = {n: raw[n].get("hardware", {}).get("mem_per_gpu_gb", 0) for n in names}
+    return sorted(names, key=lambda n: (n != DEFAULT_MACHINE, gpu_memory[n], n))
+
+
+def machine_choices() -> str:
+    """``local (default), slurm_local, ...``: the machines a ``machine=NAME`` may name."""
+    return ", ".join(f"{n} (default)" if n == DEFAULT_MACHINE else n for n in machine_names())
 
 
 def load(overrides: list[str]) -> LaunchConfig:
@@ -216,7 +238,7 @@ SWITCHED_OFF = ("off", False)
 # Keys whose ``auto`` is None in the dataclass (the launcher resolves it), with what is valid
 AUTO_KEYS = {
     "train.checkpoint_every": "a number of steps >= 0 (0: only at the end and on a requeue"
-    " signal) or auto (Young/Daly's interval, cost/goodput.py)",
+    " signal) or auto (Young/Daly's interval, cost/expected_goodput.py)",
 }
 
 

@@ -16,7 +16,7 @@ compares these predictions with measurements. The shard is the training core's
   before the reduce-scatter: twice the largest block (the allocator keeps that memory);
 * the Python, torch and communication runtime itself (``PROCESS_BYTES``, measured).
 
-Initialization draws only the shard's elements (``train/init.py``): its time is the
+Initialization draws only the shard's elements (``train/parallel/init.py``): its time is the
 shard over the generator's rate, measured on one CPU core; a GPU runs the same integer
 kernels faster, so on GPU machines the figure is an upper bound.
 """
@@ -33,12 +33,12 @@ from axonn_launch.cost.memory import GIB, local_param_elements
 PARAM_BYTES_PER_ELEMENT = 4
 STATE_BYTES_PER_ELEMENT = 16  # parameter 4 + gradient 4 + exp_avg 4 + exp_avg_sq 4
 STAGED_BYTES_PER_ELEMENT = 12  # the async save's host copy: parameter and both moments
-READ_CHUNK_BYTES = 32 << 20  # largest saved chunk (train/dcp.py BAND_BYTES)
+READ_CHUNK_BYTES = 32 << 20  # largest saved chunk (train/parallel/shards.py BAND_BYTES)
 METADATA_BYTES_PER_CHUNK = 1000  # one chunk of the loaded DCP metadata in memory (measured: ~900)
 PROCESS_BYTES = (
     340 << 20
 )  # peak RSS of a rank of a tiny model that saved: Python, torch, gloo, DCP (bench)
-INIT_ELEMENTS_PER_S = 25e6  # train/init.py generator, one CPU core (bench)
+INIT_ELEMENTS_PER_S = 25e6  # train/parallel/init.py generator, one CPU core (bench)
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class JobCost:
 
 def flat_range_boxes(rows: int, cols: int, parts: int, segments: int = 1) -> int:
     """Boxes of the ``parts`` flat chunks of a row-major (rows x cols) block whose rows
-    fall into ``segments`` equal runs of consecutive full rows (train/dcp.py), each box
+    fall into ``segments`` equal runs of consecutive full rows (train/parallel/shards.py), each box
     cut into bands of at most ``READ_CHUNK_BYTES`` (fp32)."""
     numel, per = rows * cols, -(-rows * cols // parts)
     seg_rows = rows // segments

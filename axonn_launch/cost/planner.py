@@ -76,14 +76,34 @@ class PlanRow:
     grid: Grid
     micro_batch: int
     cache_layers: int  # blocks whose gathered weights are kept (given, or chosen)
-    accumulation: int
-    step_time_s: float
-    compute_s: float
-    tflops_per_gpu: float
-    fraction_of_peak: float
     memory: MemoryEstimate  # of the micro-batch and cache chosen
-    comm_s: dict[str, float]  # exposed communication per axis (x, y, z, data, xy)
+    step: StepTime  # the predicted step of the micro-batch and cache chosen
     memory_share: float = 0.0  # of the GPU's memory (0: no limit); > HEADROOM: tight
+
+    @property
+    def accumulation(self) -> int:
+        return self.step.accumulation
+
+    @property
+    def step_time_s(self) -> float:
+        return self.step.total
+
+    @property
+    def compute_s(self) -> float:
+        return self.step.compute
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        return self.step.tflops_per_gpu
+
+    @property
+    def fraction_of_peak(self) -> float:
+        return self.step.fraction_of_peak
+
+    @property
+    def comm_s(self) -> dict[str, float]:
+        """Exposed communication per axis (x, y, z, data, xy)."""
+        return self.step.comm
 
     @property
     def memory_gib(self) -> float:
@@ -94,11 +114,15 @@ class PlanRow:
         return self.memory_share <= HEADROOM
 
     def as_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["grid"] = self.grid.as_dict()
-        del out["memory"]
-        out["memory_gib"] = self.memory_gib
-        return out
+        """The row as ``plan output=json`` writes it: its figures, not the objects."""
+        figures = {key: getattr(self, key) for key in AS_DICT_FIGURES}
+        return {"rank": self.rank, "grid": self.grid.as_dict(), **figures}
+
+
+AS_DICT_FIGURES = (
+    "micro_batch", "cache_layers", "accumulation", "step_time_s", "compute_s",
+    "tflops_per_gpu", "fraction_of_peak", "comm_s", "memory_share", "memory_gib",
+)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- enumeration
@@ -185,13 +209,8 @@ def evaluate_grid(
         grid=grid,
         micro_batch=micro,
         cache_layers=tr.cache_layers,
-        accumulation=st.accumulation,
-        step_time_s=st.total,
-        compute_s=st.compute,
-        tflops_per_gpu=st.tflops_per_gpu,
-        fraction_of_peak=st.fraction_of_peak,
         memory=memory,
-        comm_s=st.comm,
+        step=st,
         memory_share=memory_share(memory.total, hardware),
     )
 

@@ -5,7 +5,9 @@ while the job is queued), the outcome in submitit's result pickles, a storage fa
 any failure record or log, a GPU's hardware fault, a local supervisor's record of a rank the
 kernel's OOM killer killed (``failure_class: host_oom``), a rank's own diagnosis (a failure
 record with ``failure_class``: the watchdog's hang, the non-finite guard), and
-signatures in the tail of the task logs. Each class maps to one action:
+signatures in the tail of the task logs. Each class maps to one action, what ``jobs
+resubmit`` does with it by hand (``RECOVERY`` below is the one table; its ``by_chain`` column
+is what a self-recovering run's chain does by default):
 
 ==================  ===============================================================
 class               action
@@ -47,6 +49,11 @@ storage_error       stop: another I/O error on a file (EIO, EROFS, ESTALE); fix 
 unknown             report: nothing recognizable; read the logs
 ==================  ===============================================================
 
+The chain stops wherever a person would retry with a new grid, not retry, or read the logs;
+it also stops after a cancellation (a person ended the run), and resumes a collective
+failure on the same nodes. While a chain recovers a run, ``jobs status`` says the chain's
+action (``recovery.policy`` included).
+
 Storage faults come first among the log signatures: a full disk fails a checkpoint
 write on one rank, and its peers then report lost connections and aborted collectives,
 which would otherwise blame (and exclude) healthy nodes. A GPU's hardware fault comes
@@ -61,7 +68,9 @@ from __future__ import annotations
 import errno
 import functools
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 # The Slurm text rules live in slurmtext; records/status.py and the tests read these
 # names from here.
@@ -85,32 +94,55 @@ STORAGE_FULL = "storage_full"
 STORAGE_ERROR = "storage_error"
 UNKNOWN = "unknown"
 
-RESUME = "resume"
-RESUME_EXCLUDING = "resume_excluding_nodes"
-RETRY_WITH_NEW_GRID = "retry_only_with_new_grid"
-DO_NOT_RETRY = "do_not_retry"
-WAIT = "wait"
-NONE = "none"
-REPORT = "report"
-STOP = "stop"
+# The one vocabulary of actions: ``jobs status`` says them, ``jobs resubmit`` and the chain
+# (submit/chain.py, whose ``recovery.policy`` values are RESUME, RESUME_EXCLUDING, STOP and
+# ROLLBACK) do them.
+NONE = "none"  # the job finished
+WAIT = "wait"  # queued, running or being requeued
+RESUME = "resume"  # from the latest checkpoint, on the same nodes
+RESUME_EXCLUDING = "resume_exclude"  # from the latest checkpoint, without the bad nodes
+ROLLBACK = "rollback"  # resume before a non-finite step and skip its batch (once a step)
+STOP = "stop"  # nothing more is done
+RETRY_WITH_NEW_GRID = "retry_only_with_new_grid"  # stop; retry only with a new grid or nodes
+DO_NOT_RETRY = "do_not_retry"  # stop: a bug or a configuration error
+REPORT = "report"  # stop: nothing recognizable; read the logs
 
-ACTIONS = {
-    COMPLETED: NONE,
-    RUNNING: WAIT,
-    TIMEOUT: RESUME,
-    PREEMPTED: RESUME,
-    CANCELLED: RESUME,
-    RANK_KILLED: RESUME,
-    NODE_FAILURE: RESUME_EXCLUDING,
-    COLLECTIVE_FAILURE: RESUME_EXCLUDING,
-    HANG: RESUME_EXCLUDING,  # the nodes of the ranks that stopped; none named: a plain resume
-    HOST_OOM: RETRY_WITH_NEW_GRID,
-    GPU_OOM: RETRY_WITH_NEW_GRID,
-    CODE_ERROR: DO_NOT_RETRY,
-    NON_FINITE: STOP,
-    STORAGE_FULL: STOP,
-    STORAGE_ERROR: STOP,
-    UNKNOWN: REPORT,
+
+class Recovery(NamedTuple):
+    """What is done about one failure class, by whom."""
+
+    by_hand: str  # what ``jobs resubmit`` does (and ``jobs status`` says) without a chain
+    by_chain: str  # the chain's default; ``recovery.policy.<class>`` overrides it
+
+
+# The one failure-class table: conf/recovery/auto.yaml's policy must equal its by_chain
+# column (tests/test_recovery_vocabulary.py).
+RECOVERY = {
+    COMPLETED: Recovery(NONE, NONE),
+    RUNNING: Recovery(WAIT, WAIT),
+    TIMEOUT: Recovery(RESUME, RESUME),  # the chain: after submitit's requeues ran out
+    PREEMPTED: Recovery(RESUME, RESUME),
+    CANCELLED: Recovery(RESUME, STOP),  # by hand, resubmitting is the request; in a chain,
+    # a person (or jobs stop) ended it
+    RANK_KILLED: Recovery(RESUME, RESUME),
+    NODE_FAILURE: Recovery(RESUME_EXCLUDING, RESUME_EXCLUDING),
+    # the chain resumes on the same nodes (policy resume_exclude leaves the reporters out)
+    COLLECTIVE_FAILURE: Recovery(RESUME_EXCLUDING, RESUME),
+    HANG: Recovery(RESUME_EXCLUDING, RESUME_EXCLUDING),  # no node named: a plain resume
+    HOST_OOM: Recovery(RETRY_WITH_NEW_GRID, STOP),  # a new grid is a person's choice
+    GPU_OOM: Recovery(RETRY_WITH_NEW_GRID, STOP),
+    CODE_ERROR: Recovery(DO_NOT_RETRY, STOP),  # never loop on a bug
+    NON_FINITE: Recovery(STOP, STOP),  # the same batch diverges again; rollback skips it
+    STORAGE_FULL: Recovery(STOP, STOP),  # free space first; no node is to blame
+    STORAGE_ERROR: Recovery(STOP, STOP),
+    UNKNOWN: Recovery(REPORT, STOP),
+}
+ACTIONS = {failure: recovery.by_hand for failure, recovery in RECOVERY.items()}
+# the classes a chain acts on (it does nothing about a completed or a running attempt)
+CHAIN_POLICY = {
+    failure: recovery.by_chain
+    for failure, recovery in RECOVERY.items()
+    if failure not in (COMPLETED, RUNNING)
 }
 CLASSES = tuple(ACTIONS)
 STORAGE_CLASSES = (STORAGE_FULL, STORAGE_ERROR)
@@ -239,7 +271,7 @@ GPU_FAULT_PATTERNS = (
     r"[Uu]ncorrectable hardware error ?\(ERREVENT_\w+\) detected",
     r"\b[1-9]\d* (?:new )?uncorrectable hardware errors detected in (?:total in )?\w+ block",
 )
-# What a rank's watchdog and non-finite guard print (train/watchdog.py, train/loop.py),
+# What a rank's watchdog and non-finite guard print (train/health/watchdog.py, train/loop.py),
 # for when their failure records are missing. The watchdog's line:
 #   axonn_launch watchdog: hang: rank 1 (n1) saw no progress in section step of step 113
 #   for 45 s (deadline 40 s); without progress: rank 2 (n2), silent; stacks in <dir>
@@ -348,6 +380,12 @@ class Diagnosis:
         """The reason is the diagnosing record's own (a hang, a non-finite step, a rank the
         OOM killer killed), which ``jobs status`` shows as it is."""
         return self.failure in DIAGNOSED_CLASSES or (self.failure == HOST_OOM and bool(self.detail))
+
+
+def chain_action(failure: str, policy: Mapping[str, str] | None = None) -> str:
+    """What a chain does after an attempt of this class: the run's ``recovery.policy``,
+    else the table's default; stop for a class it does not act on."""
+    return (policy or {}).get(failure) or CHAIN_POLICY.get(failure, STOP)
 
 
 def classify(ev: Evidence) -> Diagnosis:

@@ -24,9 +24,16 @@ from pathlib import Path
 from axonn_launch.common import slurmtext
 from axonn_launch.common.jobdir import (
     CHECKPOINTS,
+    HYDRA,
     LOGS,
     PREFLIGHT,
+    RANK_LOG,
     RECORD,
+    SLURM,
+    SLURM_RESULT,
+    SLURM_STDERR,
+    SLURM_STDOUT,
+    SUBMITIT,
     JobPaths,
     RecordError,
     checkpoint_bytes,
@@ -46,7 +53,7 @@ from axonn_launch.records import failures, firstfail, goodput
 from axonn_launch.records.failures import Diagnosis, Evidence
 
 DEFAULT_ROOT = "jobs"
-SKIP_DIRS = frozenset({"slurm", CHECKPOINTS, LOGS, ".hydra", ".submitit"})
+SKIP_DIRS = frozenset({SLURM, CHECKPOINTS, LOGS, HYDRA, SUBMITIT})
 LOG_TAIL_BYTES = 16384
 NODE_NAME = re.compile(r"[A-Za-z0-9][\w.-]*")  # what may go into --exclude
 
@@ -264,7 +271,7 @@ def saved_config(job_dir: Path | str) -> dict | None:
     try:
         import yaml
 
-        found = yaml.safe_load((Path(job_dir) / "config.yaml").read_text())
+        found = yaml.safe_load(JobPaths(job_dir).config.read_text())
     except Exception:
         return None
     return found if isinstance(found, dict) else None
@@ -397,9 +404,9 @@ def slurm_task_files(job_dir: Path, job_id: str) -> dict[str, dict[int, str]]:
 
     Kinds: ``result.pkl``, ``log.out``, ``log.err``.
     """
-    folder = os.path.join(job_dir, "slurm", job_id)
+    folder = JobPaths(job_dir).slurm_job(job_id)
     prefix = job_id + "_"
-    files: dict[str, dict[int, str]] = {"result.pkl": {}, "log.out": {}, "log.err": {}}
+    files: dict[str, dict[int, str]] = {SLURM_RESULT: {}, SLURM_STDOUT: {}, SLURM_STDERR: {}}
     with contextlib.suppress(OSError):
         for entry in os.scandir(folder):
             task, _, kind = entry.name[len(prefix) :].partition("_")
@@ -442,15 +449,15 @@ def task_logs(
     classes; the other tasks' logs matter to find the node of a collective error.
     """
     if job_id.startswith("local-"):
-        logs = {0: tail(job_dir / "axonn_launch.log")}  # the console, then rank 0's own log
-        for path in JobPaths(job_dir).logs.glob("rank_*.log"):
+        logs = {0: tail(JobPaths(job_dir).console_log)}  # the console, then rank 0's own log
+        for path in JobPaths(job_dir).logs.glob(RANK_LOG.format(rank="*")):
             rank = int(path.stem.split("_")[1])
             logs[rank] = "\n".join(filter(None, [logs.get(rank, ""), tail(path)]))
     else:
-        errs = files["log.err"] if every_task else {0: files["log.err"].get(0, "")}
+        errs = files[SLURM_STDERR] if every_task else {0: files[SLURM_STDERR].get(0, "")}
         logs = {task: tail(path) for task, path in errs.items() if path}
-        if 0 in files["log.out"]:
-            logs[0] = tail(files["log.out"][0]) + "\n" + logs.get(0, "")
+        if 0 in files[SLURM_STDOUT]:
+            logs[0] = tail(files[SLURM_STDOUT][0]) + "\n" + logs.get(0, "")
     for task in logs:
         warned = nccl_warnings(job_dir, task)
         if warned:
@@ -479,7 +486,7 @@ def evidence(
         return local_evidence(job_dir, record, expected)
     nodelist = failures.expand_nodelist(info.nodelist if info else "")
     files = slurm_task_files(job_dir, job_id)
-    results = read_results(files["result.pkl"])
+    results = read_results(files[SLURM_RESULT])
     succeeded = len(results) == expected and all(outcome == "success" for outcome, _ in results)
     if succeeded and base in ("", "UNKNOWN"):
         return Evidence(state=state, results=results, expected_results=expected)
@@ -788,6 +795,8 @@ def job_status(
     results = run_results(job_dir, metrics)
     grid = record.get("grid") or {}
     root = run_root_of(job_dir, record)
+    run_now = run_state(root, record if root == Path(job_dir) else None)
+    stragglers = stragglers_of(job_dir)
     return JobStatus(
         job_dir=str(job_dir),
         job_id=last_job_id(record),
@@ -803,7 +812,7 @@ def job_status(
         tokens_per_s=results.tokens_per_s,
         step_time_s=results.step_time_s,
         failure=diagnosis.failure if diagnosis else "",
-        action=diagnosis.action if diagnosis else "",
+        action=action_of(diagnosis, record, run_now, preflight, stragglers) if diagnosis else "",
         reason=diagnosis.reason[:300] if diagnosis else "dry run: never submitted",
         attempt=int(record.get("attempt", 1)),
         bad_nodes=list(diagnosis.bad_nodes) if diagnosis else [],
@@ -811,14 +820,36 @@ def job_status(
         slow_nodes=slow_nodes_of(preflight),
         after_training=after_training_of(job_dir),
         run_dir=str(root),
-        run_state=run_state(root, record if root == Path(job_dir) else None),
+        run_state=run_now,
         excluded=[str(n) for n in record.get("excluded_nodes") or []],
         allocation=allocation_of(record, info),
         allocations=allocations_of(record, info),
         detail=dict(diagnosis.detail) if diagnosis else {},
         problems=record_problems(job_dir),
-        **stragglers_of(job_dir),
+        **stragglers,
     )
+
+
+CHAIN_ACTS = (RUN_RUNNING, RUN_WAITING, RUN_RECOVERING, RUN_DONE)  # a stopped one no more
+
+
+def action_of(
+    diagnosis: Diagnosis, record: dict, run_now: str, preflight: dict | None, stragglers: dict
+) -> str:
+    """What is done about the job: while a chain recovers its run, what the chain does
+    (submit/recovery.py's ``recover``: the run's policy; a resume leaves out the slow nodes
+    of its preflight and, with ``exclude_stragglers``, the stragglers' nodes); otherwise
+    what ``jobs resubmit`` does (records/failures.py's RECOVERY holds both)."""
+    if run_now not in CHAIN_ACTS or diagnosis.failure not in failures.CHAIN_POLICY:
+        return diagnosis.action
+    settings = record.get("recovery") if isinstance(record.get("recovery"), dict) else {}
+    action = failures.chain_action(diagnosis.failure, settings.get("policy") or {})
+    named = [str(s.get("node", "")) for s in stragglers["stragglers"]]
+    named = named if settings.get("exclude_stragglers") else []
+    new = [n for n in named if NODE_NAME.fullmatch(n) and n not in diagnosis.bad_nodes]
+    if action == failures.RESUME and (slow_nodes_of(preflight) or new):
+        return failures.RESUME_EXCLUDING
+    return action
 
 
 def stragglers_of(job_dir: Path) -> dict:

@@ -48,6 +48,7 @@ from pathlib import Path
 
 from axonn_launch.common import slurmtext
 from axonn_launch.common.jobdir import (
+    RECOVERY_LOG,
     JobPaths,
     read_record,
     read_record_or_empty,
@@ -68,28 +69,16 @@ from axonn_launch.records.status import (
 )
 from axonn_launch.submit import local
 
-RESUME, RESUME_EXCLUDE, STOP, ROLLBACK = "resume", "resume_exclude", "stop", "rollback"
+RESUME, RESUME_EXCLUDE, STOP, ROLLBACK = (
+    failures.RESUME, failures.RESUME_EXCLUDING, failures.STOP, failures.ROLLBACK,
+)  # fmt: skip
 POLICY_ACTIONS = (RESUME, RESUME_EXCLUDE, STOP, ROLLBACK)
 # an action that only some classes take: rollback resumes from the newest checkpoint
 # before a non-finite step and skips that step's batch (submit/recovery.py)
 ACTION_CLASSES = {ROLLBACK: (failures.NON_FINITE,)}
-# Resume what a fresh start cures; leave out the nodes that failed; never loop on a bug.
-DEFAULT_POLICY = {
-    failures.TIMEOUT: RESUME,
-    failures.PREEMPTED: RESUME,
-    failures.RANK_KILLED: RESUME,
-    failures.COLLECTIVE_FAILURE: RESUME,
-    failures.NODE_FAILURE: RESUME_EXCLUDE,
-    failures.HANG: RESUME_EXCLUDE,  # without the suspects' nodes; none named: a plain resume
-    failures.CANCELLED: STOP,  # a person (or jobs stop) ended it
-    failures.HOST_OOM: STOP,
-    failures.GPU_OOM: STOP,
-    failures.CODE_ERROR: STOP,
-    failures.NON_FINITE: STOP,  # the same batch diverges again; rollback skips it
-    failures.STORAGE_FULL: STOP,
-    failures.STORAGE_ERROR: STOP,
-    failures.UNKNOWN: STOP,
-}
+# Resume what a fresh start cures; leave out the nodes that failed; never loop on a bug:
+# the failure-class table's by_chain column (records/failures.py's RECOVERY).
+DEFAULT_POLICY = dict(failures.CHAIN_POLICY)
 FEWER_NODES = ("shrink", "wait", "stop")
 MODES = ("auto", "on", "off")  # auto: Slurm only; on: local jobs too
 RUNNING, RECOVERING, DONE, STOPPED = RUN_RUNNING, RUN_RECOVERING, RUN_DONE, RUN_STOPPED
@@ -137,7 +126,7 @@ def enabled(cfg: LaunchConfig) -> bool:
 
 
 def policy_of(settings: RecoveryConfig, failure: str) -> str:
-    return settings.policy.get(failure) or DEFAULT_POLICY.get(failure, STOP)
+    return failures.chain_action(failure, settings.policy)
 
 
 def settings_of(record: dict) -> RecoveryConfig:
@@ -158,13 +147,13 @@ def attempt_parameters(cfg: LaunchConfig, params: dict) -> dict:
 
 def recovery_script(cfg: LaunchConfig, job_dir: Path) -> str:
     """The recovery job's batch script: one task that runs the recovery step."""
-    slurm = cfg.machine.slurm
+    slurm, paths = cfg.machine.slurm, JobPaths(job_dir)
     options = {
         "job-name": f"{cfg.name}-recovery",
         "nodes": "1",
         "ntasks": "1",
         "time": str(RECOVERY_TIME_MIN),
-        "output": slurmtext.escape_percent(str(JobPaths(job_dir).logs)) + "/recovery_%j.log",
+        "output": os.path.join(slurmtext.escape_percent(str(paths.logs)), RECOVERY_LOG),
         "partition": slurm.partition,
         "account": slurm.account,
         "qos": slurm.qos,

@@ -49,7 +49,7 @@ from axonn_launch.submit import attempts, dirlock, local
 from axonn_launch.submit.duplicates import live_state
 
 EXIT_BAD_INPUT = 2
-# what train/checkpoint.py writes (FORMAT) and still resumes (LEGACY_FORMAT); the login
+# what train/checkpoint/manager.py writes (FORMAT) and still resumes (LEGACY_FORMAT); the login
 # node cannot import it (torch): tests/test_jobdir_lock.py holds the two equal
 # what a checkpoint of the same model may differ in: its preset's name, where it came from
 MODEL_KEYS_IGNORED = ("name", "init_from")

@@ -38,7 +38,7 @@ from axonn_launch.submit import local
 IGNORED_KEYS = ("name", "wait", "dry_run", "force")
 # job.json's status while the launcher believes the job queued or running
 UNFINISHED = ("submitted", "running")
-# what injects a fault into the job (train/faults.py, train/checkpoint.py)
+# what injects a fault into the job (train/health/faults.py, train/checkpoint/manager.py)
 FAULT_ENV = ("AXONN_FAULT", "AXONN_CHECKPOINT_FAULT")
 # squeue lists a job that has ended until its epilog is done: not a running job
 ENDING_STATES = frozenset({"COMPLETING", "STAGE_OUT", "SIGNALING"})

@@ -28,7 +28,7 @@ from axonn_launch.common.jobdir import (
 )
 from axonn_launch.common.spec import JobSpec, RuntimeConfig
 from axonn_launch.config.compose import LaunchConfig
-from axonn_launch.config.validate import Resolved, check_job_dir, container_warnings, resolve
+from axonn_launch.config.resolve import Resolved, check_job_dir, container_warnings
 from axonn_launch.records import failures, firstfail
 from axonn_launch.submit import (
     chain,
@@ -82,6 +82,7 @@ class Outcome:
 
 def launch(
     cfg: LaunchConfig,
+    resolved: Resolved,
     *,
     job_dir: Path,
     config: dict,
@@ -89,50 +90,80 @@ def launch(
     out=sys.stdout,
     record_extra: dict | None = None,
 ) -> Outcome:
-    """Validate, write the job directory, then dry-run, run locally or submit.
-    ``record_extra``: more of job.json from the start (a resubmission's attempt, lineage)."""
-    rehearsal = rehearse.prepare(cfg, str(job_dir.resolve())) if cfg.rehearse else None
-    site_cfg = cfg
-    if rehearsal:  # the site's script, run on the local cluster
-        cfg = rehearse.site_config(cfg)
-    resolved = resolve(cfg)  # raises ConfigError before anything is written
-    slurm.require_slurm(cfg)  # so does a submission with no Slurm here
-    check_job_dir(str(job_dir.resolve()), cfg.machine)  # a sweep point's, interpolated
-    warnings = container_warnings(cfg, str(job_dir.resolve()))
+    """Write the job directory, then dry-run, run locally or submit ``cfg``. ``resolved``
+    is its one resolution, made by the caller before (``cli.run_resolution``: of
+    ``rehearse.to_resolve(cfg)``, a rehearsal's site config). ``record_extra``: more of job.json
+    from the start (a resubmission's attempt, lineage)."""
+    job_dir = job_dir.resolve()
+    rehearsal = rehearse.prepare(cfg, str(job_dir)) if cfg.rehearse else None
+    checked = rehearse.to_resolve(cfg)  # the config ``resolved`` is of
+    warnings = checks_before_writing(checked, job_dir)  # raise ConfigError: nothing written
+    to_run = rehearse.as_run(checked, rehearsal) if rehearsal else checked
     if rehearsal:
         warnings += rehearsal.warnings
-        cfg = rehearse.as_run(cfg, rehearsal)
     if not (record_extra or {}).get("parent"):  # a new attempt continues its own run
-        duplicates.refuse_duplicate(cfg, resolved_yaml(config, resolved), job_dir)
-    warnings = wallclock_warnings(cfg, resolved) + headroom_warnings(cfg, resolved) + warnings
+        duplicates.refuse_duplicate(to_run, resolved_yaml(config, resolved), job_dir)
+    warnings = wallclock_warnings(to_run, resolved) + headroom_warnings(to_run, resolved) + warnings
     for warning in resolved.warnings + warnings:
         print(f"warning: {warning}", file=sys.stderr)
         log.warning(warning)
-    job_dir = job_dir.resolve()
+    batch = slurm_batch(to_run, resolved, job_dir, rehearsal)
     with dirguard.claimed(job_dir) as claim:  # one launch at a time; it makes the dir
-        continued = dirguard.continuation(job_dir, cfg.dry_run)  # resume=true's attempt
-        outcome = None
-        try:
-            outcome = write_and_start(
-                Launch(cfg, site_cfg, resolved, rehearsal, claim), job_dir, config,
-                command_line, out, {**continued, **(record_extra or {})},
-            )  # fmt: skip
-        finally:
-            if continued and (outcome is None or outcome.status == "refused"):
-                dirguard.undo_continuation(job_dir, continued)
-        return outcome
+        run = Launch(to_run, cfg, resolved, rehearsal, claim, batch)
+        return claimed_launch(run, job_dir, config, command_line, out, record_extra or {})
+
+
+def checks_before_writing(cfg: LaunchConfig, job_dir: Path) -> list[str]:
+    """What the resolution does not know: Slurm here (for a submission), and the job dir
+    itself (a sweep point's, interpolated) in the batch script and the container's mounts."""
+    slurm.require_slurm(cfg)  # a submission with no Slurm here: one line
+    check_job_dir(str(job_dir), cfg.machine)
+    return container_warnings(cfg, str(job_dir))
+
+
+def claimed_launch(
+    run: Launch, job_dir: Path, config: dict, command_line: list[str], out, record_extra: dict
+) -> Outcome:
+    """In the claimed job dir: a new attempt of its run (resume=true) when asked, undone
+    when nothing started."""
+    continued = dirguard.continuation(job_dir, run.cfg.dry_run)  # resume=true's attempt
+    outcome = None
+    try:
+        outcome = write_and_start(
+            run, job_dir, config, command_line, out, {**continued, **record_extra}
+        )
+    finally:
+        if continued and (outcome is None or outcome.status == "refused"):
+            dirguard.undo_continuation(job_dir, continued)
+    return outcome
+
+
+@dataclass(frozen=True)
+class SlurmBatch:
+    """What submitit gets for a Slurm job, made once per launch: its parameters (a
+    rehearsal's substituted) and the interpreter its tasks run (a node-local copy's with
+    ``machine.python_broadcast``)."""
+
+    params: dict
+    python: str
+    folder: Path
+
+    def script(self) -> str:
+        return render.script_of(self.params, folder=self.folder, python=self.python)
 
 
 @dataclass(frozen=True)
 class Launch:
     """What ``launch`` checked and holds: the config to run (a rehearsal's substitution),
-    the site's own, their resolution, the rehearsal and the job dir's lock."""
+    the site's own, their resolution, the rehearsal, the job dir's lock and, on Slurm,
+    the batch."""
 
     cfg: LaunchConfig
     site_cfg: LaunchConfig
     resolved: Resolved
     rehearsal: rehearse.Rehearsal | None
     claim: dirlock.Claim
+    batch: SlurmBatch | None = None
 
 
 def write_and_start(
@@ -149,8 +180,8 @@ def write_and_start(
     spec.save(JobPaths(job_dir).spec)
     write_preflight_expectations(cfg, job_dir)
     config_yaml = resolved_yaml(config, resolved)
-    (job_dir / "config.yaml").write_text(config_yaml)
-    script = batch_script(cfg, resolved, job_dir, rehearsal)
+    JobPaths(job_dir).config.write_text(config_yaml)
+    script = run.batch.script() if run.batch else ""
     if script:
         JobPaths(job_dir).submission.write_text(script)
     if rehearsal:
@@ -171,7 +202,7 @@ def write_and_start(
         write_record(job_dir, record, status="dry_run")
         return Outcome("dry_run", str(job_dir), nodes=resolved.nodes)
     start = STARTERS[cfg.machine.scheduler]
-    return start(cfg, resolved, job_dir, record, out=out, rehearsal=rehearsal, claim=run.claim)
+    return start(run, job_dir, record, out=out)
 
 
 def resolved_yaml(config: dict, resolved: Resolved) -> str:
@@ -186,7 +217,8 @@ def resolved_yaml(config: dict, resolved: Resolved) -> str:
         **config.get("train", {}),
         "micro_batch": resolved.train.micro_batch,
         "cache_layers": resolved.train.cache_layers,
-        "checkpoint_every": resolved.train.checkpoint_every,  # auto's interval (cost/goodput.py)
+        # auto's interval (cost/expected_goodput.py)
+        "checkpoint_every": resolved.train.checkpoint_every,
     }
     return OmegaConf.to_yaml(OmegaConf.create(config))
 
@@ -228,50 +260,45 @@ def batch_script(
     rehearsal: rehearse.Rehearsal | None = None,
 ) -> str:
     """The batch script; a rehearsal's has the site-only parts substituted."""
-    if cfg.machine.scheduler != "slurm":
-        return ""
-    return render.script_of(
-        slurm_params(cfg, resolved, job_dir, rehearsal),
-        folder=slurm_folder(job_dir),
-        python=tasks_python(cfg, resolved, job_dir),
-    )
+    batch = slurm_batch(cfg, resolved, job_dir, rehearsal)
+    return batch.script() if batch else ""
 
 
-def python_copy(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> render.PythonCopy | None:
-    return render.python_copy(
-        cfg.machine,
-        nodes=resolved.nodes,
-        python=cfg.machine.task_python(sys.executable),  # a container machine names its own
-        folder=slurm_folder(job_dir),
-    )
-
-
-def tasks_python(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
-    copy = python_copy(cfg, resolved, job_dir)
-    return render.tasks_python(cfg.machine, sys.executable, copy)
-
-
-def slurm_params(
+def slurm_batch(
     cfg: LaunchConfig,
     resolved: Resolved,
     job_dir: Path,
     rehearsal: rehearse.Rehearsal | None,
-) -> dict:
-    """submitit's parameters: the machine's, or a rehearsal's substitution of them."""
+) -> SlurmBatch | None:
+    """submitit's parameters (the machine's, or a rehearsal's substitution of them) and the
+    tasks' interpreter, with the node-local copy of the environment worked out once;
+    None off Slurm."""
+    if cfg.machine.scheduler != "slurm":
+        return None
+    folder = slurm_folder(job_dir)
+    copy = render.python_copy(
+        cfg.machine,
+        nodes=resolved.nodes,
+        python=cfg.machine.task_python(sys.executable),  # a container machine names its own
+        folder=folder,
+    )
     params = render.slurm_parameters(
         machine=cfg.machine,
         nodes=resolved.nodes,
         tasks_per_node=resolved.tasks_per_node,
         job_name=cfg.name,
-        copy=python_copy(cfg, resolved, job_dir),
+        copy=copy,
     )
     if rehearsal is None:
-        return chain.attempt_parameters(cfg, params)
-    return rehearse.substitute(params, rehearsal, cfg.machine, resolved.tasks_per_node)
+        params = chain.attempt_parameters(cfg, params)
+    else:
+        params = rehearse.substitute(params, rehearsal, cfg.machine, resolved.tasks_per_node)
+    python = render.tasks_python(cfg.machine, sys.executable, copy)
+    return SlurmBatch(params=params, python=python, folder=folder)
 
 
 def slurm_folder(job_dir: Path) -> Path:
-    return job_dir / "slurm" / "%j"
+    return JobPaths(job_dir).slurm_job()
 
 
 def local_command_text(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
@@ -492,39 +519,31 @@ def refused(
         raise exc
     print(
         f"error: sbatch refused the job on {cfg.machine.name}: {why}; fix the machine.slurm.*"
-        f" setting it names and launch again (recorded in {job_dir}/job.json)",
+        f" setting it names and launch again (recorded in {JobPaths(job_dir).record})",
         file=sys.stderr,
     )
     return Outcome("refused", str(job_dir), nodes=resolved.nodes, message=why)
 
 
-def submit_slurm(
-    cfg: LaunchConfig,
-    resolved: Resolved,
-    job_dir: Path,
-    record: dict,
-    *,
-    out,
-    rehearsal: rehearse.Rehearsal | None = None,
-    claim: dirlock.Claim | None = None,
-) -> Outcome:
-    params = slurm_params(cfg, resolved, job_dir, rehearsal)
+def submit_slurm(run: Launch, job_dir: Path, record: dict, *, out) -> Outcome:
+    """Submit ``run.batch`` with sbatch; with ``wait``, follow the job to its end."""
+    cfg, resolved, batch, claim = run.cfg, run.resolved, run.batch, run.claim
     from submitit.core.utils import FailedJobError
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's errors
             job = slurm.submit(
-                folder=slurm_folder(job_dir),
-                params=params,
+                folder=batch.folder,
+                params=batch.params,
                 job=TrainJob(str(job_dir), cfg.machine.task_env, chained=chain.enabled(cfg)),
                 max_requeue=cfg.max_requeue,
-                python=tasks_python(cfg, resolved, job_dir),
+                python=batch.python,
             )
     except (FailedJobError, OSError) as exc:
         return refused(cfg, resolved, job_dir, record, exc)
     write_record(job_dir, record, job_ids=[job.job_id], status="submitted")
-    if claim is not None:  # the job outlives this process: its id, checked with squeue
-        claim.name(f"Slurm job {job.job_id}", job.job_id)
+    # the job outlives this process: its id, checked with squeue
+    claim.name(f"Slurm job {job.job_id}", job.job_id)
     nodes = f"{resolved.nodes} node" + ("s" if resolved.nodes != 1 else "")
     print(f"submitted job {job.job_id} ({nodes}); job dir {job_dir}", file=out)
     if chain.enabled(cfg):
@@ -596,18 +615,9 @@ def recovery_line(recovery_job: str, job_id: str) -> str:
     )
 
 
-def start_local(
-    cfg: LaunchConfig,
-    resolved: Resolved,
-    job_dir: Path,
-    record: dict,
-    *,
-    out,
-    rehearsal=None,
-    claim: dirlock.Claim,
-) -> Outcome:
+def start_local(run: Launch, job_dir: Path, record: dict, *, out) -> Outcome:
     """Local ranks print to this terminal themselves; there is no site to rehearse."""
-    return run_local(cfg, resolved, job_dir, record, claim)
+    return run_local(run.cfg, run.resolved, job_dir, record, run.claim)
 
 
 # How a job starts, by ``machine.scheduler`` (common/machine.py's SCHEDULERS).

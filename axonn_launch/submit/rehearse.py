@@ -1,6 +1,6 @@
 """A rehearsal: a site machine's real batch script, run on the local Slurm cluster.
 
-``rehearse=true`` renders the batch script of ``machine=perlmutter|frontier|alps`` through the
+``rehearse=true`` renders the batch script of a site machine (``site_machines``) through the
 same code as a real submission, then changes a short, fixed list of site-only parts so that
 it runs on ``machines/slurm_local`` (two nodes on this computer):
 
@@ -35,8 +35,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from axonn_launch.common.machine import MachineProfile
+from axonn_launch.common.rules import or_list
 from axonn_launch.config import edf
-from axonn_launch.config.compose import ConfigError, LaunchConfig, machine_profile
+from axonn_launch.config.compose import ConfigError, LaunchConfig, machine_names, machine_profile
 
 LOCAL_MACHINE = "slurm_local"
 LOCAL_CLUSTER = "axonn"  # ClusterName in machines/slurm_local (lib.sh)
@@ -87,8 +88,13 @@ def check_machine(cfg: LaunchConfig) -> None:
     if machine.scheduler != "slurm" or machine.name == LOCAL_MACHINE:
         raise ConfigError(
             f"rehearse=true: machine={machine.name} already runs here; rehearse a site"
-            " machine: machine=perlmutter, frontier or alps"
+            f" machine: machine={or_list(site_machines())}"
         )
+
+
+def site_machines() -> list[str]:
+    """The machines a rehearsal can stand in for: the Slurm profiles but the local one."""
+    return [name for name in machine_names("slurm") if name != LOCAL_MACHINE]
 
 
 def site_config(cfg: LaunchConfig, login_python: str = sys.executable) -> LaunchConfig:
@@ -114,6 +120,12 @@ def site_config(cfg: LaunchConfig, login_python: str = sys.executable) -> Launch
     machine = replace(cfg.machine, python=login_python, required=required, broadcast=broadcast)
     wait = True if cfg.wait is None else cfg.wait  # a rehearsal is followed to its end
     return replace(cfg, nodes=NODES, machine=machine, wait=wait)
+
+
+def to_resolve(cfg: LaunchConfig) -> LaunchConfig:
+    """What a launch of ``cfg`` checks and resolves: a rehearsal's ``site_config``, else
+    ``cfg`` itself."""
+    return site_config(cfg) if cfg.rehearse else cfg
 
 
 def as_run(cfg: LaunchConfig, rehearsal: Rehearsal) -> LaunchConfig:

@@ -40,7 +40,7 @@ from submitit.slurm.slurm import _make_sbatch_string
 
 from axonn_launch.common.machine import MachineProfile
 from axonn_launch.common.slurmtext import SUBMITIT_TAGS, escape_percent
-from axonn_launch.config.validate import placeholder
+from axonn_launch.config.resolve import placeholder
 
 # srun arguments every job gets: stop all ranks when one dies (a hung collective otherwise
 # waits until the time limit).
@@ -188,7 +188,8 @@ SETUP_FUNCTION = (
 )
 
 
-# exported last, just before srun: each rank measures its start-up from here (train/startup.py)
+# exported last, just before srun: each rank measures its start-up from here
+# (train/health/startup.py)
 SRUN_START = 'export AXONN_SRUN_START="$(date +%s.%N)"'
 
 
@@ -263,7 +264,7 @@ _SUBMITIT_TAG = re.compile("(" + "|".join(re.escape(tag) for tag in SUBMITIT_TAG
 def log_path_pattern(path: str) -> str:
     """A submitit log path as a Slurm filename pattern: its ``%j``, ``%t``, ``%A`` and
     ``%a`` (submitit's tags, which Slurm expands alike) kept, every other ``%`` doubled. A
-    job dir holding one of those tags is refused (``validate.check_job_dir``), so every tag
+    job dir holding one of those tags is refused (``resolve.check_job_dir``), so every tag
     here is submitit's."""
     parts = _SUBMITIT_TAG.split(path)
     return "".join(part if n % 2 else escape_percent(part) for n, part in enumerate(parts))

@@ -366,17 +366,19 @@ def submit_attempt(
     from omegaconf import OmegaConf
 
     from axonn_launch.config.compose import compose, to_launch_config
-    from axonn_launch.config.validate import resolve
+    from axonn_launch.config.resolve import resolve
     from axonn_launch.submit.pipeline import launch
+    from axonn_launch.submit.rehearse import to_resolve
 
     composed = compose(overrides)
     cfg = to_launch_config(composed)
-    resolve(cfg)  # a bad override fails here, before anything is written
+    resolved = resolve(to_resolve(cfg))  # a bad override fails here, before anything is written
     resumed_from = seed_from_checkpoint(job_dir, target)
     argv0 = (record.get("command_line") or ["axonn_launch"])[0]
     lineage = lineage_of(job_dir, record, status)
     return launch(
         cfg,
+        resolved,
         job_dir=target,
         config=OmegaConf.to_container(composed, resolve=True),
         command_line=[argv0, *overrides],

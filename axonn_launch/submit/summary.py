@@ -3,7 +3,7 @@
 Printed on every launch and dry run (``launch.launch``) and written to the job dir's
 ``axonn_launch.log``. Where the machine knows a failure rate it states the checkpoint interval
 (``train.checkpoint_every``, or auto's: Young/Daly) and its expected goodput
-(``cost/goodput.py``). On Slurm machines it also shows the account and the wall-clock:
+(``cost/expected_goodput.py``). On Slurm machines it also shows the account and the wall-clock:
 the time limit of one allocation, how many requeues follow it (``max_requeue``), and the
 planner's predicted step time times the steps (``perf.step_time``, the same prediction
 ``plan`` ranks grids by, with nominal hardware numbers: no calibration file). A run that
@@ -32,9 +32,9 @@ from pathlib import Path
 from axonn_launch.common.durations import duration
 from axonn_launch.common.rules import micro_batch_candidates
 from axonn_launch.config.compose import LaunchConfig
-from axonn_launch.config.validate import Resolved, placeholder
+from axonn_launch.config.resolve import Resolved, placeholder
 from axonn_launch.cost import planner
-from axonn_launch.cost.goodput import Checkpointing
+from axonn_launch.cost.expected_goodput import Checkpointing
 from axonn_launch.cost.memory import GIB, estimate_memory, largest_cache_that_fits
 from axonn_launch.submit.generation_summary import (
     generation_lines,
@@ -186,7 +186,7 @@ def predicted_step_s(cfg: LaunchConfig, resolved: Resolved) -> float | None:
 
 
 def checkpoint_lines(ck: Checkpointing, cfg: LaunchConfig) -> list[str]:
-    """The checkpoint interval the job runs and its expected goodput (``cost/goodput.py``)
+    """The checkpoint interval the job runs and its expected goodput (``cost/expected_goodput.py``)
     on the machine whose failure rate it assumes (``goodput_words``)."""
     daly = f"Daly's {duration(ck.optimal_s)} over {ck.step_s:.3g} s/step"
     given = f"train.checkpoint_every={ck.every}"

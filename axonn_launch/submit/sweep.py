@@ -1,5 +1,5 @@
-"""Sweeps (``-m``): the points the pre-flight checks, the objective a point returns to a
-sweeper that optimizes, and the summary table at the end.
+"""Sweeps (``-m``): the points the argument check (``cli.check_arguments``) covers, the
+objective a point returns to a sweeper that optimizes, and the summary table at the end.
 
 Any Hydra launcher works: the basic one runs the points in this process, ``joblib`` and
 ``submitit_local`` in other processes. So each point's outcome is written to
@@ -112,7 +112,7 @@ def objective_value(outcome: Outcome, objective: str) -> float | None:
     return None
 
 
-# --------------------------------------------------------------------------- pre-flight
+# --------------------------------------------------------------------------- argument check
 
 
 def expand_sweep(overrides: list[str], *, interval_ends: bool = False) -> list[list[str]]:

@@ -16,7 +16,7 @@ Cancellation: a SIGTERM (``scancel``, preemption with a grace time, ``scancel
 each rank ends as the TERM would have ended it (``end_by_sigterm``), without a requeue:
 the job's class comes from Slurm's record (CANCELLED, PREEMPTED). Slurm kills what is
 left after ``KillWait`` (or the grace time); a save cut short there never moves
-``checkpoints/latest`` (``train/checkpoint.py``), so the resume starts from the last
+``checkpoints/latest`` (``train/checkpoint/manager.py``), so the resume starts from the last
 complete step. submitit installs its own handlers before it calls the job (SIGUSR2:
 requeue; SIGTERM: logged and ignored), so the ones set in ``TrainJob.__call__`` replace
 them in every rank; submitit's SIGUSR2 handler is kept for the requeue.
@@ -65,7 +65,7 @@ class TrainJob(Checkpointable):
             set_requeueable(False)  # this allocation's node failure goes to the chain
         from axonn_launch.common.spec import JobSpec
         from axonn_launch.train import run_job
-        from axonn_launch.train.faults import step_hook
+        from axonn_launch.train.health.faults import step_hook
 
         start, attempt = checkpointed_step(self.job_dir), attempt_number(self.job_dir)
         hook = step_hook(stop, rank=rank, start_step=start, attempt=attempt)

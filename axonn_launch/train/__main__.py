@@ -3,7 +3,7 @@
 The launcher starts one such process per rank with ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set (or under srun / mpirun, which
 ``bootstrap`` understands too); ``<job_dir>/spec.json`` holds the ``JobSpec``.
-``AXONN_FAULT`` injects faults here as in Slurm jobs (``axonn_launch.train.faults``).
+``AXONN_FAULT`` injects faults here as in Slurm jobs (``axonn_launch.train.health.faults``).
 
 SIGUSR2 asks this rank to save a checkpoint at the next step boundary and stop, as it asks
 a Slurm task (``submit/task.py``): a local job's supervisor sends it on a first Ctrl-C
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("job_dir", type=Path, help="directory holding spec.json")
     args = parser.parse_args(argv)
     from axonn_launch.train import run_job
-    from axonn_launch.train.faults import step_hook
+    from axonn_launch.train.health.faults import step_hook
     from axonn_launch.train.loop import StopFlag
 
     stop = StopFlag()

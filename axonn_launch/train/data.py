@@ -2,7 +2,7 @@
 
 Sources (``TrainConfig.data``):
 
-- ``shakespeare``: the built-in corpus shipped in ``train/data/``, byte-level tokens
+- ``shakespeare``: the built-in corpus shipped in ``train/assets/``, byte-level tokens
   (vocab 256); the first 90% of the bytes is the train split, the rest validation.
 - ``synthetic``: uniformly random tokens over the model's vocab, for benchmarks.
 - a path to a ``.bin`` file: a flat stream of token ids (nanoGPT / Megatron convention),
@@ -46,11 +46,11 @@ from axonn_launch.common.indexed import MASK_SUFFIX, read_index  # the index for
 from axonn_launch.common.indexed import MEGATRON_DTYPES as MEGATRON_DTYPES  # re-exported
 from axonn_launch.common.indexed import MEGATRON_IDX_HEADER as MEGATRON_IDX_HEADER
 from axonn_launch.common.spec import GoldfishConfig
+from axonn_launch.train.parallel.layers import IGNORE_INDEX as IGNORE_INDEX  # the loss's
 
-SHAKESPEARE = Path(__file__).parent / "data" / "tinyshakespeare.txt"
+SHAKESPEARE = Path(__file__).parent / "assets" / "tinyshakespeare.txt"
 TRAIN_FRACTION = 0.9
 BYTE_VOCAB = 256
-IGNORE_INDEX = -100  # a target that does not count in the loss (cross_entropy's default)
 MISSING = -1  # a context token before the start of the stream
 EVAL_SEED = 0x5EED  # validation does not depend on the training seed
 _MASK64 = (1 << 64) - 1

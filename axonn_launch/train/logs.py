@@ -22,12 +22,14 @@ import socket
 import sys
 from pathlib import Path
 
+from axonn_launch.common.jobdir import JobPaths
+
 LOGGER = "axonn_launch"
 FORMAT = "%(asctime)s rank {rank} host {host} %(levelname)s %(name)s: %(message)s"
 
 
 def rank_log_path(job_dir: str | Path, rank: int) -> Path:
-    return Path(job_dir) / "logs" / f"rank_{rank}.log"
+    return JobPaths(job_dir).rank_log(rank)
 
 
 class RankFileHandler(logging.FileHandler):

@@ -10,7 +10,7 @@ it, and the gradients are summed, so ranks holding different numbers of counted 
 weigh each label the same. At each step boundary, before the optimizer step, one small
 all-reduce over the world averages the loss and agrees on whether any rank asked to stop
 (``should_stop``, e.g. set by a requeue signal) and whether any rank's GEMM tuner made
-new picks (``train/gemm.py``; normally in the first step only), which are then gathered
+new picks (``train/parallel/gemm.py``; normally in the first step only), which are then gathered
 into the metrics.
 
 The non-finite guard rides on collectives the step makes anyway: the averaged loss is
@@ -18,12 +18,11 @@ NaN when any rank's share is, and the gradient norm is the same on every rank (t
 gradients are summed over data before it, and its squares over the tensor-parallel
 axes), so every rank agrees, with no extra collective, to stop before the optimizer step
 (``NonFiniteError``, class ``non_finite``): nothing of that step is applied or saved.
-``train/monitor.py`` marks the watchdog's sections and times the ranks' compute.
+``train/health/monitor.py`` marks the watchdog's sections and times the ranks' compute.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -36,36 +35,14 @@ from torch import nn
 
 from axonn_launch.common.spec import TrainConfig
 from axonn_launch.train.data import IGNORE_INDEX, Loader, MicroBatch
-from axonn_launch.train.gemm import GemmTuner
-from axonn_launch.train.groups import Groups
+from axonn_launch.train.health.monitor import StepMonitor
 from axonn_launch.train.metrics import MetricsLogger, StepStats, memory_gib
-from axonn_launch.train.model import clip_grad_norm_, finish_gradients
-from axonn_launch.train.monitor import StepMonitor
+from axonn_launch.train.models.gpt import clip_grad_norm_, finish_gradients
+from axonn_launch.train.models.optim import autocast, compute_dtype
+from axonn_launch.train.parallel.gemm import GemmTuner
+from axonn_launch.train.parallel.groups import Groups
 
 log = logging.getLogger(__name__)
-
-
-def is_matrix(param: nn.Parameter) -> bool:
-    """Weight decay applies to matrices (Linear weights, embeddings), not biases or norms.
-
-    Sharded weights are stored flattened, so the full tensor's shape is read from the
-    parameter's ``shard_layout`` (set by the parallel layers) when it has one.
-    """
-    layout = getattr(param, "shard_layout", None)
-    shape = layout.full_shape if layout is not None else param.shape
-    return len(shape) >= 2
-
-
-def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.AdamW:
-    decay, no_decay = [], []
-    for param in model.parameters():
-        if param.requires_grad:
-            (decay if is_matrix(param) else no_decay).append(param)
-    groups = [
-        {"params": decay, "weight_decay": train.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=train.lr, betas=(train.beta1, train.beta2), eps=1e-8)
 
 
 def learning_rate(step: int, train: TrainConfig) -> float:
@@ -87,19 +64,6 @@ def learning_rate(step: int, train: TrainConfig) -> float:
     decay_steps = max(1, steps - train.warmup_steps)
     progress = min(1.0, (step - train.warmup_steps) / decay_steps)
     return train.min_lr + 0.5 * (train.lr - train.min_lr) * (1 + math.cos(math.pi * progress))
-
-
-def compute_dtype(train: TrainConfig, device: torch.device) -> torch.dtype:
-    if train.dtype not in ("auto", "fp32", "bf16"):
-        raise ValueError(f"train.dtype={train.dtype!r}: use auto, fp32 or bf16")
-    return torch.bfloat16 if train.computes_in_bf16(device.type == "cuda") else torch.float32
-
-
-def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
-    """bf16 autocast (fp32 master weights and optimizer); fp32 runs without autocast."""
-    if dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 class StopFlag:
@@ -237,7 +201,7 @@ def next_batches(ctx: TrainContext, step: int) -> Batch:
 
 
 def apply_poison(kind: str, model: nn.Module, local_loss: torch.Tensor) -> torch.Tensor:
-    """The fault injections ``nan_loss`` and ``nan_grad`` (``train/faults.py``)."""
+    """The fault injections ``nan_loss`` and ``nan_grad`` (``train/health/faults.py``)."""
     if kind == "nan_loss":
         return local_loss * float("nan")
     grad = next(p.grad for p in model.parameters() if p.grad is not None)

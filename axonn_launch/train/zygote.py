@@ -56,9 +56,9 @@ PRELOAD = (
     "torch.utils.checkpoint",
     "numpy",
     "axonn_launch.train",
-    "axonn_launch.train.faults",
-    "axonn_launch.train.export",
-    "axonn_launch.train.state",  # checkpoints
+    "axonn_launch.train.health.faults",
+    "axonn_launch.train.checkpoint.export",
+    "axonn_launch.train.checkpoint.state",  # checkpoints
     "torch.utils.serialization",  # torch.save
 )
 

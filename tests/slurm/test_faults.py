@@ -5,10 +5,12 @@ was never interrupted.
 
 Every job is a 2-rank, one-node ``gpt_tiny`` run of 16 steps with a checkpoint every 4.
 The jobs of all scenarios are submitted together by one fixture and run side by side;
-then every scenario but the node failures is driven at once (the ``wave`` fixture: fault,
+then every scenario but the node failure is driven at once (the ``wave`` fixture: fault,
 ``jobs status``, resubmission and the resumed job's end, each scenario in a thread), and
-each test raises what its scenario's checks raised. The node failures come after, one at a
-time. External faults (kill -9, scancel, node stop) act while the job sleeps after step 9
+each test raises what its scenario's checks raised. The node failure comes after, alone.
+(A node lost under a 2-node job, and the run coming back on the other node with a
+resharded grid, is tests/slurm/test_recovery.py's, by the recovery chain itself.) External
+faults (kill -9, scancel, node stop) act while the job sleeps after step 9
 (``pause``), so the latest checkpoint is step 8.
 """
 
@@ -41,6 +43,7 @@ TRAIN = [
     "train.checkpoint_every=4",
     "recovery=off",  # each scenario is brought back by hand here (test_recovery.py: by itself)
     "preflight=false",  # tests/slurm/test_preflight.py runs it, with its resubmission
+    "force=true",  # the reference and the faulted runs share one config, side by side
 ]
 PAUSED = "pause@step9:600"
 NODE_SH = REPO / "machines" / "slurm_local" / "node.sh"
@@ -459,7 +462,7 @@ def test_time_limit_requeues_itself(wave):
     outcome(wave, "requeue")
 
 
-# --- node failures: one at a time, after the wave (a stopped node ends every job on it) ------
+# --- a node failure, after the wave (a stopped node ends every job on it) -----------------
 
 
 def test_node_failure(slurm_cluster, reference, tmp_path):
@@ -485,38 +488,3 @@ def test_node_failure(slurm_cluster, reference, tmp_path):
     assert row["failure"] == "node_failure" and row["bad_nodes"] == [node], row
     new_dir = resubmit_and_finish(job, reference, resumed_step=8)
     assert f"--exclude={node}" in (new_dir / "submission.sh").read_text()
-
-
-def test_node_failure_then_resume_on_the_surviving_node_with_half_the_ranks(
-    slurm_cluster, reference, tmp_path
-):
-    """A 2-node, 4-rank job (x=2, z=2) loses a node; it comes back on the other node
-    alone as 2 ranks (data=2) from the same checkpoint, resharded. Over 60 s, as
-    test_node_failure."""
-    job_dir = tmp_path / "shrink"
-    result = run_launcher(
-        [*TRAIN, "grid.z=2", "+machine.slurm.exclusive=true", f"hydra.run.dir={job_dir}"],
-        cwd=tmp_path,
-        env={"AXONN_FAULT": PAUSED, "SBATCH_NO_REQUEUE": "1"},
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    record = json.loads((job_dir / "job.json").read_text())
-    assert (record["nodes"], record["grid"]["z"]) == (2, 2)
-    job = Job("shrink", job_dir, record["job_ids"][0])
-    wait_until(lambda: paused_at_step_9(job), 300, "shrink job to pause after step 9")
-    subprocess.run(["bash", str(NODE_SH), "stop", "n2"], check=True, timeout=60)
-    try:
-        assert wait_ended(job.job_id, timeout_s=120) == "NODE_FAIL"
-    finally:
-        subprocess.run(["bash", str(NODE_SH), "start", "n2"], check=True, timeout=120)
-    row = status_of(job_dir)
-    assert row["failure"] == "node_failure" and row["bad_nodes"] == ["n2"], row
-    new_dir = resubmit_and_finish(
-        job, reference, "grid.x=1", "grid.z=1", "grid.data=2", "train.micro_batch=8",
-        resumed_step=8, rel=1e-4,
-    )  # fmt: skip
-    new = json.loads((new_dir / "job.json").read_text())
-    assert new["nodes"] == 1 and new["grid"]["data"] == 2
-    assert "--exclude=n2" in (new_dir / "submission.sh").read_text()
-    assert sacct_state(new["job_ids"][0])[1] == "n1"

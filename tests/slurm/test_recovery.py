@@ -44,6 +44,7 @@ BASE = [
     "train.checkpoint_every=2",
     "recovery.backoff_s=1",
     "wait=false",
+    "force=true",  # runs that share one config (a fault aside) go side by side
     "preflight=false",  # tests/slurm/test_preflight.py runs it, with its resubmission
     # each attempt would tune its GEMMs afresh, by timings that move with the load, and a
     # pick that differs from the reference run's rounds differently: the final losses are

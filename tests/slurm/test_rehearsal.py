@@ -1,6 +1,8 @@
 """Rehearsals: each site machine's real batch script runs on the local Slurm cluster.
 
-For perlmutter, frontier and alps, with gpt_tiny and llama_tiny, on two nodes with the
+For perlmutter and frontier with gpt_tiny and alps with llama_tiny (each site once, each
+architecture at least once: the site's script does not depend on the model, and every
+site-model pair cost the suite three more 8- or 16-rank jobs), on two nodes with the
 machine's own tasks per node: the rehearsed job completes, its loss equals the same model,
 grid and seed on ``machine=local``, its ``job.json`` lists what was substituted, and
 ``sacct`` shows its step. Alps runs under a real ``srun --mpi=pmix`` with no mpi4py in its
@@ -109,8 +111,10 @@ def alps_edf(tmp_path: Path) -> dict[str, str]:
     return {"EDF_PATH": str(edf_dir)}
 
 
-@pytest.mark.parametrize("model", ["gpt_tiny", "llama_tiny"])
-@pytest.mark.parametrize("machine", ["perlmutter", "frontier", "alps"])
+@pytest.mark.parametrize(
+    ("machine", "model"),
+    [("perlmutter", "gpt_tiny"), ("frontier", "gpt_tiny"), ("alps", "llama_tiny")],
+)
 def test_rehearsal_runs_the_sites_script_and_matches_local(
     slurm_cluster, local_losses, linked_venv, tmp_path, machine, model
 ):
@@ -194,7 +198,7 @@ def test_a_real_pmix_step_is_read_from_slurm(slurm_cluster):
     code = (
         "import json, os, sys; sys.modules['mpi4py'] = None;"
         "from axonn_launch.common.spec import RuntimeConfig;"
-        "from axonn_launch.train.bootstrap import discover_env;"
+        "from axonn_launch.train.parallel.bootstrap import discover_env;"
         "e = discover_env(RuntimeConfig(device='cpu'));"
         "print(json.dumps({'rank': e.rank, 'world': e.world_size, 'source': e.source,"
         " 'pmix': os.environ.get('PMIX_RANK')}))"

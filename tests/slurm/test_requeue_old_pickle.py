@@ -1,5 +1,5 @@
 """A job submitted before the package moved into folders, and requeued after the move,
-still runs (``axonn_launch/moved.py``).
+still runs (``axonn_launch/job.py``).
 
 Slurm runs a requeued job from the pickle submitit wrote when the job was submitted. The
 test takes a running job, puts in place of its pickle the one the code of commit be55d50

@@ -58,13 +58,14 @@ TRAIN = [
     "train.gemm_tuning=false",  # the same GEMM path in every run: losses agree exactly
     "recovery=off",  # brought back by hand here
     "preflight=false",
+    "force=true",  # the reference and the signalled runs share one config, side by side
 ]
 SLOW = {"AXONN_FAULT": "slow@step1:1:attempt1"}
 SCENARIOS = {  # name: (environment of the job, scancel's arguments)
     "reference": ({}, ()),
     "term": (SLOW, ("--signal=TERM",)),
     # save 1 is the periodic one of step 4, save 2 the stop's: rank 1 dies in it, after
-    # writing its own files (train/checkpoint.py: AXONN_CHECKPOINT_FAULT)
+    # writing its own files (train/checkpoint/manager.py: AXONN_CHECKPOINT_FAULT)
     "cut": ({**SLOW, "AXONN_CHECKPOINT_FAULT": "write@save2:rank1"}, ()),
     "usr2": (SLOW, ("--signal=USR2", "--batch")),
 }

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from axonn_launch.common.spec import RuntimeConfig
-from axonn_launch.train.bootstrap import discover_env, init_distributed
+from axonn_launch.train.parallel.bootstrap import discover_env, init_distributed
 
 
 def main() -> None:

@@ -32,10 +32,10 @@ from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig, WireConfig
 from axonn_launch.cost.planner import enumerate_grids
-from axonn_launch.train.comm import Recorder, resolve_wire
-from axonn_launch.train.groups import build_groups, single_process_groups
-from axonn_launch.train.loop import autocast
-from axonn_launch.train.model import GPT, clip_grad_norm_, finish_gradients
+from axonn_launch.train.models.gpt import GPT, clip_grad_norm_, finish_gradients
+from axonn_launch.train.models.optim import autocast
+from axonn_launch.train.parallel.comm import Recorder, resolve_wire
+from axonn_launch.train.parallel.groups import build_groups, single_process_groups
 from tests.train.dist_utils import run_world
 
 SPEC = ModelSpec("tiny", n_layer=2, d_model=32, n_head=4, vocab_size=64, max_seq_len=16)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from axonn_launch.common.spec import RuntimeConfig
-from axonn_launch.train.bootstrap import (
+from axonn_launch.train.parallel.bootstrap import (
     SLURM_PORT_RANGE,
     choose_backend,
     choose_device,

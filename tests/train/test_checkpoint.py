@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from axonn_launch.train.checkpoint import (
+from axonn_launch.train.checkpoint.manager import (
     FORMAT,
     Checkpointer,
     checkpoint_root,
@@ -16,7 +16,7 @@ from axonn_launch.train.checkpoint import (
     rng_state,
     set_rng_state,
 )
-from axonn_launch.train.dcp import Piece, ShardSpec
+from axonn_launch.train.parallel.shards import Piece, ShardSpec
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

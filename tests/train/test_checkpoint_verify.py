@@ -19,8 +19,7 @@ import pytest
 import torch
 
 from axonn_launch.common.grid import Grid
-from axonn_launch.train import truncate_metrics
-from axonn_launch.train.checkpoint import (
+from axonn_launch.train.checkpoint.manager import (
     Checkpointer,
     _prune,
     checkpoint_problem,
@@ -28,7 +27,8 @@ from axonn_launch.train.checkpoint import (
     choose_checkpoint,
     resume_point,
 )
-from axonn_launch.train.dcp import Piece, ShardSpec
+from axonn_launch.train.parallel.shards import Piece, ShardSpec
+from axonn_launch.train.run import truncate_metrics
 from tests.train.test_loop import launch, metrics, write_job
 
 GRID = Grid(x=2, z=2)

@@ -29,10 +29,10 @@ from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig
 from axonn_launch.common.traffic import replicated_kv_elements
-from axonn_launch.train.arch import build_model
-from axonn_launch.train.comm import FP32_WIRE, Wire
-from axonn_launch.train.groups import build_groups
-from axonn_launch.train.model import GPT, finish_gradients, full_grad_dict
+from axonn_launch.train.models.gpt import GPT, finish_gradients, full_grad_dict
+from axonn_launch.train.models.registry import build_model
+from axonn_launch.train.parallel.comm import FP32_WIRE, Wire
+from axonn_launch.train.parallel.groups import build_groups
 from tests.train.dist_utils import run_world
 
 SPEC = ModelSpec("tiny", n_layer=2, d_model=32, n_head=4, vocab_size=61, max_seq_len=16)

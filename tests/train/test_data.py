@@ -182,8 +182,7 @@ def test_micro_batch_must_divide_over_z():
 
 
 def test_sidecar_vocab_applies_beside_a_megatron_idx(tmp_path):
-    from axonn_launch.common.indexed import token_dtype
-    from axonn_launch.data import IndexedWriter
+    from axonn_launch.common.indexed import IndexedWriter, token_dtype
 
     prefix = tmp_path / "corpus"
     with IndexedWriter(prefix, token_dtype(50257)) as writer:

@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from axonn_launch.common.grid import Grid
-from axonn_launch.common.indexed import token_dtype
+from axonn_launch.common.indexed import IndexedWriter, token_dtype
 from axonn_launch.common.spec import GoldfishConfig
-from axonn_launch.data import IndexedWriter
 from axonn_launch.train.data import (
     IGNORE_INDEX,
     EvalLoader,

@@ -21,17 +21,22 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig
-from axonn_launch.train.checkpoint import Checkpointer, latest_checkpoint, read_meta
-from axonn_launch.train.dcp import band_split, grid_position, piece_view, shard_pieces
-from axonn_launch.train.groups import build_groups
-from axonn_launch.train.model import (
+from axonn_launch.train.checkpoint.manager import Checkpointer, latest_checkpoint, read_meta
+from axonn_launch.train.checkpoint.state import (
+    MOMENTS,
+    load_training_state,
+    moment_key,
+    save_training_state,
+)
+from axonn_launch.train.models.gpt import (
     GPT,
     _gather_full,
     clip_grad_norm_,
     finish_gradients,
     full_state_dict,
 )
-from axonn_launch.train.state import MOMENTS, load_training_state, moment_key, save_training_state
+from axonn_launch.train.parallel.groups import build_groups
+from axonn_launch.train.parallel.shards import band_split, grid_position, piece_view, shard_pieces
 from tests.train.dist_utils import run_world
 
 SPEC = ModelSpec("t", n_layer=2, d_model=32, n_head=4, vocab_size=61, max_seq_len=16)

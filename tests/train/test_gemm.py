@@ -12,16 +12,16 @@ import torch
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.train import run_job
-from axonn_launch.train.gemm import (
+from axonn_launch.train.loop import average_loss_and_flags, gather_gemm_choices
+from axonn_launch.train.metrics import MetricsLogger, StepStats
+from axonn_launch.train.parallel.gemm import (
     FORMULATIONS,
     GemmTuner,
     distinct_formulations,
     layout,
     time_formulations,
 )
-from axonn_launch.train.groups import build_groups
-from axonn_launch.train.loop import average_loss_and_flags, gather_gemm_choices
-from axonn_launch.train.metrics import MetricsLogger, StepStats
+from axonn_launch.train.parallel.groups import build_groups
 from tests.train.dist_utils import run_world
 from tests.train.test_loop import launch, metrics, single_env, write_job
 
@@ -303,7 +303,7 @@ def test_metrics_row_tallies_new_picks_and_summary_keeps_all(tmp_path):
 
 def picked_lines(job_dir, rank: int) -> list[str]:
     text = (job_dir / "logs" / f"rank_{rank}.log").read_text()
-    return [line for line in text.splitlines() if "axonn_launch.train.gemm: gemm " in line]
+    return [line for line in text.splitlines() if "axonn_launch.train.parallel.gemm: gemm " in line]
 
 
 def check_tuned_run(job_dir, ranks: int) -> dict:
@@ -368,7 +368,9 @@ class capture_log:
     """Collects the messages of a logger (the job's logging setup stops the
     ``axonn_launch`` records from propagating, so pytest's caplog may not see them)."""
 
-    def __init__(self, name: str = "axonn_launch.train.gemm", level: int = logging.DEBUG) -> None:
+    def __init__(
+        self, name: str = "axonn_launch.train.parallel.gemm", level: int = logging.DEBUG
+    ) -> None:
         self.name, self.level_wanted = name, level
 
     def __enter__(self) -> list[str]:

@@ -12,10 +12,15 @@ from axonn_launch.common.grid import Grid
 from axonn_launch.common.hf import spec_from_hf_config
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig
-from axonn_launch.train.arch import build_model
-from axonn_launch.train.generation import generate, generate_batch, generate_one, pick_tokens
-from axonn_launch.train.groups import build_groups, single_process_groups
-from axonn_launch.train.model import GPT, load_full_state_dict
+from axonn_launch.train.inference.generation import (
+    generate,
+    generate_batch,
+    generate_one,
+    pick_tokens,
+)
+from axonn_launch.train.models.gpt import GPT, load_full_state_dict
+from axonn_launch.train.models.registry import build_model
+from axonn_launch.train.parallel.groups import build_groups, single_process_groups
 from tests.train.dist_utils import run_world
 from tests.train.test_llama_exact import ours_from_hf, tiny_hf_config
 
@@ -69,7 +74,7 @@ def test_greedy_equals_hf_generate_on_one_rank(hf_case):
 def test_stops_at_eos_as_transformers_with_and_without_the_cache(hf_case):
     """The 3rd greedy token of the first prompt as end-of-sequence (an int, then in a list
     as Llama 3 gives it): the row equals transformers' generate token for token, ending
-    right after it; the cache-less end-of-run sample (sample.py) stops there too, greedy
+    right after it; the cache-less end-of-run sample (generate_one) stops there too, greedy
     and sampled. (Rows of a batch that end at different steps: the tests below.)"""
     spec, state, prompts, expected, hf = hf_case
     groups = single_process_groups()

@@ -19,15 +19,15 @@ from axonn_launch.common.grid import Grid
 from axonn_launch.common.hf import hf_segments, spec_from_hf_config
 from axonn_launch.common.spec import OverlapConfig, TrainConfig
 from axonn_launch.export import main
-from axonn_launch.train import export as train_export
-from axonn_launch.train.arch import build_model
-from axonn_launch.train.checkpoint import Checkpointer
-from axonn_launch.train.dcp import grid_position, shard_pieces
-from axonn_launch.train.groups import build_groups
-from axonn_launch.train.hf_import import load_hf_weights
-from axonn_launch.train.loop import build_optimizer
-from axonn_launch.train.model import full_state_dict, load_full_state_dict
-from axonn_launch.train.state import save_training_state
+from axonn_launch.train.checkpoint import export as train_export
+from axonn_launch.train.checkpoint.manager import Checkpointer
+from axonn_launch.train.checkpoint.state import save_training_state
+from axonn_launch.train.models.gpt import full_state_dict, load_full_state_dict
+from axonn_launch.train.models.hf_import import load_hf_weights
+from axonn_launch.train.models.optim import build_optimizer
+from axonn_launch.train.models.registry import build_model
+from axonn_launch.train.parallel.groups import build_groups
+from axonn_launch.train.parallel.shards import grid_position, shard_pieces
 from tests.train.dist_utils import run_world
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -1,5 +1,5 @@
 """Initialization values, not only their grid independence: GPT-2's scales and a sound
-normal generator (axonn_launch.train.init)."""
+normal generator (axonn_launch.train.parallel.init)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch
 
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig
-from axonn_launch.train.groups import single_process_groups
-from axonn_launch.train.init import UNIFORMS, normal_at, parameter_key
-from axonn_launch.train.model import GPT, full_state_dict
+from axonn_launch.train.models.gpt import GPT, full_state_dict
+from axonn_launch.train.parallel.groups import single_process_groups
+from axonn_launch.train.parallel.init import UNIFORMS, normal_at, parameter_key
 
 SPEC = ModelSpec("init", n_layer=4, d_model=256, n_head=4, vocab_size=512, max_seq_len=64)
 

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from axonn_launch.common.grid import Grid
-from axonn_launch.train.comm import Comm, Recorder
-from axonn_launch.train.groups import build_groups
-from axonn_launch.train.layers import TPLayerNorm
+from axonn_launch.train.parallel.comm import Comm, Recorder
+from axonn_launch.train.parallel.groups import build_groups
+from axonn_launch.train.parallel.layers import TPLayerNorm
 from tests.train.dist_utils import run_world
 
 OFFSETS = (0.0, 1e3, 1e4)

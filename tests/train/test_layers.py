@@ -15,17 +15,17 @@ import torch.nn.functional as F
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig
-from axonn_launch.train.comm import Comm
-from axonn_launch.train.gemm import GemmTuner
-from axonn_launch.train.groups import build_groups, single_process_groups
-from axonn_launch.train.layers import (
+from axonn_launch.train.models.gpt import GPT
+from axonn_launch.train.parallel.comm import Comm
+from axonn_launch.train.parallel.gemm import GemmTuner
+from axonn_launch.train.parallel.groups import build_groups, single_process_groups
+from axonn_launch.train.parallel.layers import (
     OverlapRuntime,
     ShardLayout,
     TPLayerNorm,
     TPLinear,
     VocabParallelEmbedding,
 )
-from axonn_launch.train.model import GPT
 from tests.train.dist_utils import run_world
 
 GRIDS = [

@@ -12,10 +12,15 @@ import torch
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig, TrainConfig
-from axonn_launch.train.dcp import grid_position
-from axonn_launch.train.legacy import MOMENTS, legacy_rank_state, load_legacy, write_legacy
-from axonn_launch.train.loop import build_optimizer
-from axonn_launch.train.model import GPT
+from axonn_launch.train.checkpoint.legacy import (
+    MOMENTS,
+    legacy_rank_state,
+    load_legacy,
+    write_legacy,
+)
+from axonn_launch.train.models.gpt import GPT
+from axonn_launch.train.models.optim import build_optimizer
+from axonn_launch.train.parallel.shards import grid_position
 
 SPEC = ModelSpec(name="t", n_layer=2, d_model=64, n_head=4, vocab_size=65, max_seq_len=32)
 OLD_GRID = Grid(x=2, y=2)

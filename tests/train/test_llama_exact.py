@@ -19,9 +19,9 @@ from axonn_launch.common.grid import Grid
 from axonn_launch.common.hf import hf_segments, spec_from_hf_config
 from axonn_launch.common.spec import OverlapConfig
 from axonn_launch.cost.planner import enumerate_grids
-from axonn_launch.train.arch import build_model
-from axonn_launch.train.groups import build_groups
-from axonn_launch.train.model import finish_gradients, full_grad_dict, load_full_state_dict
+from axonn_launch.train.models.gpt import finish_gradients, full_grad_dict, load_full_state_dict
+from axonn_launch.train.models.registry import build_model
+from axonn_launch.train.parallel.groups import build_groups
 from tests.train.dist_utils import run_world
 
 transformers = pytest.importorskip("transformers")

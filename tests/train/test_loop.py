@@ -17,10 +17,11 @@ from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import JobSpec, OverlapConfig, RuntimeConfig, TrainConfig
 from axonn_launch.submit.local import WarmStart, free_port, rank_env
 from axonn_launch.train import run_job
-from axonn_launch.train.bootstrap import DistEnv
-from axonn_launch.train.groups import single_process_groups
-from axonn_launch.train.loop import build_optimizer, compute_dtype, is_matrix, learning_rate
-from axonn_launch.train.model import GPT
+from axonn_launch.train.loop import learning_rate
+from axonn_launch.train.models.gpt import GPT
+from axonn_launch.train.models.optim import build_optimizer, compute_dtype, is_matrix
+from axonn_launch.train.parallel.bootstrap import DistEnv
+from axonn_launch.train.parallel.groups import single_process_groups
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ModelSpec("gpt_tiny", n_layer=2, d_model=64, n_head=4, vocab_size=256, max_seq_len=64)

@@ -14,11 +14,11 @@ from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import GoldfishConfig, OverlapConfig
 from axonn_launch.cost.planner import enumerate_grids
-from axonn_launch.train.arch import build_model
 from axonn_launch.train.data import IGNORE_INDEX, EvalLoader, Loader, open_source
-from axonn_launch.train.groups import build_groups
 from axonn_launch.train.loop import average_loss_and_flags, evaluate, run_micro_steps
-from axonn_launch.train.model import finish_gradients, full_grad_dict
+from axonn_launch.train.models.gpt import finish_gradients, full_grad_dict
+from axonn_launch.train.models.registry import build_model
+from axonn_launch.train.parallel.groups import build_groups
 from tests.train.dist_utils import run_world
 
 SPEC = ModelSpec("llama-256", n_layer=2, d_model=32, n_head=4, vocab_size=256, max_seq_len=32,

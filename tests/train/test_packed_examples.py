@@ -11,17 +11,16 @@ import pytest
 import torch
 
 from axonn_launch.common.grid import Grid
-from axonn_launch.common.indexed import token_dtype
+from axonn_launch.common.indexed import IndexedWriter, token_dtype
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import GoldfishConfig, OverlapConfig
 from axonn_launch.cost.planner import enumerate_grids
-from axonn_launch.data import IndexedWriter
-from axonn_launch.train.arch import build_model
-from axonn_launch.train.attention import Positions, example_firsts
 from axonn_launch.train.data import IGNORE_INDEX, Loader, open_source
-from axonn_launch.train.groups import build_groups
 from axonn_launch.train.loop import average_loss_and_flags, run_micro_steps
-from axonn_launch.train.model import finish_gradients, full_grad_dict
+from axonn_launch.train.models.gpt import finish_gradients, full_grad_dict
+from axonn_launch.train.models.registry import build_model
+from axonn_launch.train.parallel.attention import Positions, example_firsts
+from axonn_launch.train.parallel.groups import build_groups
 from tests.train.dist_utils import run_world
 
 VOCAB, SEQ = 256, 24

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from axonn_launch.common.spec import RuntimeConfig
-from axonn_launch.train.bootstrap import SLURM_PORT_RANGE, discover_env
+from axonn_launch.train.parallel.bootstrap import SLURM_PORT_RANGE, discover_env
 
 CPU = RuntimeConfig(device="cpu", master_port=29500)
 SLURM_STEP = {  # task 5 of 8 (4 per node), on the second node of a step of job 77

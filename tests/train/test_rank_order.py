@@ -41,7 +41,7 @@ def test_the_first_source_in_the_documented_order_gives_the_rank(case, environ, 
 def test_the_rendezvous_follows_the_same_order(monkeypatch, case, environ, expected):
     """``discover_env`` (without mpi4py, as in Alps's venv) takes the rank from the source
     ``environment_rank`` names; a bare PMI launcher is refused there (it needs mpi4py)."""
-    from axonn_launch.train.bootstrap import discover_env
+    from axonn_launch.train.parallel.bootstrap import discover_env
 
     monkeypatch.setitem(sys.modules, "mpi4py", None)
     runtime = RuntimeConfig(device="cpu", master_port=29500)

@@ -6,11 +6,10 @@ import torch
 
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig
-from axonn_launch.train.generation import generate_one
-from axonn_launch.train.groups import single_process_groups
+from axonn_launch.train.inference.generation import decode, default_prompt, generate_one
 from axonn_launch.train.loop import StopFlag
-from axonn_launch.train.model import GPT
-from axonn_launch.train.sample import decode, default_prompt
+from axonn_launch.train.models.gpt import GPT
+from axonn_launch.train.parallel.groups import single_process_groups
 
 SPEC = ModelSpec("s", n_layer=1, d_model=32, n_head=4, vocab_size=64, max_seq_len=8)
 CPU = torch.device("cpu")

@@ -8,8 +8,8 @@ import time
 
 import torch
 
-from axonn_launch.train import SILENT_S, announce_sample, said_if_slow
-from axonn_launch.train.generation import generate_one
+from axonn_launch.train.inference.generation import generate_one
+from axonn_launch.train.run import SILENT_S, announce_sample, said_if_slow
 from tests.train.test_sample import CPU, model
 
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import torch
 
-from axonn_launch.train.bootstrap import DistEnv
-from axonn_launch.train.startup import (
+from axonn_launch.train.health.startup import (
     job_summary,
     log_startup,
     network_plugin,
     plugin_libraries,
 )
+from axonn_launch.train.parallel.bootstrap import DistEnv
 
 from .dist_utils import run_world
 
@@ -59,7 +59,7 @@ class _Capture(logging.Handler):
 
 def startup_worker(rank: int, world_size: int) -> tuple[list[dict], list[str]]:
     capture = _Capture()
-    logger = logging.getLogger("axonn_launch.train.startup")
+    logger = logging.getLogger("axonn_launch.train.health.startup")
     logger.addHandler(capture)
     logger.setLevel(logging.INFO)
     env = DistEnv(rank, rank, world_size, world_size, "127.0.0.1", 0, "cpu", "gloo", "torchrun")
@@ -100,7 +100,7 @@ def test_job_summary_groups_ranks_by_host():
 
 
 def test_threads_per_rank_given_or_the_cores_shared_among_the_local_ranks():
-    from axonn_launch.train import configure_threads
+    from axonn_launch.train.run import configure_threads
 
     before = torch.get_num_threads()
     cores = len(os.sched_getaffinity(0))

@@ -12,8 +12,8 @@ import pytest
 
 from axonn_launch.common.jobdir import JobPaths
 from axonn_launch.common.spec import StragglerConfig, WatchdogConfig
-from axonn_launch.train.faults import parse, poisons
-from axonn_launch.train.watchdog import (
+from axonn_launch.train.health.faults import parse, poisons
+from axonn_launch.train.health.watchdog import (
     HANG_EXIT,
     Watchdog,
     checkpoint_deadline,

@@ -15,9 +15,9 @@ import torch
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig, WireConfig
-from axonn_launch.train.comm import FP32_WIRE, Comm, Wire, resolve_wire
-from axonn_launch.train.groups import build_groups, single_process_groups
-from axonn_launch.train.model import GPT, finish_gradients, full_grad_dict
+from axonn_launch.train.models.gpt import GPT, finish_gradients, full_grad_dict
+from axonn_launch.train.parallel.comm import FP32_WIRE, Comm, Wire, resolve_wire
+from axonn_launch.train.parallel.groups import build_groups, single_process_groups
 from tests.train.dist_utils import run_world
 
 BF16, FP32 = torch.bfloat16, torch.float32

@@ -2,7 +2,7 @@
 
 The cost model, the rules and the traffic model ask ``ModelSpec.architecture`` (an
 ``Architecture``, ``base.py``) rather than branching on the name. The job side builds the
-torch module registered under the same name (``train/arch.py``). Adding an architecture:
+torch module registered under the same name (``train/models/registry.py``). Adding an architecture:
 its strategy here, its torch module there, a preset in ``conf/model/`` and tests
 (``tests/test_arch_registry.py`` checks that every registered name has all four).
 """

@@ -2,7 +2,7 @@
 
 The cost model (memory, step time, checkpoint size), the rules and the traffic model ask
 an ``Architecture`` these questions instead of branching on its name; the job side builds
-the torch module registered under the same name (``train/arch.py``). Torch-free, and
+the torch module registered under the same name (``train/models/registry.py``). Torch-free, and
 below ``common/models.py``: an architecture reads a ``ModelSpec``'s fields but does not
 import it.
 """

@@ -1,4 +1,4 @@
-"""GPT (``train/model.py``): learned positions, pre-LN blocks, a GeLU MLP of
+"""GPT (``train/models/gpt.py``): learned positions, pre-LN blocks, a GeLU MLP of
 ``ffn_mult * h`` units, biases, tied embeddings.
 
 Four Linears per block (QKV, attention projection, MLP up, MLP down; the second and

@@ -1,4 +1,4 @@
-"""Llama (``train/llama.py``): rotary positions (with Llama 3's scaling), RMSNorm, a SwiGLU
+"""Llama (``train/models/llama.py``): rotary positions (with Llama 3's scaling), RMSNorm, a SwiGLU
 MLP of ``ffn_hidden`` units, grouped-query attention, no biases, an untied LM head
 unless ``tie_embeddings``.
 

@@ -1,0 +1,390 @@
+"""Each rank's progress watchdog, and the straggler score.
+
+A rank marks its sections (``init``, each step's ``data``, ``compute`` and ``sync``,
+``checkpoint``, ``eval``) on a ``Watchdog``: the main thread only assigns a tuple. A
+small daemon thread wakes every ``beat_s`` and compares the time spent in the current
+section (a step's sections share the step's clock) with its deadline
+(``deadline_rules``: a start-up grace, then a multiple of the median step time with a
+floor, a save's bytes at the file system's bandwidth). When a deadline passes:
+
+1. the rank dumps every thread's Python stack (``faulthandler``) into
+   ``logs/stacks/rank_<r>.txt`` and writes its heartbeat (section, step, since when);
+2. it asks every other rank to do the same, by creating ``logs/heartbeats/REQUEST``,
+   which each rank's watchdog looks for at every beat, and waits a few beats for them;
+3. the ranks that did not answer (a stopped process, a node gone) are the ones that
+   stopped making progress; when all answered, those furthest behind (in step, then in
+   section order) are, if any rank is further ahead. ``find_suspects`` decides; when
+   every rank answers at the same point, all are alive and equally slow, and the section
+   gets one more deadline (once) before that is a hang too;
+4. it writes its failure record (class ``hang``: section, step, suspects and their
+   nodes, the stacks' folder) and one log line, and ends the process: srun's
+   ``--kill-on-bad-exit`` or the local supervisor ends the other ranks.
+
+Nothing is written while the job is healthy but one heartbeat per rank at start-up
+(which names its node). At 65,536 ranks the beat is a ``stat`` of one file per rank
+every ``beat_s``; raise ``train.watchdog.beat_s`` there if the metadata server minds.
+
+Every ``train.stragglers.every`` steps the loop gathers each rank's compute time per
+step (from the step's start until it enters the step-boundary all-reduce, where the
+waiting for slower peers happens), and ``straggler_report`` names the ranks whose time
+is far above the median by a robust score.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from axonn_launch.common import jobdir
+from axonn_launch.common.jobdir import (
+    JobPaths,
+    read_json_or_none,
+    record_failure,
+    write_json_atomically,
+)
+from axonn_launch.common.spec import StragglerConfig, WatchdogConfig
+
+log = logging.getLogger(__name__)
+
+HANG = "hang"
+HANG_EXIT = 75  # a rank that detected a hang ends with this code
+REQUEST = jobdir.HANG_REQUEST
+# a step's sections in order: a rank in a later one has made more progress
+SECTION_ORDER = {"init": 0, "data": 1, "compute": 2, "sync": 3, "eval": 4, "checkpoint": 5}
+ANSWER_BEATS = 3  # beats to wait for the other ranks' answers
+
+
+class Hang(RuntimeError):
+    """What the failure record of a rank that detected a hang names."""
+
+
+# --- the deadlines ---------------------------------------------------------------------------
+
+
+def step_deadline(cfg: WatchdogConfig, step_times: list[float], steps_done: int) -> float:
+    """Seconds a step may take: the start-up grace for the first ``startup_steps`` steps
+    of an attempt, then ``step_factor`` times the median step so far, at least the floor."""
+    if steps_done < cfg.startup_steps or not step_times:
+        return cfg.startup_s
+    return max(cfg.step_floor_s, cfg.step_factor * statistics.median(step_times))
+
+
+def checkpoint_deadline(cfg: WatchdogConfig, bytes_per_node: float) -> float:
+    """Seconds a save may take: its bytes per node at the file system's share of a node
+    (``checkpoint_gbps``), ``checkpoint_factor`` times over, plus the floor."""
+    if cfg.checkpoint_gbps <= 0:
+        return cfg.checkpoint_floor_s
+    return cfg.checkpoint_floor_s + cfg.checkpoint_factor * bytes_per_node / (
+        cfg.checkpoint_gbps * 1e9
+    )
+
+
+def eval_deadline(cfg: WatchdogConfig, step_deadline_s: float) -> float:
+    return max(cfg.eval_floor_s, step_deadline_s)
+
+
+def collective_timeout(cfg: WatchdogConfig, step_deadline_s: float) -> float | None:
+    """The collectives' timeout once start-up is over (None: keep the start-up one). It
+    is longer than the step deadline, so that the watchdog speaks first."""
+    return cfg.collective_factor * step_deadline_s if cfg.collective_factor > 0 else None
+
+
+# --- naming the ranks that stopped -----------------------------------------------------------
+
+
+def progress(beat: dict) -> tuple[int, int]:
+    return int(beat.get("step", 0)), SECTION_ORDER.get(str(beat.get("section")), 0)
+
+
+def answered(beat: dict | None, asked_at: float) -> bool:
+    """The heartbeat answers the request whose file time is ``asked_at``: it names that
+    time (read from the same file, so no two nodes' clocks are compared)."""
+    return beat is not None and float(beat.get("answered", 0)) >= asked_at
+
+
+def find_suspects(beats: dict[int, dict | None], asked_at: float) -> list[int]:
+    """The ranks that stopped making progress, from every rank's heartbeat (None: none).
+
+    A rank that did not answer the request made at ``asked_at`` is stopped or gone, and
+    is named alone: its peers wait for it at different points. When all answered, those
+    furthest behind are named if another rank is further ahead; when all are at the same
+    point (a deadlock, or all waiting on something outside the job) no one is named.
+    """
+    silent = [r for r, b in sorted(beats.items()) if not answered(b, asked_at)]
+    if silent:
+        return silent
+    points = {rank: progress(beat) for rank, beat in beats.items() if beat is not None}
+    if not points or len(set(points.values())) == 1:
+        return []
+    least = min(points.values())
+    return sorted(rank for rank, point in points.items() if point == least)
+
+
+# --- the watchdog ----------------------------------------------------------------------------
+
+
+@dataclass
+class Section:
+    name: str
+    step: int
+    since: float  # wall clock (time.time) when its clock started
+    deadline_s: float
+
+
+class Watchdog:
+    """One rank's watchdog (see the module docstring). ``enter`` starts a section with a
+    new clock; ``mark`` moves to the next section of the same step, on the same clock."""
+
+    def __init__(
+        self,
+        cfg: WatchdogConfig,
+        job_dir: str | Path,
+        *,
+        rank: int,
+        world_size: int,
+        node: str,
+        end: Callable[[int], None] = os._exit,
+    ) -> None:
+        self.cfg, self.paths = cfg, JobPaths(job_dir)
+        self.rank, self.world_size, self.node = rank, world_size, node
+        self.end = end
+        self.section = Section("init", 0, time.time(), cfg.startup_s)
+        self.answered = 0.0  # the last request this rank answered
+        self.graced_since: float | None = None  # the section clock given one more deadline
+        self.stopping = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    # the main thread's side: only assignments
+
+    def enter(self, name: str, step: int, deadline_s: float) -> None:
+        self.section = Section(name, step, time.time(), deadline_s)
+
+    def mark(self, name: str) -> None:
+        current = self.section
+        self.section = Section(name, current.step, current.since, current.deadline_s)
+
+    def start(self) -> Watchdog:
+        self.write_heartbeat()
+        self.thread = threading.Thread(target=self.watch, name="axonn-watchdog", daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join(timeout=self.cfg.beat_s + 5)
+
+    # the watchdog thread's side
+
+    def watch(self) -> None:
+        while not self.stopping.wait(self.cfg.beat_s):
+            self.answer_request()
+            section = self.section
+            if time.time() - section.since > self.allowed_s(section) and self.fire(section):
+                return
+
+    def allowed_s(self, section: Section) -> float:
+        """The section's deadline, twice over once every rank was found alive at the same
+        point when it first passed (``fire``)."""
+        return section.deadline_s * (2 if section.since == self.graced_since else 1)
+
+    def request_time(self) -> float | None:
+        try:
+            return (self.paths.heartbeats / REQUEST).stat().st_mtime
+        except OSError:
+            return None
+
+    def answer_request(self) -> None:
+        asked = self.request_time()
+        if asked is not None and asked > self.answered:
+            self.answered = asked
+            self.dump_stacks()
+            self.write_heartbeat()
+
+    def write_heartbeat(self) -> None:
+        section = self.section
+        beat = {
+            "rank": self.rank,
+            "node": self.node,
+            "section": section.name,
+            "step": section.step,
+            "since": section.since,
+            "beat": time.time(),
+            "answered": self.answered,  # the request file's time this beat answers
+        }
+        try:
+            write_json_atomically(self.paths.heartbeat(self.rank), beat)
+        except OSError as error:  # a full or read-only disk: the log line still names it
+            log.warning("watchdog: cannot write heartbeat: %s", error)
+
+    def dump_stacks(self) -> None:
+        path = self.paths.stack_dump(self.rank)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "w") as handle:
+                section = self.section
+                handle.write(
+                    f"rank {self.rank} ({self.node}) in section {section.name} of step "
+                    f"{section.step} for {time.time() - section.since:.1f} s\n"
+                )
+                handle.flush()
+                faulthandler.dump_traceback(handle, all_threads=True)
+        except OSError as error:
+            log.warning("watchdog: cannot write stacks: %s", error)
+
+    def ask_everyone(self) -> float:
+        """Create (or refresh) the request; returns its time."""
+        path = self.paths.heartbeats / REQUEST
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+        return path.stat().st_mtime
+
+    def collect_beats(self, asked_at: float) -> dict[int, dict | None]:
+        """Every rank's heartbeat, waiting up to ``ANSWER_BEATS`` beats for the answers."""
+        wait_until = time.time() + ANSWER_BEATS * self.cfg.beat_s + 1
+        while True:
+            beats = {r: self.read_beat(r) for r in range(self.world_size)}
+            if all(answered(b, asked_at) for b in beats.values()) or time.time() > wait_until:
+                return beats
+            time.sleep(min(0.5, self.cfg.beat_s))
+            self.answer_request()  # another rank that fired asks too: answer it meanwhile
+
+    def read_beat(self, rank: int) -> dict | None:
+        found = read_json_or_none(self.paths.heartbeat(rank))
+        return found if isinstance(found, dict) else None
+
+    def fire(self, section: Section) -> bool:
+        """Ask every rank, then end the process with a hang record; True when it ended.
+        When every rank answers at the same point, the first time for this section's clock,
+        all are alive and equally slow (a loaded machine, a slow file system): the section
+        gets one more deadline, with a warning, before that is a hang too."""
+        stalled = time.time() - section.since
+        self.answered = asked_at = self.ask_everyone()
+        self.dump_stacks()
+        self.write_heartbeat()
+        beats = self.collect_beats(asked_at)
+        suspects = [
+            describe_suspect(r, beats.get(r), asked_at) for r in find_suspects(beats, asked_at)
+        ]
+        if not suspects and self.graced_since != section.since:
+            self.graced_since = section.since
+            log.warning(
+                "watchdog: section %s of step %d took %.0f s (deadline %.0f s); every rank "
+                "is alive at the same point: one more deadline before it is a hang",
+                section.name, section.step, stalled, section.deadline_s,
+            )  # fmt: skip
+            return False
+        message = hang_line(self.rank, self.node, section, stalled, suspects, self.paths.stacks)
+        print(message, file=sys.stderr, flush=True)
+        log.error(message)
+        evidence = {
+            "failure_class": HANG,
+            "section": section.name,
+            "step": section.step,
+            "stalled_s": round(stalled, 1),
+            "deadline_s": section.deadline_s,
+            "suspects": suspects,
+            "stacks": str(self.paths.stacks),
+        }
+        record_failure(self.paths.folder, self.rank, Hang(message), evidence)
+        logging.shutdown()
+        self.end(HANG_EXIT)
+        return True
+
+
+def describe_suspect(rank: int, beat: dict | None, asked_at: float) -> dict:
+    """A suspect's rank and node, and where it was when it answered (a silent rank,
+    stopped or gone, has no section: its last heartbeat is older than the request)."""
+    beat = beat or {}
+    found = {"rank": rank, "node": str(beat.get("node", "?"))}
+    if answered(beat, asked_at):
+        found |= {"section": beat.get("section"), "step": beat.get("step")}
+    return found
+
+
+def suspect_words(suspect: dict) -> str:
+    where = f"rank {suspect['rank']} ({suspect['node']})"
+    if suspect.get("section") is None:
+        return f"{where}, silent"
+    return f"{where} in section {suspect['section']} of step {suspect['step']}"
+
+
+def hang_line(
+    rank: int, node: str, section: Section, stalled: float, suspects: list[dict], stacks: Path
+) -> str:
+    """The one line that says a rank saw a hang (records/failures.py recognises it)."""
+    named = ", ".join(suspect_words(s) for s in suspects) or "none named"
+    return (
+        f"axonn_launch watchdog: hang: rank {rank} ({node}) saw no progress in section "
+        f"{section.name} of step {section.step} for {stalled:.0f} s (deadline "
+        f"{section.deadline_s:.0f} s); without progress: {named}; stacks in {stacks}"
+    )
+
+
+# --- stragglers ------------------------------------------------------------------------------
+
+
+SMALL_WORLD = 8  # below this many ranks each is compared with the others only
+
+
+def robust_score(t: float, others: list[float]) -> tuple[float, float]:
+    """The median of ``others`` and ``t``'s robust score against them,
+    ``(t - median) / (1.4826 * MAD)``, the MAD at least 2 % of the median (so that equal
+    times do not make noise a straggler)."""
+    median = statistics.median(others)
+    mad = statistics.median(abs(o - median) for o in others)
+    return median, (t - median) / (1.4826 * max(mad, 0.02 * median, 1e-9))
+
+
+def straggler_scores(times: list[float]) -> tuple[float, list[tuple[float, float]]]:
+    """The median of all, and each rank's (reference median, score): against every rank
+    (itself included, which a robust median and MAD hardly notice) from ``SMALL_WORLD``
+    ranks on, and against the other ranks below that, where one slow rank of two or four
+    would pull the median and the MAD its way."""
+    if len(times) >= SMALL_WORLD:
+        median, _ = robust_score(0.0, times)
+        return median, [robust_score(t, times) for t in times]
+    scored = [robust_score(t, times[:i] + times[i + 1 :]) for i, t in enumerate(times)]
+    return statistics.median(times), scored
+
+
+def straggler_report(times: list[float], nodes: list[str], cfg: StragglerConfig, step: int) -> dict:
+    """``{"step", "median_s", "stragglers": [...]}`` for the ranks' compute seconds per
+    step ``times`` (index = rank); a straggler scores over ``threshold`` and takes at
+    least ``min_ratio`` times the median."""
+    median, scored = straggler_scores(times)
+    named = [
+        {
+            "rank": rank,
+            "node": nodes[rank],
+            "compute_s": round(t, 6),
+            "ratio": round(t / reference, 2) if reference > 0 else None,
+            "score": round(score, 1),
+        }
+        for rank, (t, (reference, score)) in enumerate(zip(times, scored, strict=True))
+        if score > cfg.threshold and t >= cfg.min_ratio * reference
+    ]
+    return {"step": step, "median_s": round(median, 6), "stragglers": named}
+
+
+def straggler_line(report: dict) -> str:
+    named = ", ".join(
+        f"rank {s['rank']} ({s['node']}) {s['compute_s']:.3f} s/step, {s['ratio']}x"
+        for s in report["stragglers"]
+    )
+    return f"stragglers at step {report['step']}: {named} (median {report['median_s']:.3f} s)"
+
+
+def write_stragglers(job_dir: str | Path, report: dict) -> None:
+    try:
+        write_json_atomically(JobPaths(job_dir).stragglers, report)
+    except OSError as error:
+        log.warning("cannot write %s: %s", JobPaths(job_dir).stragglers.name, error)

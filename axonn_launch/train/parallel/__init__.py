@@ -1,0 +1,2 @@
+"""The parallel machinery: rank discovery, process groups, collectives, the
+tensor-parallel layers and their GEMMs, attention, initialization, shard geometry."""
