@@ -1,31 +1,12 @@
 """Measure what the planner assumes: collective bandwidths per group layout, GEMM speed.
 
-Inside an allocation, one task per GPU:
-    srun ... python -m axonn_launch.calibrate machine=frontier out=cal-frontier.json
-On this computer, N local gloo processes:
-    python -m axonn_launch.calibrate machine=local nproc=4 out=cal-local.json
-Then: ``python -m axonn_launch.plan ... calibration=cal-frontier.json``. Without ``out=``
-the file goes to a job directory of its own, ``jobs/calibrate-<machine>/<time>/``.
+The command, torch-free: its settings, what to measure (``Plan``) and how to read the
+times; the measuring itself, which imports torch, is ``train/health/calibrate.py``,
+imported only once the command runs. ``python -m axonn_launch.calibrate --help`` shows
+how to run it; ``python -m axonn_launch.plan ... calibration=FILE`` uses its file.
 
-For every power-of-two group size p and every placement the grid axes can have (members
-one apart, as an inner axis, or ``stride`` apart, as an outer one), all groups of that
-layout run all-reduce, all-gather and reduce-scatter at the same time, as the grid's
-groups do in training, at three message sizes; a least-squares line through the times
-fits the ring model of ``perf.ring_time``: t = steps * alpha + factor * M / B, giving the
-bus bandwidth B and the per-step latency alpha of that (size, ranks per node) layout.
-GEMMs of a few square sizes; with ``model=NAME`` also that model's GEMMs at the local
-block shapes of the planner's best grids for the job (``nodes=``, ``global_batch=``), in
-every distinct layout the job's GEMM tuner chooses from (``measure_gemm_shapes``); and
-element-wise adds of a few sizes (memory bandwidth), run
-on every rank at once, in blocks long enough that each rank computes while its neighbours
-do. Last, the overlap efficiency: how much of an
-all-reduce a GEMM running at the same time hides (``measure_overlap``). Every timing is
-the slowest rank's in each repetition, then the best of ``reps`` repetitions (other
-programs only ever add time): ``_best_seconds``.
-
-This module is the command, torch-free: its settings, what to measure (``Plan``) and how
-to read the times; the measuring itself, which imports torch, is
-``axonn_launch/train/health/calibrate.py``, imported only once the command runs.
+What is measured and how the ring model is fitted: ``docs/cost-model.md``
+("calibrate.py").
 """
 
 from __future__ import annotations

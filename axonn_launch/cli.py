@@ -38,7 +38,7 @@ from axonn_launch.config.compose import (
     to_launch_config,
 )
 from axonn_launch.config.resolve import Resolved, check_job_dir, container_warnings, resolve
-from axonn_launch.submit import chain, local, rehearse, slurm
+from axonn_launch.submit import allocation, chain, local, rehearse, slurm
 from axonn_launch.submit.pipeline import EXIT_BAD_INPUT, launch
 from axonn_launch.submit.sweep import (
     PointOutcome,
@@ -218,6 +218,16 @@ def check_arguments(argv: list[str]) -> None:
             study_callback(tree)
         elif optimizing:
             check_trial(tree, cfg, point, sweeper)
+    if sweeping:
+        jobs = trials_asked(argv) if optimizing else len(points)
+        for warning in chain.sweep_queue_warnings(cfg, jobs):
+            print(f"warning: {warning}", file=sys.stderr)
+
+
+def trials_asked(argv: list[str]) -> int:
+    """The trials an optimizing sweeper is asked for (``hydra.sweeper.n_trials``; 0 unknown)."""
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("hydra.sweeper.n_trials=")]
+    return int(given[-1]) if given and given[-1].isdigit() else 0
 
 
 def run_dir_prefix(overrides: list[str]) -> str:
@@ -240,6 +250,7 @@ def check_run(tree: DictConfig, cfg: LaunchConfig, run_dir: str = "") -> Resolve
     resolved = resolve(checked)
     check_job_dir(run_dir, checked.machine)
     slurm.require_slurm(checked)  # no Slurm here: one line, no job dir (submit/slurm.py)
+    allocation.check_fits(checked, resolved.nodes, resolved.tasks_per_node)  # under salloc
     chain.settings_problem(checked)
     container_warnings(checked, run_dir)
     return resolved

@@ -1,28 +1,11 @@
 """Tokenize text into Megatron indexed datasets; pack fine-tuning data with a loss mask.
 
-    python -m axonn_launch.data prepare --tokenizer TOK --input PATH... --out PREFIX
-    python -m axonn_launch.data finetune --tokenizer TOK --input FILE.jsonl... --out PREFIX \\
-        --seq-len S
+The command (``prepare``, ``finetune``; ``--help`` shows both): it writes ``PREFIX.bin``,
+``PREFIX.idx``, ``PREFIX.bin.json`` and, for ``finetune``, ``PREFIX.mask``. The tokenizer,
+the inputs and the packer are ``common/corpus.py``; the writer and the reader of the format
+``common/indexed.py``. No torch.
 
-``TOK`` is a ``tokenizer.json`` (the ``tokenizers`` library) or a Hugging Face tokenizer
-directory (loaded with ``transformers.AutoTokenizer``; its ``chat_template`` renders
-conversations). Both commands write ``PREFIX.bin`` (token ids), ``PREFIX.idx`` (Megatron's
-``MMapIndexedDataset`` index: header, version, dtype code, sequence and document counts,
-then sizes, byte pointers and document indices) and ``PREFIX.bin.json`` (dtype, vocab
-size, the largest token id, counts; the launcher and the job check them against the
-model's vocabulary). ``finetune`` also writes ``PREFIX.mask``: one uint8 per token, 1 where
-the token counts as a label (a response token or the end-of-turn token after it), 0 for
-prompts and padding. Its documents are the packed sequences of ``S + 1`` tokens each: whole examples
-in order, padded with the end-of-document token; an example longer than ``S + 1`` is
-truncated (and counted in a warning). Each example is a sequence of the index (and the
-padding one more), so a document lists the examples it packs, Megatron's distinction
-between sequences and documents: the job keeps each example's attention and positions to
-itself. ``prepare`` writes one sequence per document.
-
-Files are tokenized in parallel (one file per task); the output is the same for any
-``--workers``. Everything is written under temporary names and renamed at the end, so an
-error leaves nothing behind. The tokenizer, the inputs and the packer are
-``common/corpus.py``; the writer and the reader of the format ``common/indexed.py``. No torch.
+The files, packing and parallel tokenizing: ``docs/data.md`` ("data.py").
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Write a checkpoint's full tensors to a torch state dict (.pt) or safetensors.
 
-    python -m axonn_launch.export <checkpoint> --to <file.pt | file.safetensors | dir>
-    python -m axonn_launch.export <checkpoint> --hf <dir> [--dtype bf16|fp32] [--max-shard-size 5GB]
-    python -m axonn_launch.export --convert-legacy <checkpoint>
+The command: ``--to`` a ``.pt``/``.safetensors`` file, ``--hf`` a Hugging Face directory,
+``--convert-legacy`` for a checkpoint of the previous format
+(``python -m axonn_launch.export --help`` shows how). Checks here are torch-free; torch is
+imported only to do the work (``train/checkpoint/export.py``).
 
-``<checkpoint>`` is a ``step_N`` directory or a job directory (its ``latest``). Tensors
-are read and written one at a time, so memory holds one full tensor. The checkpoints
-are plain torch.distributed.checkpoint directories: stock tools read them too
-(``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``).
-``--convert-legacy`` rewrites a checkpoint of the previous per-rank format in place
-(keeping the old one as ``<name>.legacy``); jobs also resume from such checkpoints
-directly. ``--hf`` writes a Llama checkpoint as a Hugging Face directory
-(``transformers.AutoModelForCausalLM.from_pretrained`` loads it): config.json,
-safetensors shards with ``model.safetensors.index.json`` and the tokenizer files of the
-model's ``init_from`` directory. Checks here are torch-free; torch is imported only to
-do the work.
+More on the formats: ``docs/checkpoints.md`` ("export.py").
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """``python -m axonn_launch.jobs status|resubmit``: what happened to my jobs, and bring back
 the ones worth bringing back.
 
-``status [PATH...] [--json]``: one row per job directory (a folder holding ``job.json``,
-found anywhere under each PATH; default ``jobs/``): job id, name, machine, model, grid,
-nodes, state, step reached / total (``metrics.jsonl``), last loss, failure class
-(``axonn_launch.records.failures``) and attempts; under the table, why each failed job failed and
-the slow nodes the preflight named (``axonn_launch.train.health.preflight``; a job it stopped
-counts as a node failure of those nodes). States come from one batched ``sacct`` call for
-all jobs; without accounting, from ``squeue`` for queued jobs and from submitit's result
-pickles and the logs for ended ones.
+``status`` prints one row per job directory and why each failed job failed; ``resubmit``
+submits a new attempt of each failed job whose class allows it (``submit/resubmit.py``).
+``--help`` shows the options. Login-node code: never imports torch.
 
-``resubmit [PATH...] [--dry-run] [--only CLASS...] [--max-attempts N] [KEY=VALUE...]``:
-for each failed job whose class allows it, submit a new attempt (``submit/resubmit.py``);
-a completed job given ``train.steps=N`` is extended to step N from its last checkpoint.
-
-Login-node code: never imports torch.
+The columns and where states come from: ``docs/launch.md`` ("jobs.py").
 """
 
 from __future__ import annotations

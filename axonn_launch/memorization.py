@@ -1,27 +1,11 @@
 """Memorization of training documents: greedy continuations scored against the truth.
 
-The measurement of the Goldfish study (Hans et al. 2024, arXiv 2406.10209; goldfish-loss
-``eval/data_extraction.py``): each document is cut to its first ``max_length`` tokens
-(default 2048); documents of at most ``continuation`` tokens are skipped and counted; the
-last ``continuation`` tokens (N, default 50) are the truth, everything before them the
-prompt. The model continues each prompt greedily by N tokens and every document gets
+The measurement of the Goldfish study (Hans et al. 2024, arXiv 2406.10209): each
+document's last ``continuation`` tokens are the truth, the rest the prompt, and each
+greedy continuation is scored by ``exact_match``, ``token_match`` and ``rouge_l``. The
+metric functions are pure Python; generation is ``submit/generation_job.run_generation``.
 
-- ``exact_match``: all N generated ids equal the truth (a shorter output is no match);
-- ``token_match``: the fraction of the N positions whose ids are equal;
-- ``rouge_l``: ROUGE-L F-measure (LCS-based, β = 1). The reference scores decoded text
-  with ``evaluate.load("rouge")``, i.e. rouge_score's default tokenizer: lowercase
-  ``[a-z0-9]+`` words, no stemming. We do the same when the model has a tokenizer to decode
-  with (an HF dir's ``tokenizer.json``, or our byte-level models), so the numbers compare
-  with the paper's; otherwise on token ids (``rouge_on`` in the output says which).
-
-Data (``data=``): a ``.jsonl`` of ``{"ids": [...]}`` or ``{"text": "..."}`` (text needs a
-tokenizer), or a token ``.bin``: with a Megatron ``.idx`` beside it each indexed sequence is
-a document; without one the stream is cut into consecutive chunks of ``chunk`` tokens
-(default 2048, the reference's ``max_length``), each a document — a flat ``.bin`` has no
-boundaries to recover. Its dtype comes from the ``.idx``, the JSON sidecar
-``<file>.json``, or else uint16.
-
-The metric functions are pure Python; generation is ``submit/generation_job.run_generation``.
+The metrics, the reference and the data formats: ``docs/data.md`` ("memorization.py").
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """Plots and a report.md for a job, a sweep or a memorization study.
 
-``python -m axonn_launch.report PATH [--out DIR] [--metric NAME] [--plan FILE]``
+``python -m axonn_launch.report PATH [--out DIR] [--metric NAME] [--plan FILE]``. Loss,
+tokens/s and step time are the job's own (``records.status.run_results``), so the report,
+the console's ``done:`` line and ``jobs status`` agree. Login-node code: matplotlib is
+imported only to draw (the ``plot`` extra); torch never.
 
-- a job directory (``job.json`` + ``metrics.jsonl``): loss and validation loss against step
-  and against tokens (step × ``train.global_batch`` × ``train.seq_len`` of ``spec.json``),
-  learning rate, tokens/s and MFU, and a summary table;
-- a sweep directory (``points/<num>.json``, as ``axonn_launch.submit.sweep`` records them): one
-  metric (``final_loss``, ``val_loss``, ``tokens_per_s``; ``default_metric`` picks one)
-  against each swept key, one line per value of the other swept keys. When the points'
-  job directories hold a ``memorization.json``
-  (``python -m axonn_launch.memorization ... out=<job>/memorization.json``) also the
-  exact-match rate against the repetition count R, one line per (loss, model):
-  the loss is ``train.goldfish`` (k = 0: standard); R is the first of ``REPETITION_KEYS``
-  found in ``memorization.json``, the point's overrides, ``spec.json`` or ``config.yaml``;
-  its table gives each Goldfish point's validation loss against the standard point of the
-  same model and R;
-- ``--plan FILE`` (``python -m axonn_launch.plan ... output=json``): predicted against
-  measured step time for the jobs whose model, machine and grid match a plan row.
-
-Loss, tokens/s and step time are the job's own (``records.status.run_results``: its summary, else
-its last step), so the report, the console's ``done:`` line and ``jobs status`` agree.
-Images and ``report.md`` go to ``--out`` (default ``PATH/report``). Login-node code:
-matplotlib is imported only to draw (the ``plot`` extra); torch never.
+What each kind of PATH gets: ``docs/launch.md`` ("report.py").
 """
 
 from __future__ import annotations

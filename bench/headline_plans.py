@@ -278,7 +278,7 @@ def validation_notes(pct: dict[tuple[str, int], float]) -> list[str]:
         "node's links. The validation therefore rests on the measured bandwidths, as a "
         "calibrated plan would: "
         "`test_the_published_80b_perlmutter_point_is_predicted_within_15_percent` "
-        "(tests/test_plan.py) pins the two AxoNN-bandwidth rows of the configured defaults "
+        "(tests/cost/test_planner.py) pins the two AxoNN-bandwidth rows of the configured defaults "
         "(without and with the planner's caching) and that the chosen plan fits in memory; "
         "the nominal-bandwidth rows are reported, not pinned.",
     ]

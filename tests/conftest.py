@@ -51,6 +51,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return SuiteScheduling(config, log)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The Slurm tests first (in their own order), then the rest as collected: the folders
+    named like the package sort before ``slurm/``, and the two Slurm scopes must start first
+    (``pytest_xdist_make_scheduler``)."""
+    items.sort(key=lambda item: not item.nodeid.startswith(f"{SLURM_PREFIX}/"))
+
+
 def suite_scope(path: str) -> str:
     """The xdist scope of a test file: ``slurm-node-down``, ``slurm``, or the file itself."""
     if path in SLURM_NODE_DOWN:

@@ -3,21 +3,9 @@
 Login-node code (json only, never torch or transformers): the launcher checks a
 ``model.init_from`` directory here before anything is submitted, the job imports the
 weights with ``axonn_launch.train.models.hf_import`` and ``python -m axonn_launch.export --hf``
-writes them back.
+writes them back. ``resolve_hf_model`` is the launcher's one call.
 
-* ``spec_from_hf_config``: a ``LlamaForCausalLM`` config.json as a ``ModelSpec``
-  (anything our Llama cannot run is a one-line ``HFConfigError``);
-* ``hf_config_from_spec``: the config.json transformers loads as ``LlamaForCausalLM``;
-* ``hf_segments``: each of our parameters as its HF tensors, concatenated along rows
-  (``blocks.i.attn.kv.weight`` = ``k_proj`` rows then ``v_proj`` rows, and so on);
-* ``init_from_problem``: why a preset's shape does not fit its ``init_from`` directory;
-* ``weights_problem``: a shard the index names that is missing, a tensor the model needs
-  that no shard holds, or one stored in a dtype that is not floating point (read from the
-  safetensors headers alone: 8 bytes of length, then JSON);
-* ``resolve_hf_model``: the launcher's one call. ``model=hf model.init_from=DIR`` (the
-  preset ``conf/model/hf.yaml`` leaves ``n_layer`` at 0) takes the whole shape from
-  ``DIR/config.json`` (``model.max_seq_len=N`` may shorten the context); any other
-  preset with ``init_from`` must match the config.json field by field.
+What each function checks or maps: ``docs/checkpoints.md`` ("common/hf.py").
 """
 
 from __future__ import annotations

@@ -1,37 +1,11 @@
 """The job directory: every file name in it, and every read, write and lock of its records.
 
 The launcher, the job's ranks and the user's tools all meet here (as submitit's ``JobPaths``
-serves its executor and the submitted process). Layout::
+serves its executor and the submitted process). No other module spells a file name of the
+job directory (``tests/test_house.py``). Torch-free and submitit-free: a local run, the
+job and the login tools all import it.
 
-    <job_dir>/
-      job.json                 the launcher's record (status, job ids, attempts), all writers
-                               hold the record lock and replace it atomically
-      spec.json                what the job runs (common/spec.py's JobSpec)
-      config.yaml              the launch's resolved config
-      axonn_launch.log         the launcher's log (Hydra's file handler); .hydra/ Hydra's own
-      submission.sh            the batch script (site_submission.sh: a rehearsal's original)
-      recovery.sh              the recovery job chained to a Slurm attempt (submit/recovery.py)
-      preflight_expected.json  the launcher's expectations for the job's preflight
-      preflight.json           the job's preflight verdict (rank 0)
-      metrics.jsonl            one row per logged step (rank 0)
-      summary.json             the run's outcome (rank 0, at the end)
-      memorization.json        the in-job memorization evaluation
-      checkpoints/latest       names the newest complete checkpoints/step_<n>/ (meta.json in it)
-      checkpoints/.tmp_step_<n>/  a save in progress, or the leftover of an interrupted one
-      slurm/<id>/              submitit's files of Slurm job <id>: <id>_<task>_log.out,
-                               _log.err and _result.pkl (its folder is given as slurm/%j)
-      logs/rank_<r>.log        each rank's log; logs/nccl_rank<r>.log NCCL's
-      logs/recovery_<id>.log   the recovery job's output (submit/chain.py)
-      logs/failures/rank_<r>.json  a dying rank's exception (records/firstfail.py reads them);
-                               a hang or a non-finite step adds its class and evidence
-      logs/heartbeats/rank_<r>.json  each rank's section, step and last beat
-                               (train/health/watchdog.py); REQUEST: its call for stacks
-      logs/stacks/rank_<r>.txt every thread's Python stack, dumped when a hang was detected
-      logs/flight_recorder/rank_<r>  NCCL/RCCL Flight Recorder dumps on a collective timeout
-      stragglers.json          the newest straggler report (rank 0; train/health/watchdog.py)
-      skipped_steps.json       steps whose batch a rollback skips (recovery, non_finite)
-
-Torch-free and submitit-free: a local run, the job and the login tools all import it.
+The directory's layout, file by file: ``docs/launch.md`` ("common/jobdir.py").
 """
 
 from __future__ import annotations

@@ -32,7 +32,15 @@ class SlurmSettings:
     qos: str = ""
     constraint: str = ""
     account: str = ""
-    time_min: int = 60
+    # minutes per allocation; None (``auto``): the longest the site's bin allows for the
+    # job's node count (``time_bins``)
+    time_min: int | None = 60
+    # the site's wall-time bins, ascending: [up to this many nodes, at most these minutes]
+    time_bins: list[list[int]] = field(default_factory=list)
+    # QOS or partitions where the site forbids chained jobs: there the recovery chain is off
+    no_chain: list[str] = field(default_factory=list)
+    # jobs one user may have queued at once (0: no limit known): a larger sweep is warned of
+    max_queued_jobs: int = 0
     cpus_per_task: int = 1
     gpus_per_node: int = 0
     gpus_per_task: int = 0
@@ -45,6 +53,17 @@ class SlurmSettings:
     # relies on it; a rehearsal (rehearse.py) names it, as the local cluster's default is none
     mpi_default: str = ""
     extra_sbatch: dict[str, str] = field(default_factory=dict)
+
+    def limit_min(self, nodes: int) -> int:
+        """The job's time limit in minutes: ``time_min``, or with ``auto`` the longest that
+        the bin of ``nodes`` allows (the last bin's beyond it)."""
+        if self.time_min is not None:
+            return self.time_min
+        return next((m for up_to, m in self.time_bins if nodes <= up_to), self.time_bins[-1][1])
+
+    def chain_forbidden_by(self) -> str:
+        """The QOS or partition on which the site forbids chained jobs ('' if none)."""
+        return next((name for name in (self.qos, self.partition) if name in self.no_chain), "")
 
 
 @dataclass(frozen=True)
@@ -211,7 +230,7 @@ class MachineProfile:
     # "slurm.KEY" (a field changed from SlurmSettings' default; "slurm.extra_sbatch.KEY"),
     # "srun_args[ARG]" (ARG as composed, interpolations resolved), "modules", "setup[N]"
     # (1-based), "container.KEY", "broadcast.KEY", "reliability.KEY" -> a URL or
-    # owner/repo:path, then any note (tests/test_site_sources.py checks that every flag,
+    # owner/repo:path, then any note (tests/config/test_site_sources.py checks that every flag,
     # variable and reliability figure of a site profile has one)
     sources: dict[str, str] = field(default_factory=dict)
 

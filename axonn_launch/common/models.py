@@ -3,9 +3,9 @@
 GPT shapes up to 160B are the ones in Megatron-AxoNN's ``launch_per_comm_model.py``
 (see the AxoNN reference, section 5.3). 320B and 640B keep head dimension 128 and
 choose (layers, hidden) so that the count lands within 3% of the name; the test
-``tests/test_models.py`` checks that bound. Llama shapes are those of the published
+``tests/config/test_model_presets.py`` checks that bound. Llama shapes are those of the published
 ``config.json`` of each model (the presets name their source); their counts land
-within 1% of the model cards' (``tests/test_llama_shapes.py``).
+within 1% of the model cards' (``tests/common/test_llama_shapes.py``).
 """
 
 from __future__ import annotations

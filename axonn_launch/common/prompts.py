@@ -1,23 +1,11 @@
 """A generation job's prompts, their token counts and its end-of-sequence ids, without torch.
 
 The login node (``config/resolve.py``, ``submit/summary.py``) and the job
-(``train/inference/generate_job.py``) ask these functions, so that the login node refuses exactly
-the prompts the job would, and names the end-of-sequence ids the job stops at:
+(``train/inference/generate_job.py``) ask these functions, so that the login node refuses
+exactly the prompts the job would, and names the end-of-sequence ids the job stops at.
 
-* text becomes ids with ``generate.tokenizer``, else ``model.init_from``'s tokenizer, else
-  bytes for a model trained on the built-in byte corpus (``train.data=shakespeare``), else
-  nothing (the prompts must then give ``ids``);
-* a continuation ends at the Hugging Face directory's ``eos_token_id`` (an int or a list;
-  ``generation_config.json`` first, then ``config.json``, as transformers' ``generate``
-  reads them), else at its tokenizer's end-of-sequence token. A model trained here on the
-  byte corpus has none: its byte ids (and ``llama_tiny``'s unused ids above 255) hold no
-  end-of-sequence token, so each of its continuations runs ``max_new_tokens``.
-
-Counting text needs a ``tokenizer.json`` (the file an HF directory's fast tokenizer is
-built from, which the job's ``AutoTokenizer`` encodes with) and the torch-free
-``tokenizers`` package. Where either is missing (a SentencePiece ``tokenizer.model`` only,
-or no ``hf`` extra on the login node) text prompts are not counted here: the job counts
-them, with the same rule (``rules.prompt_length_problem``).
+Which tokenizer and which end-of-sequence ids, and when text is not counted here:
+``docs/job-side.md`` ("common/prompts.py").
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Which launcher started this process, and its rank, from the environment alone.
 
-One order for every reader: the job's rendezvous (``train/parallel/bootstrap.py``), the fault hooks
-and the Slurm task's per-rank variables (``submit/task.py``), the local rank process
-(``train/__main__.py``). First match wins:
+One order for every reader: the job's rendezvous (``train/parallel/bootstrap.py``), the
+fault hooks and the Slurm task's per-rank variables (``submit/task.py``), the local rank
+process (``train/__main__.py``). First match wins: ``torchrun``, ``openmpi``,
+``slurm_step``, ``mpi``, ``slurm``, ``single``.
 
-1. ``torchrun``: ``RANK`` and ``WORLD_SIZE`` (also what the local launcher sets);
-2. ``openmpi``: ``OMPI_COMM_WORLD_SIZE``, even inside a Slurm step (mpirun's daemons run as
-   one, so its ranks inherit that step's ``SLURM_PROCID``);
-3. ``slurm_step``: ``SLURM_PROCID``, ``SLURM_NTASKS`` and ``SLURM_STEP_ID`` (a task of srun);
-4. ``mpi``: another MPI launcher's PMI or PMIx variables (``PMI_RANK``, ``PMIX_RANK``);
-5. ``slurm``: Slurm's task variables outside a step (a batch script running Python);
-6. ``single``: rank 0 of one.
+What each source reads: ``docs/job-side.md`` ("common/ranks.py").
 """
 
 from __future__ import annotations

@@ -2,19 +2,10 @@
 
 The login node (``validate``, ``plan``) and the job (``train.recheck_rules``) ask the
 same functions, and each rule mirrors what the job's layers and loader require
-(``train/parallel/layers.py``, ``train/models/gpt.py``, ``train/data.py``; ``tests/test_rules.py``
-builds them to check that the two agree). Torch-free. Each rule returns None or one line
-naming the field, its value and what would be valid.
+(a test builds them to check that the two agree). Torch-free. Each rule
+returns None or one line naming the field, its value and what would be valid.
 
-The sharding the rules follow (AxoNN, axonn.md §2.3): attention heads are split over y
-and the hidden dimension over x; each Linear's weight is cut into an x*y grid of blocks
-(rows over one axis, columns over the other) and every block is flattened and split over
-z. The token table (and an untied LM head) is padded with zero rows to a multiple of x*y,
-split by rows over the x*y plane, and each plane member's block is flattened and split
-over z. Position table, biases and norms are split over x or y only. Every micro-batch is
-split over z. Llama (``train/models/llama.py``): the MLP's ffn_hidden units are split over y;
-the KV heads too when y divides n_kv_head, and when n_kv_head divides y each y rank holds
-the one KV head its query heads use (``traffic.LinearShape.out_groups``).
+The sharding the rules follow (AxoNN's): ``docs/cost-model.md`` ("common/rules.py").
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """A token ``.bin`` checked on the login node: cheaply, and without numpy or torch.
 
-The job memory-maps ``train.data=PATH.bin`` (``train/data.py``). Its dtype comes from, in
-order, the Megatron ``PATH.idx`` beside it, the ``PATH.bin.json`` sidecar's ``dtype``, or
-the model's vocabulary (uint16 up to 65,536 ids, uint32 above: a nanoGPT raw ``.bin``).
-Its ids must lie below the sidecar's ``vocab_size`` (which must not exceed the model's),
-else below the model's. ``problem`` applies the same rules before any rank starts: a path
-that is not a regular file, an empty file, a size that is not a whole number of tokens,
-an ``.idx`` of another length, a sidecar that cannot be read, and ids outside the
-vocabulary. The ids are judged by the sidecar's ``max_token_id`` (``python -m
-axonn_launch.data`` records it) or, without one, by a sample: the whole file up to
-``SAMPLE_BYTES``, else ``SAMPLE_PIECES`` pieces spread over it. The job still checks every
-window it reads.
+``problem`` applies the job's rules for ``train.data=PATH.bin`` (its dtype, its length,
+its ids below the vocabulary) before any rank starts, judging the ids by the sidecar's
+``max_token_id`` or a sample. The job still checks every window it reads.
+
+Where the dtype comes from and what is checked: ``docs/data.md`` ("common/tokenfile.py").
 """
 
 from __future__ import annotations

@@ -3,38 +3,9 @@ size and the bytes per element on the wire. One function (``block_collectives``)
 the step-time model (``perf.py``) prices and the memory model (``memory.py``) reads the
 wire dtypes from. Torch-free: the planner runs on login nodes.
 
-The block is AxoNN's (axonn.md §2.3-§2.7) as the training core runs it, with the Linears
-and norm collectives of the model's architecture (``common/arch/``). GPT: four Linears
-(QKV, attention projection, MLP up, MLP down; the second and fourth transposed, so x and
-y swap roles) and two LayerNorms whose statistics travel over x when x > 1. Llama: five
-Linears without biases (query, key-value, attention projection, SwiGLU gate-up, down;
-the third and fifth transposed) and two RMSNorms; with more y ranks than KV heads each
-y rank holds the one KV head its query heads use (``LinearShape.out_groups``), and that
-block's weight gradient is all-reduced over its y / n_kv_head replicas once per optimizer
-step (``replicated_kv_elements``, priced with the other per-step gradient collectives in
-perf.py). With T = tokens per GPU per micro-step = micro_batch / z * seq_len, per Linear with input
-features split over ``inner`` and output features over ``outer``:
-
-* forward: all-gather of the weight block (fan_out/outer x fan_in/inner) over z, then
-  the all-reduce of the output, T*fan_out/outer elements (a replicated KV block:
-  T*2*head_dim), over ``inner``;
-* recompute forward (activation checkpointing): the same again, and the gathered
-  block is kept for the backward that follows it;
-* backward: the weight block all-gathered again unless the recompute kept it (without
-  recompute the core keeps only the z shard between passes), the all-reduce of dX,
-  T*fan_in/inner elements, over ``outer``, and the reduce-scatter of the weight-gradient
-  block over z. So three z collectives per Linear, with or without recompute, as in
-  AxoNN's volume (axonn.md §4.1).
-
-A cached block (``train.cache_layers``: the first N blocks) keeps its forward gathers:
-no recompute gather and no backward re-gather. Collectives over an axis of size 1 send
-nothing and are left out, as the core skips them.
-
-Wire dtypes (``train.wire``; ``auto`` = bf16 when the compute is bf16, i.e.
-``train.dtype`` bf16, or auto on a GPU; fp32 otherwise): z weight all-gathers in
-``wire.all_gather``, z weight-gradient reduce-scatters in ``wire.reduce_scatter``, dX
-all-reduces over x and y in ``wire.all_reduce``. Forward output all-reduces travel in
-the compute dtype (autocast's bf16 GEMM outputs), norm statistics in fp32.
+The Linears and norm collectives come from the model's architecture (``common/arch/``).
+The per-Linear volumes, the cached blocks and the wire dtypes, with their sources:
+``docs/cost-model.md`` ("common/traffic.py").
 """
 
 from __future__ import annotations

@@ -90,12 +90,18 @@ class LaunchConfig:
     # run this site machine's batch script on the local Slurm cluster (rehearse.py)
     rehearse: bool = False
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    # auto: inside a held Slurm allocation (salloc), run as its step; new: submit a new job
+    # (submit/allocation.py)
+    allocation: str = "auto"
 
+
+ALLOCATIONS = ("auto", "new")
 
 # Overrides that a point's name leaves out: already in the name, or not about the run.
 UNNAMED_KEYS = (
     "machine", "model", "name", "dry_run", "wait", "nodes", "objective", "preflight", "study",
     "scale", "rehearse", "recovery", "force", "resume", "show_config",
+    "allocation",
 )  # fmt: skip
 NAME_MAX = 80
 
@@ -190,6 +196,8 @@ def to_launch_config(cfg: Any) -> LaunchConfig:
     raw.pop("hydra", None)
     raw.pop("study", None)  # a study config's own values (conf/study/), for interpolation
     cfg = build(LaunchConfig, raw, "")
+    if cfg.allocation not in ALLOCATIONS:
+        raise ConfigError(f"allocation={cfg.allocation!r}: valid: {', '.join(ALLOCATIONS)}")
     return dataclasses.replace(cfg, model=model_of_source(cfg.model, cfg.generate))
 
 
@@ -237,6 +245,8 @@ SWITCHED_OFF = ("off", False)
 
 # Keys whose ``auto`` is None in the dataclass (the launcher resolves it), with what is valid
 AUTO_KEYS = {
+    "machine.slurm.time_min": "minutes >= 1, or auto (the longest the profile's"
+    " slurm.time_bins allow for the job's nodes)",
     "train.checkpoint_every": "a number of steps >= 0 (0: only at the end and on a requeue"
     " signal) or auto (Young/Daly's interval, cost/expected_goodput.py)",
 }

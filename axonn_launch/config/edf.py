@@ -1,18 +1,10 @@
 """CSCS Container Engine environment definition files (EDF), read on the login node.
 
-An Alps job runs every task inside the container its EDF names (``srun --environment=``).
-Only what the EDF mounts is visible there, so a job directory or an interpreter outside its
-mounts is invisible to every task. The facts used here, from CSCS's documentation:
+An Alps job runs every task inside the container its EDF names (``srun --environment=``);
+only what the EDF mounts is visible there, so the launcher checks the job directory and
+the interpreter against its mounts. Never imports torch.
 
-- ``--environment`` takes an absolute path, a path relative to ``$HOME``, or the name of a
-  file ``NAME.toml`` in the EDF search path: the directories of ``EDF_PATH``, then
-  ``~/.edf`` (https://docs.cscs.ch/software/container-engine/run/, "EDF search path");
-- an EDF is TOML; ``image`` names the container, ``mounts`` is a list of
-  ``SOURCE[:DESTINATION[:OPTIONS]]`` strings (a mount without a destination appears at its
-  source path), ``[env]`` holds variables set in the container
-  (https://docs.cscs.ch/software/container-engine/edf/).
-
-Never imports torch.
+The facts used, with their CSCS sources: ``docs/launch.md`` ("config/edf.py").
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from axonn_launch.common import hostmem, prompts, rules, slurmtext, tokenfile
 from axonn_launch.common.grid import Grid
-from axonn_launch.common.machine import SCHEDULERS, MachineProfile
+from axonn_launch.common.machine import SCHEDULERS, MachineProfile, SlurmSettings
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import GenerateConfig, MemorizationConfig, TrainConfig
 from axonn_launch.config import edf
@@ -203,7 +203,7 @@ def check_machine(machine: MachineProfile) -> None:
             " (the share of the available memory left free)"
         )
     if machine.scheduler == "slurm":
-        _positive("machine.slurm.time_min", machine.slurm.time_min)
+        check_time_limit(machine.slurm)
         _positive("machine.slurm.cpus_per_task", machine.slurm.cpus_per_task)
     for key in machine.env | machine.multinode_env | machine.task_env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
@@ -630,6 +630,24 @@ def _lookup(obj: object, dotted: str) -> object:
 def _fail(problem: str | None) -> None:
     if problem:
         raise ConfigError(problem)
+
+
+def check_time_limit(slurm: SlurmSettings) -> None:
+    """``time_min`` is minutes, or ``auto`` over bins of ascending node counts."""
+    bins = slurm.time_bins
+    for i, pair in enumerate(bins):
+        ascending = i == 0 or (len(bins[i - 1]) == 2 and pair[0] > bins[i - 1][0])
+        if len(pair) != 2 or min(pair) < 1 or not ascending:
+            raise ConfigError(
+                f"machine.slurm.time_bins[{i}]={pair}: expected [nodes, minutes], both >= 1,"
+                " with the node counts ascending"
+            )
+    if slurm.time_min is None and not bins:
+        raise ConfigError(
+            "machine.slurm.time_min=auto: this profile has no slurm.time_bins; give minutes"
+        )
+    if slurm.time_min is not None:
+        _positive("machine.slurm.time_min", slurm.time_min)
 
 
 def _positive(key: str, value: int) -> None:

@@ -2,39 +2,11 @@
 
 Torch-free: ``plan`` and the launch summary print these figures, and
 ``train.checkpoint_every=auto`` becomes the interval in steps here, before the job exists.
+The inputs are the checkpoint's size, the file system's write bandwidth, the nodes' mean
+time between failures and the restart cost of the machine profile.
 
-Notation, all in seconds: δ the time to save one checkpoint, M the job's mean time between
-failures, R the cost of a restart, τ the training time between two checkpoints.
-
-* δ = bytes per checkpoint / the job's write bandwidth, unless a measured save time is given.
-  A checkpoint holds each parameter's fp32 value and its two fp32 AdamW moments, each
-  element written once (one replica of each shard writes, ``train/parallel/shards.py``): the memory
-  model's ``parameters`` and ``optimizer`` bytes per element (``memory.BYTES_PER_PARAM_STATE``,
-  4 + 8) times ``model.n_params()``. The bandwidth is the job's nodes times
-  ``machine.reliability.write_gbps_per_node``, the filesystem's share per node (the
-  filesystem, not a node's link, limits a checkpoint). Saves are asynchronous
-  (``train/checkpoint/manager.py``: only the copy to host memory holds the step loop), so δ as the
-  whole write is an upper bound of what a save costs the training.
-* M = ``machine.reliability.node_mtbf_hours`` x 3600 / nodes: nodes fail independently and
-  any failure ends the synchronous job.
-* τ_opt, Daly's first-order optimum (J. T. Daly, "A higher order estimate of the optimum
-  checkpoint interval for restart dumps", Future Generation Computer Systems 22(3), 2006,
-  pp. 303-312): τ_opt = sqrt(2 δ M) - δ for δ < 2M, else τ_opt = M. It refines Young's
-  sqrt(2 δ M) (J. W. Young, "A first order approximation to the optimum checkpoint
-  interval", CACM 17(9), 1974) by the save time itself; for δ << M the two agree.
-* ``auto`` steps = max(1, round(τ_opt / the predicted step time)), the step time of
-  ``cost/perf.step_time`` (uncalibrated, as ``plan`` ranks grids and the summary predicts).
-* R = ``machine.reliability.restart_s`` (failure to training again: detection, requeue,
-  start-up) + δ (reading the checkpoint back, taken to be as fast as writing it; the three
-  site filesystems read at least as fast as they write).
-* Expected goodput, the fraction of the allocated time that trains, to first order::
-
-      goodput = τ / (τ + δ) x (1 - (R + (τ + δ) / 2) / M), clamped to [0, 1]
-
-  The first factor is the share of a failure-free segment (train τ, save δ) that trains; the
-  second takes away, at 1/M failures per second, each failure's restart R and the half
-  segment recomputed on average since the last checkpoint. With ``train.checkpoint_every=0``
-  (a checkpoint only at the end and on a requeue signal) τ is the whole run.
+The formulas and their sources (Young 1974, Daly 2006): ``docs/cost-model.md``
+("cost/expected_goodput.py").
 """
 
 from __future__ import annotations

@@ -2,23 +2,9 @@
 
 Torch-free (the planner prints it on a login node); ``bench/bench_checkpoint.py``
 compares these predictions with measurements. The shard is the training core's
-(``memory.local_param_elements``). Per rank:
+(``memory.local_param_elements``).
 
-* state: fp32 parameters (4 bytes per shard element once initialized), then gradients
-  and both AdamW moments (16 bytes in all while training), in host memory on CPU
-  machines and in GPU memory otherwise;
-* a save copies the parameters and moments to host memory (12 bytes per element) for
-  the asynchronous write, and every rank holds the checkpoint's metadata (one entry per
-  saved chunk, ``metadata_bytes``);
-* a resume deserializes at most one saved chunk at a time (``dcp.BAND_BYTES``) besides
-  the metadata;
-* a training step all-gathers each weight block over z and forms its full gradient
-  before the reduce-scatter: twice the largest block (the allocator keeps that memory);
-* the Python, torch and communication runtime itself (``PROCESS_BYTES``, measured).
-
-Initialization draws only the shard's elements (``train/parallel/init.py``): its time is the
-shard over the generator's rate, measured on one CPU core; a GPU runs the same integer
-kernels faster, so on GPU machines the figure is an upper bound.
+What each term counts: ``docs/cost-model.md`` ("cost/jobcost.py").
 """
 
 from __future__ import annotations

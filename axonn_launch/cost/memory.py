@@ -1,57 +1,12 @@
 """Bytes per GPU for one (model, grid, batch) configuration.
 
 A first-order model used on the login node to reject configurations that cannot fit
-before they reach the queue. It follows what the training core (``axonn_launch.train``)
-keeps on a GPU: fp32 parameters with bf16 autocast (train.dtype auto or bf16), or plain
-fp32 (train.dtype fp32).
+before they reach the queue. It follows what the training core keeps on a GPU, part by
+part (parameters, gradients, optimizer, weight buffers and cache, embedding and
+reduce-scatter buffers, activations, logits, a runtime reserve); ``fits`` compares the
+total with ``Hardware.mem_per_gpu_gb`` read as GiB.
 
-Notation: T = tokens per GPU per micro-step = micro_batch / z * seq_len, h = d_model,
-f = d_ff, V = vocab, S = max_seq_len, l = layers. The Linear blocks are those of
-``traffic.block_linears`` (GPT: QKV, projection, MLP up and down, (4h^2 + 2hf)/(x*y)
-elements per block; Llama: q, kv, projection, gate-up and down, no biases, with a KV
-block of 2*head_dim*h/x when y > n_kv_head replicates the KV heads). The vocabulary
-tables are one (tied) or two (``tie_embeddings=false``: token table and LM head).
-
-* parameters, gradients, optimizer: the local shard (``local_param_elements``) times
-  4 (fp32 weights) + 4 (fp32 grads) + 8 (two fp32 Adam moments). Linear weights and the
-  token table are split over x*y and then flattened and split over z (axonn.md §2.3
-  step 3); biases, norms and positions are split over x or y only.
-* wire dtypes: gathered weights and weight-gradient blocks are held in the dtype they
-  travel in over z (``train.wire``, resolved by ``traffic.wire_bytes`` as on a GPU:
-  ``auto`` is bf16 unless train.dtype is fp32). Below, g = bytes of a gathered weight
-  element (``wire.all_gather``), r = bytes of a reduce-scattered gradient element
-  (``wire.reduce_scatter``), c = bytes of the compute dtype.
-* weight buffers: the gathered block of the Linear in use and of the one prefetched
-  (OAG), plus the copy autocast makes when g differs from c: (2*g + [g != c]*c) bytes
-  times the largest block (GPT: h*f/(x*y) elements, MLP; Llama: 2hf/(x*y), gate-up).
-  Nothing else is kept for blocks that are not cached: their backward re-gathers.
-* weight cache: the first ``train.cache_layers`` blocks keep their gathered weights
-  from the forward to the backward, all its Linear blocks (GPT: (4h^2 + 2hf)/(x*y)
-  elements) at g bytes, alive for the whole micro-step. With activation checkpointing,
-  an uncached block's recomputed forward keeps its gathers for the backward that
-  follows: one more block at g bytes. Nothing when z == 1 (there is no gather to keep).
-* embedding buffers: the token table gathered over z, V/(x*y)*h elements at g bytes,
-  plus autocast's copy when g != c, for the LM head; alive for the whole micro-step.
-  Untied (``tie_embeddings=false``): the LM head's table too, gathered at the LM head
-  while the token table still is.
-* reduce-scatter buffers: the full dW block of a Linear (r bytes) before it is
-  reduce-scattered over z, and its 1/z result: its Linear blocks * r * (1 + 1/z) per
-  block. With ORS at most ``train.ors_window`` = K blocks' reduce-scatters are pending
-  (older ones are waited for, in order), so K blocks' buffers are alive; K = 0 (no
-  bound) keeps every block's until the next micro-step's forward. Without ORS one
-  Linear's at a time (the largest). Nothing when z == 1.
-* activations: what each layer saves for its backward, counted tensor by tensor
-  (``layer_activation_bytes``, checked against the training core's saved tensors).
-  With full activation checkpointing (one layer per block) the stack keeps each
-  layer's fp32 input (T*h/x*4) and, during the backward, one layer's full set.
-* logits: bf16 logits, their fp32 copy, exponentials and softmax, and the fp32 gradient:
-  T*V/(x*y)*(2 + 4 + 4 + 4 + 4) bytes.
-* runtime reserve: CUDA/ROCm context, communicator buffers and allocator slack, a fixed
-  RUNTIME_RESERVE_GIB; a CPU rank (``on_gpu=False``) has no device context: the
-  interpreter, torch's libraries and gloo's buffers, CPU_RUNTIME_RESERVE_GIB (a gpt_tiny
-  rank of machine=local holds 0.33-0.34 GiB resident, 0.25 GiB of it anonymous).
-
-The totals are compared with ``Hardware.mem_per_gpu_gb`` read as GiB (``fits``).
+Each part's formula and notation: ``docs/cost-model.md`` ("cost/memory.py").
 """
 
 from __future__ import annotations

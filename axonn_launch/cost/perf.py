@@ -1,59 +1,13 @@
 """Predicted time of one optimizer step for a (hardware, model, batch, grid) point.
 
-The model follows AxoNN's 3D tensor-parallel GPT layer (reference axonn.md §2.3-§2.7) as
-the training core (``axonn_launch.train``) runs it, and the Llama block built the same way
-(``traffic.block_linears``: five Linears without biases, RMSNorm, SwiGLU, untied head),
-and extends the bandwidth-only model of Megatron-AxoNN's ``comm_model.py`` (§4.1) with
+AxoNN's communication model extended with compute, element-wise and latency terms, the
+overlaps and the placement of each axis, so that ``plan`` can rank grids before any job
+runs. ``step_time`` returns the compute time and the exposed (and raw) communication time
+per axis: x, y, z, data and "xy" (the plane). Pure Python: the planner runs on login nodes
+and must not import torch.
 
-* a compute term: the per-GPU FLOPs of every GEMM at a throughput that calibration sets.
-  Each GEMM has its shape (``block_gemms``: forward, dX and dW of every Linear of a block
-  at the grid's local block sizes; ``head_gemms`` for the LM head). A shape
-  measured by calibration (``Calibration.gemm_shapes``: TFLOP/s per formulation) runs
-  at its fastest formulation with ``train.gemm_tuning`` (the job's tuner picks it) or at
-  the plain ``a @ b`` without; any other GEMM at the rate measured for square GEMMs of
-  its FLOPs (``Calibration.gemm``), else a fraction of the dense peak plus a fixed cost
-  per call (``Calibration.gemm_efficiency``, ``kernel_overhead_us``);
-* an element-wise term: the bytes the norms, residual adds, GeLU or SwiGLU, rotary
-  embedding, layout copies and the loss's softmax read and write
-  (``elementwise_elements``) at the memory bandwidth (measured per kernel size by
-  calibration, else ``Hardware.memory_gbps``; without either the term is left out);
-* a latency term per ring step (alpha);
-* every collective of a block as ``traffic.block_collectives`` lists it: the exact
-  per-GEMM volumes of §2.7 with the §4.3 correction for the MLP down-projection, in the
-  dtypes the core sends (``train.wire``: bf16 weight all-gathers, weight-gradient
-  reduce-scatters and dX all-reduces under bf16; forward all-reduces in the compute
-  dtype), without the recompute gather and the backward re-gather of the cached blocks
-  (``train.cache_layers``);
-* bandwidths that follow where an axis's ranks sit (x innermost, then y, z, data);
-* the three overlaps of §3.1 (OAR, ORS, OAG) subtracting what they hide, scaled by the
-  overlap efficiency e that calibration measures (``Calibration.overlap_efficiency``:
-  the fraction of the shorter of a collective and a GEMM that disappears when they run
-  at the same time; 1 where communication has its own engines, near 0 where it needs
-  the same cores as the GEMMs, as with gloo on a CPU with more ranks than cores):
-  exposed = raw - e * (raw - exposed with perfect overlap). The z collectives that
-  overlap share one z link: the forward's prefetched gathers form one stream behind the
-  forward work, the backward's gathers and deferred reduce-scatters another behind the
-  recompute and backward work (``stream_exposed``);
-* the traffic around the blocks: vocab-parallel embedding and loss over the x*y plane,
-  the token table's (and an untied LM head's) gather and gradient reduce-scatter over z,
-  and the once-per-step z, replicated-KV (y) and data gradient all-reduces (fp32).
-
-``step_time`` returns the compute time and the exposed (and raw) communication time
-per axis: x, y, z, data and "xy" (the plane).
-
-Notation used in the comments: T = tokens per GPU per micro-step = (micro_batch / z) * s,
-h = d_model, f = d_ff, V = vocabulary, l = layers.
-
-Ring costs (axonn.md §2.7): for p ranks and a message of M bytes (the full, gathered size)
-    all-reduce:                     2(p-1) * alpha + 2(p-1)/p * M / B
-    all-gather, reduce-scatter:      (p-1) * alpha +  (p-1)/p * M / B
-with B the bus bandwidth of the group (``bus_bandwidth``).
-
-Left out: the optimizer update, per-kernel launch and dispatch costs, contention between
-collectives running at the same time on different axes, network congestion beyond the
-per-node injection share, and NCCL's tree algorithms (everything is a ring).
-
-Pure Python: the planner runs on login nodes and must not import torch.
+The model, its notation, ring costs, what it leaves out and its sources:
+``docs/cost-model.md`` ("cost/perf.py").
 """
 
 from __future__ import annotations

@@ -2,24 +2,11 @@
 ones that do not fit in memory, rank the rest by the predicted step time (``cost/perf.py``).
 
 Validity and the micro-batch follow ``common/rules.py``, as the launcher and the job do.
-Unless ``train.micro_batch`` is given (then it is pinned), each grid gets the largest
-micro-batch that is a multiple of z, divides the per-replica batch (global_batch / data) and
-fits in memory. The largest one gives the fewest micro-steps, hence the fewest weight
-all-gathers and reduce-scatters over z (which repeat per micro-step), the fewest
-latency-bound collectives and the biggest GEMMs; the activation all-reduces and the FLOPs
-per step do not depend on it.
+Each grid gets its micro-batch and weight cache chosen here, first within ``HEADROOM``
+(90 %) of GPU memory, and rows with headroom rank before rows without.
 
-Weight caching (``train.cache_layers``): an int is kept as given. None (automatic) lets
-the planner choose per grid: with the micro-batch fixed as above, the most blocks whose
-gathered weights still fit in memory (``memory.largest_cache_that_fits``), if caching
-them makes the predicted step faster, else none. Every row reports its choice.
-
-Headroom: an estimate is not a measurement, and the allocator's fragmentation and NCCL's
-buffers are not in it, so a run planned at 99 % of GPU memory may not start. Where the
-memory per GPU is known, the automatic micro-batch and cache are first chosen within
-``HEADROOM`` (90 %) of it, and only when nothing fits there within all of it; the ranking
-then puts every row with headroom before the rows without (each group fastest first),
-so ``grid=auto`` takes a grid with headroom whenever one exists at that node count.
+Why the largest micro-batch, how the cache is chosen and why the headroom:
+``docs/cost-model.md`` ("cost/planner.py").
 """
 
 from __future__ import annotations

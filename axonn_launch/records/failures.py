@@ -1,66 +1,29 @@
 """Why a job ended, and what to do about it: pure functions on sacct fields and log text.
 
-``classify(evidence)`` reads, in this order of trust: the Slurm state (sacct, or squeue
-while the job is queued), the outcome in submitit's result pickles, a storage fault in
-any failure record or log, a GPU's hardware fault, a local supervisor's record of a rank the
-kernel's OOM killer killed (``failure_class: host_oom``), a rank's own diagnosis (a failure
-record with ``failure_class``: the watchdog's hang, the non-finite guard), and
-signatures in the tail of the task logs. Each class maps to one action, what ``jobs
-resubmit`` does with it by hand (``RECOVERY`` below is the one table; its ``by_chain`` column
-is what a self-recovering run's chain does by default):
+``classify(evidence)`` reads the Slurm state, submitit's result pickles, failure records
+and the task logs, in an order of trust, and returns one class. ``RECOVERY`` is the one
+table of each class's action: what ``jobs resubmit`` does by hand and, in its ``by_chain``
+column, what a self-recovering run's chain does. In short:
 
-==================  ===============================================================
-class               action
-==================  ===============================================================
 completed           none: the job finished
 running             wait: queued, running or being requeued
 timeout             resume from the latest checkpoint
 preempted           resume from the latest checkpoint
-cancelled           resume from the latest checkpoint (``resubmit`` is the request)
-rank_killed         resume: a rank, srun or slurmstepd died from a signal (kill -9,
-                    segfault) with no error in any log and no sign of memory
-                    exhaustion; also a job sacct calls COMPLETED whose tasks did
-                    not all return (their step was lost)
-node_failure        resume, excluding the failed nodes (``--exclude``); also a GPU's
-                    hardware fault: an NVIDIA Xid of failed hardware, an
-                    uncorrectable ECC or NVLink error, a GPU fallen off the bus, an
-                    amdgpu RAS uncorrectable error (the node of the task that saw it)
-collective_failure  resume, excluding the nodes whose ranks reported the error
-hang                resume, excluding the nodes of the ranks that stopped making
-                    progress (the watchdog's record or log line names them); a plain
-                    resume when it names none
+cancelled           resume (``resubmit`` is the request); the chain stops
+rank_killed         resume: a rank died from a signal with no error in any log
+node_failure        resume, excluding the failed nodes (also a GPU's hardware fault)
+collective_failure  resume, excluding the nodes that reported it (the chain: same nodes)
+hang                resume, excluding the nodes of the ranks that stopped making progress
 host_oom            do not retry unchanged; retry only with a new grid or node count
-                    (recovery stops): Slurm's OUT_OF_MEMORY, a MemoryError, the kernel's
-                    OOM-kill lines, or a local rank the OOM killer killed (the supervisor's
-                    failure record: its cgroup's ``oom_kill`` count rose, or the kernel log
-                    names its pid), never rank_killed
 gpu_oom             do not retry unchanged; retry only with a new grid or node count
-code_error          do not retry: a Python exception or a configuration error (also
-                    sacct's exit code 0:53: Slurm could not open the job's output or
-                    error file, which a retry cannot change)
-non_finite          stop: the loss or the gradients of a step were not finite; the
-                    step was not applied and nothing was saved at or after it
-                    (``recovery.policy.non_finite=rollback`` resumes before it and
-                    skips its batch, once per step)
-storage_full        stop: the job dir's file system is full or over quota (ENOSPC,
-                    EDQUOT); free space, then relaunch. No node is to blame
-storage_error       stop: another I/O error on a file (EIO, EROFS, ESTALE); fix the
-                    file system, then relaunch. No node is to blame
+code_error          do not retry: a Python exception or a configuration error
+non_finite          stop: a step's loss or gradients were not finite
+storage_full        stop: the job dir's file system is full or over quota
+storage_error       stop: another I/O error on a file
 unknown             report: nothing recognizable; read the logs
-==================  ===============================================================
 
-The chain stops wherever a person would retry with a new grid, not retry, or read the logs;
-it also stops after a cancellation (a person ended the run), and resumes a collective
-failure on the same nodes. While a chain recovers a run, ``jobs status`` says the chain's
-action (``recovery.policy`` included).
-
-Storage faults come first among the log signatures: a full disk fails a checkpoint
-write on one rank, and its peers then report lost connections and aborted collectives,
-which would otherwise blame (and exclude) healthy nodes. A GPU's hardware fault comes
-next: it is the root cause of what the ranks then see (a hang, non-finite values, a
-failed collective). A rank's own diagnosis beats the symptoms in the logs (the peers of
-a hung rank report lost connections and collective timeouts), unless a rank recorded an
-error before it (a code error or an out-of-memory that left its peers waiting).
+Each class's evidence, and why the evidence is read in this order: ``docs/recovery.md``
+("records/failures.py").
 """
 
 from __future__ import annotations
@@ -116,7 +79,7 @@ class Recovery(NamedTuple):
 
 
 # The one failure-class table: conf/recovery/auto.yaml's policy must equal its by_chain
-# column (tests/test_recovery_vocabulary.py).
+# column (tests/records/test_recovery_vocabulary.py).
 RECOVERY = {
     COMPLETED: Recovery(NONE, NONE),
     RUNNING: Recovery(WAIT, WAIT),

@@ -1,40 +1,12 @@
 """Where a run's allocated time went, across all of its attempts.
 
-Each attempt's allocation (Slurm: sacct's Start to End; a local job: its launch to the
-supervisor's end) is cut into parts by rank 0's timeline of that attempt (``timeline.jsonl``:
-every optimizer step and every checkpoint save, with wall-clock start and end):
+Each attempt's allocation is cut by rank 0's timeline into ``startup``, ``useful``,
+``lost``, ``checkpoint`` and ``recovery``, which add up to the allocated time; queue time
+and each failure's time to recovery are reported apart. Goodput is useful time over
+allocated time. Login-node code: never imports torch.
 
-- ``startup``: the fixed cost of an allocation outside the training: the first attempt's
-  allocation start to its first step (modules, set-up, preflight, imports,
-  initialization), and the finished run's last attempt after its last step or save (what
-  runs after the training, the final record, srun's end);
-- ``useful``: steps whose result the finished run keeps;
-- ``lost``: steps recomputed later, because a failure came before the next checkpoint (a
-  later attempt ran them again from an older step); and stalls (``stalled_s``, a part of
-  ``lost``): a hung attempt's time from the start of the section that made no more
-  progress to the allocation's end (its watchdog's failure record: ``time`` less
-  ``stalled_s``), and a step that took more than ``STALL_FACTOR`` times the allocation's
-  median step, beyond that median (a rank stopped, then went on: the step itself counts
-  as the median step would have);
-- ``checkpoint``: the training held by checkpoint saves;
-- ``recovery``: what a failure costs in allocated time: the failed attempt's allocation
-  after its last step or save, and the next attempt's start-up to its first step.
-
-The parts add up to the allocated time by construction: each second of an allocation
-belongs to exactly one part (a gap between two events belongs to the later one). Time in
-the queue is not allocated and is reported apart (``queue_s``), and so is the time to
-recovery of each failure (``ttr_s``: from the failed attempt's end to the next attempt's
-first step, queue and backoff included). Goodput is useful time over allocated time;
-times are wall-clock seconds of the allocation, not node-seconds.
-
-Every allocation counts: a job requeued in place (a time limit, a preemption) ran in
-several allocations of one job id and one job dir (sacct ``--duplicates`` lists them;
-``records/status.py``). Each is an ``Allocation`` of its own, given in order; the job
-dir's timeline is cut between them at each allocation's start, and each waits in the
-queue from its submission, or from the end of the allocation before it (Slurm resets a
-requeued job's submit time, or keeps it: either way the earlier allocation is not queue).
-
-Login-node code: never imports torch.
+What each part holds, and how requeued allocations count: ``docs/recovery.md``
+("records/goodput.py").
 """
 
 from __future__ import annotations

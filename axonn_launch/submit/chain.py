@@ -2,36 +2,12 @@
 its class, with no person in the loop. This module chains the recovery jobs, keeps the
 run's record and stops a run; ``submit/recovery.py`` is the recovery step itself.
 
-How it runs without the user's login session: each attempt is submitted with a small
-*recovery job* chained to it (``sbatch --dependency=afternotok:<attempt>
---kill-on-invalid-dep=yes``). Slurm starts it only when the attempt ends in a failed
-state (a non-zero exit, a node failure, a time limit past its requeues, a cancellation)
-and cancels it when the attempt completes. It runs ``python -m axonn_launch.recover
-<attempt dir>`` on one task: classify (``records/status.py``, the same classes as ``jobs
-status``), apply the policy and the limits, then resubmit (``submit/resubmit.py``), which
-chains the next recovery job. So it works under ``wait=false``, and after the login node
-that launched it has gone away. Time limits and preemption are requeued in place first
-(submitit's requeue, ``max_requeue``); the chain takes over when those run out. An
-in-script requeue alone could not replace a node or change the grid, and a watcher on
-the login node would die with the login session: hence a Slurm job.
+Each attempt is submitted with a recovery job chained to it (``sbatch
+--dependency=afternotok``), so recovery works under ``wait=false`` and after the login
+session is gone. The root attempt's ``job.json`` holds the chain's state.
 
-A node failure must reach the chain too, but Slurm requeues a requeueable batch job hit
-by one (``JobRequeue=1``, the usual site default): the job pends again for the very nodes
-it lost, and ``afternotok`` never fires. So a chained attempt is submitted with
-``--no-requeue``, and only its own in-place requeue (a time limit or a preemption,
-``submit/task.py``) turns requeueing back on for the moment it requeues, and off again
-when the requeued allocation starts.
-
-The run is the first attempt's directory (the *root*); its ``job.json`` holds the chain:
-``chain.state`` (running, recovering, done, stopped), ``chain.attempts`` (one entry per
-ended attempt: its class and action) and, once stopped, ``chain.stop`` (which limit or
-class stopped it, and why).
-
-A local job (machine=local) recovers only with ``recovery=on`` (``auto``: Slurm only): its
-supervisor (``submit/supervise.py``) runs the recovery step itself once it has recorded
-the attempt's failed end, and the next attempt gets a detached supervisor of its own, so
-no login session is needed there either. A job a person stopped with a signal is never
-resumed: its run is marked stopped.
+Why a Slurm job, why ``--no-requeue``, and local runs: ``docs/recovery.md``
+("submit/chain.py").
 """
 
 from __future__ import annotations
@@ -120,9 +96,42 @@ def enabled(cfg: LaunchConfig) -> bool:
     """Slurm jobs recover unless ``recovery=off``; local jobs only with ``recovery=on``
     (their supervisor runs the recovery step); a rehearsal never (it runs once: its site's
     partitions do not exist here)."""
-    if cfg.rehearse or cfg.recovery.mode == "off":
+    if cfg.rehearse or cfg.recovery.mode == "off" or chain_forbidden(cfg):
         return False
     return cfg.recovery.mode == "on" or cfg.machine.scheduler == "slurm"
+
+
+def chain_forbidden(cfg: LaunchConfig) -> str:
+    """The QOS or partition of a Slurm job on which its site forbids chained jobs ('')."""
+    return cfg.machine.slurm.chain_forbidden_by() if cfg.machine.scheduler == "slurm" else ""
+
+
+def queue_rule_warnings(cfg: LaunchConfig) -> list[str]:
+    """One line when the site's rules turn this job's recovery chain off."""
+    forbidden = chain_forbidden(cfg)
+    if not forbidden or cfg.rehearse or cfg.recovery.mode == "off":
+        return []
+    return [
+        f"{cfg.machine.name} forbids chained jobs on {forbidden}, so no recovery job is"
+        " chained to this one and a failure waits for `jobs resubmit`; source:"
+        f" {cfg.machine.sources.get('slurm.no_chain', 'the machine profile')}"
+    ]
+
+
+def sweep_queue_warnings(cfg: LaunchConfig, points: int) -> list[str]:
+    """One line when a sweep's jobs (each point's, and its recovery job) exceed the jobs
+    one user may have queued on the site (``machine.slurm.max_queued_jobs``)."""
+    limit = cfg.machine.slurm.max_queued_jobs
+    per_point = 2 if enabled(cfg) and cfg.machine.scheduler == "slurm" else 1
+    if cfg.machine.scheduler != "slurm" or not limit or points * per_point <= limit:
+        return []
+    each = "a job and its recovery job" if per_point == 2 else "a job"
+    return [
+        f"{points} points x {each} = {points * per_point} queued jobs, over"
+        f" machine.slurm.max_queued_jobs={limit}: sbatch refuses the jobs past the limit;"
+        " split the sweep into runs of fewer points; source:"
+        f" {cfg.machine.sources.get('slurm.max_queued_jobs', 'the machine profile')}"
+    ]
 
 
 def policy_of(settings: RecoveryConfig, failure: str) -> str:

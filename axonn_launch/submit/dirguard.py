@@ -1,17 +1,9 @@
 """A job dir holds one run, so that what its records say is that run's: status, recovery,
 resubmission and ``jobs stop`` all act on them. Checked before Hydra makes the dir or
 writes into it (``GuardJobDir``, a Hydra callback after ``cli.ValidateRun``), so that a
-refused launch writes nothing:
+refused launch writes nothing.
 
-- an unwritable dir (a read-only mount, no permission): one line, exit 2;
-- a dir a job lives in (its lock is held: ``submit/dirlock.py``; or job.json's job runs:
-  a live local supervisor, a Slurm job squeue lists): refused, naming the holder;
-- a dir that holds a run (a launched job's job.json, a checkpoint, summary.json): refused
-  unless ``resume=true``, which continues the run as a new attempt beside it,
-  ``<dir>_attempt<N>``, as ``jobs resubmit`` does (the old records are never
-  overwritten), once the checkpoint's model and format are this launch's.
-
-A dry run's job.json holds no run: a dir that had only a dry run may be launched into.
+Which dirs are refused, and ``resume=true``: ``docs/launch.md`` ("submit/dirguard.py").
 Login-node code: never imports torch.
 """
 
@@ -50,7 +42,7 @@ from axonn_launch.submit.duplicates import live_state
 
 EXIT_BAD_INPUT = 2
 # what train/checkpoint/manager.py writes (FORMAT) and still resumes (LEGACY_FORMAT); the login
-# node cannot import it (torch): tests/test_jobdir_lock.py holds the two equal
+# node cannot import it (torch): tests/submit/test_jobdir_lock.py holds the two equal
 # what a checkpoint of the same model may differ in: its preset's name, where it came from
 MODEL_KEYS_IGNORED = ("name", "init_from")
 

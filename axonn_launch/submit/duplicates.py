@@ -3,18 +3,8 @@ command run twice (a detached job's shell history, a second terminal): it would 
 same thing twice and, on Slurm, chain a second recovery job. ``launch`` asks
 ``refuse_duplicate`` before it writes anything; ``force=true`` launches anyway, warning.
 
-Identical: the same config hash, over the resolved config (``config.yaml``, as
-``pipeline.resolved_yaml`` writes it) without what does not change what runs: the job's
-name and ``wait``, ``dry_run`` and ``force``. Beside it: the job dirs in the same folder
-(``jobs/<name>/`` by default, so every launch of one name; a run's attempts too).
-Queued or running: a Slurm job that squeue lists as not yet ended; a local job whose
-supervisor lives (``local.live_supervisors``), detached or followed. A launch with a fault
-injected (``AXONN_FAULT``, ``AXONN_CHECKPOINT_FAULT``: README, failures) is a test of the
-failure path, whose identical jobs side by side are the point: it is never refused; nor
-is a sweep's point (a sweeper that draws a point twice means to; a sweep run again writes
-into a folder of its own).
-
-Login-node code: never imports torch.
+What "identical", "beside" and "running" mean, and the exceptions: ``docs/launch.md``
+("submit/duplicates.py"). Login-node code: never imports torch.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """machine=local: one process per rank on this computer, torchrun-style, owned by a
 supervisor (``axonn_launch.submit.supervise``) whether the launcher waits or not.
 
-The launcher starts the supervisor in a session of its own (for a plain local run, before
-it composes the job: ``start_early_supervisor``), names it in job.json
-(``local-<supervisor pid>``), then lets it start the ranks. The supervisor stops every
-rank when one fails or when it is asked to (SIGINT, SIGTERM or SIGHUP, which a waiting
-launcher passes on; on a first SIGINT, a Ctrl-C, the ranks save a checkpoint at the next
-step boundary and stop, on a second they stop at once), and writes job.json's final state.
-Each rank dies with the supervisor (Linux's parent-death signal), so no rank outlives its
-owner. With recovery
-on (``recovery=on``), the supervisor of a failed attempt starts the next one, and a
-waiting launcher follows the run, passing those signals on to its attempts' supervisors.
+The launcher starts the supervisor in a session of its own, names it in job.json
+(``local-<supervisor pid>``), then lets it start the ranks; no rank outlives it.
+
+Signals, stopping and recovery of a local run: ``docs/launch.md`` ("submit/local.py").
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from axonn_launch.common.jobdir import (
@@ -31,6 +31,7 @@ from axonn_launch.config.compose import LaunchConfig
 from axonn_launch.config.resolve import Resolved, check_job_dir, container_warnings
 from axonn_launch.records import failures, firstfail
 from axonn_launch.submit import (
+    allocation,
     chain,
     dirguard,
     dirlock,
@@ -98,18 +99,22 @@ def launch(
     rehearsal = rehearse.prepare(cfg, str(job_dir)) if cfg.rehearse else None
     checked = rehearse.to_resolve(cfg)  # the config ``resolved`` is of
     warnings = checks_before_writing(checked, job_dir)  # raise ConfigError: nothing written
+    held = allocation.check_fits(checked, resolved.nodes, resolved.tasks_per_node)
     to_run = rehearse.as_run(checked, rehearsal) if rehearsal else checked
+    if held:  # a step of the held allocation: it never chains a recovery job
+        to_run = replace(to_run, recovery=replace(to_run.recovery, mode="off"))
     if rehearsal:
         warnings += rehearsal.warnings
     if not (record_extra or {}).get("parent"):  # a new attempt continues its own run
         duplicates.refuse_duplicate(to_run, resolved_yaml(config, resolved), job_dir)
     warnings = wallclock_warnings(to_run, resolved) + headroom_warnings(to_run, resolved) + warnings
+    warnings += chain.queue_rule_warnings(to_run)
     for warning in resolved.warnings + warnings:
         print(f"warning: {warning}", file=sys.stderr)
         log.warning(warning)
     batch = slurm_batch(to_run, resolved, job_dir, rehearsal)
     with dirguard.claimed(job_dir) as claim:  # one launch at a time; it makes the dir
-        run = Launch(to_run, cfg, resolved, rehearsal, claim, batch)
+        run = Launch(to_run, cfg, resolved, rehearsal, claim, batch, held)
         return claimed_launch(run, job_dir, config, command_line, out, record_extra or {})
 
 
@@ -164,6 +169,7 @@ class Launch:
     rehearsal: rehearse.Rehearsal | None
     claim: dirlock.Claim
     batch: SlurmBatch | None = None
+    held: allocation.Held | None = None  # the Slurm allocation it runs inside (salloc)
 
 
 def write_and_start(
@@ -194,6 +200,8 @@ def write_and_start(
     report = summary(cfg, resolved, job_dir)
     if rehearsal:
         report += "\n" + rehearsal.describe()
+    if run.held:
+        report += "\n" + run.held.line(run.batch.params)
     print(report, file=out)
     log.info("%s\n%s", "dry run: nothing is started" if cfg.dry_run else "launching", report)
     if cfg.dry_run:
@@ -201,7 +209,7 @@ def write_and_start(
         print(dry_run_text(cfg, config_yaml, script, command), file=out)
         write_record(job_dir, record, status="dry_run")
         return Outcome("dry_run", str(job_dir), nodes=resolved.nodes)
-    start = STARTERS[cfg.machine.scheduler]
+    start = run_in_allocation if run.held else STARTERS[cfg.machine.scheduler]
     return start(run, job_dir, record, out=out)
 
 
@@ -613,6 +621,35 @@ def recovery_line(recovery_job: str, job_id: str) -> str:
         f"recovery: job {recovery_job} starts if job {job_id} fails, and resumes it"
         " (recovery=off submits no recovery job)"
     )
+
+
+def run_in_allocation(run: Launch, job_dir: Path, record: dict, *, out) -> Outcome:
+    """Run ``run.batch``'s script (submission.sh) as a step of the held allocation, in the
+    foreground, never chained (``submit/allocation.py``)."""
+    cfg, resolved, held = run.cfg, run.resolved, run.held
+    write_record(job_dir, record, status="running", **allocation.step_record(held))
+    run.claim.name(f"a step of Slurm job {held.job_id} (pid {os.getpid()})")
+    log.info("running as a step of Slurm job %s (%d nodes)", held.job_id, resolved.nodes)
+    try:
+        code = allocation.run_step(
+            script=JobPaths(job_dir).submission,
+            folder=run.batch.folder,
+            job=TrainJob(str(job_dir), cfg.machine.task_env),
+            params=run.batch.params,
+            allocation=held,
+            out=out,
+        )
+    except KeyboardInterrupt:  # Ctrl-C: the ranks saved a checkpoint and ended
+        write_record(job_dir, record, status="failed")
+        print(f"stopped: {jobs_command('resubmit', job_dir)} resumes it", file=out)
+        return Outcome("interrupted", str(job_dir), held.job_id, resolved.nodes, "stopped")
+    status = "completed" if code == 0 else "failed"
+    if code:
+        report_first_failure(job_dir)
+    write_record(job_dir, record, status=status, exit_code=code)
+    log.info("step of Slurm job %s %s (exit code %d)", held.job_id, status, code)
+    print(next_line(job_dir, ran=True), file=out)
+    return Outcome(status, str(job_dir), held.job_id, resolved.nodes, f"exit code {code}")
 
 
 def start_local(run: Launch, job_dir: Path, record: dict, *, out) -> Outcome:

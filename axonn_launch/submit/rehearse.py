@@ -1,29 +1,11 @@
 """A rehearsal: a site machine's real batch script, run on the local Slurm cluster.
 
-``rehearse=true`` renders the batch script of a site machine (``site_machines``) through the
-same code as a real submission, then changes a short, fixed list of site-only parts so that
-it runs on ``machines/slurm_local`` (two nodes on this computer):
+``rehearse=true`` renders the batch script of a site machine through the same code as a
+real submission, then changes a short, fixed list of site-only parts so that it runs on
+``machines/slurm_local``; what a substitution could hide is checked and reported instead
+(``Rehearsal.checks``, ``Rehearsal.warnings``). Never imports torch.
 
-- ``module`` becomes a shell function that records each call in the job's log;
-- the container flag (``--environment=``) is dropped once its EDF has been read and checked
-  (it exists, is TOML, names an image, and mounts the job dir); the EDF's ``[env]`` is
-  exported instead;
-- GPU-only flags (``--gpus-*``, ``--gpu-bind``, ``-C gpu``) and Slingshot-only flags
-  (``--network=``) are dropped;
-- partition, account, QOS and constraint become the local cluster's;
-- the CPUs per task are scaled down to the local nodes';
-- the tasks' interpreter becomes this one, through the ``machine.python`` rule;
-- node-local storage (``machine.python_broadcast``) becomes each local node's own;
-- the ranks use gloo on the CPU, and the preflight compares with the local cluster's floors.
-
-Everything else runs as rendered: every exported variable, the set-up lines and their
-fail-fast, the MPI plugin (``--mpi=pmix`` on Alps; the site's default plugin, e.g.
-``cray_shasta``, made explicit elsewhere), the master address and port, signals and
-requeue, two nodes with the machine's own tasks per node, the job dir and its checkpoints.
-Where a substitution could hide a site mistake, what can be checked is checked instead and
-reported (``Rehearsal.checks``, ``Rehearsal.warnings``).
-
-Never imports torch.
+What is substituted and what runs as rendered: ``docs/launch.md`` ("submit/rehearse.py").
 """
 
 from __future__ import annotations

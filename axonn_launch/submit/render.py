@@ -1,29 +1,12 @@
 """The batch script: one pure function of (machine, grid, nodes, job), per submitit.
 
 ``slurm_parameters`` maps a machine profile onto submitit's Slurm parameters and
-``render_script`` produces the exact text submitit's SlurmExecutor submits (it calls
-the same ``_make_sbatch_string``). Every value from a config is quoted: submitit
-quotes ``#SBATCH`` values and srun arguments, and our environment lines go through
-``shlex.quote``. The profile's ``setup`` lines are the one place where shell code
-is data (module loads and site set-up written by whoever maintains the profile).
+``render_script`` produces the exact text submitit's SlurmExecutor submits. Every value
+from a config is quoted; the profile's ``setup`` lines are the one place where shell code
+is data, and each fails fast.
 
-Fail fast: each module load and set-up line runs as ``axonn_setup N 'LINE'``, which
-evaluates it in the batch shell and, when it fails, prints the line and its exit code to
-the job's error log and ends the script before srun starts (a broken environment never
-reaches the ranks). A line's status is that of its last command, as for any shell line.
-
-Signals to the batch shell reach the ranks: srun runs in the background while the shell
-waits for it (``relay_signals``), so that a USR2 or TERM sent to the shell alone
-(``scancel --signal=USR2 --batch``, ``#SBATCH --signal=B:USR2@90``) is passed on instead of
-killing the shell and, with it, the job. USR2 goes to srun, which passes it to the tasks;
-TERM goes to the job's steps through ``scancel --signal=TERM`` (as a plain
-``scancel --signal=TERM JOB`` would send it): srun itself answers a TERM by killing its
-step, and that kill would cut the ranks' last save short.
-
-Slurm expands ``%`` placeholders in its filename options: the log paths' ``%j`` and ``%t``
-are submitit's, every other ``%`` (a job dir named ``run%x``) is doubled
-(``escape_log_paths``), or Slurm would write elsewhere, or fail to open the log at all
-(``FAILED 0:53``).
+Quoting, fail-fast set-up, signal relay and ``%`` escaping: ``docs/launch.md``
+("submit/render.py").
 """
 
 from __future__ import annotations
@@ -152,7 +135,7 @@ def slurm_parameters(
         "nodes": nodes,
         "ntasks_per_node": tasks_per_node,
         "cpus_per_task": slurm.cpus_per_task,
-        "time": slurm.time_min,
+        "time": slurm.limit_min(nodes),
         "signal_delay_s": slurm.signal_delay_s,
         "setup": setup_lines(machine=machine, nodes=nodes, copy=copy),
         "srun_args": [*COMMON_SRUN_ARGS, *slurm.srun_args],

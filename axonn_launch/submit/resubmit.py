@@ -3,20 +3,14 @@ that starts from a hard-linked copy of the latest checkpoint, with the job's ori
 overrides plus the given ones (validated like any launch), and ``--exclude`` for the nodes a
 node or collective failure points at and for the slow nodes its preflight named.
 
-Both records are updated: the old one gets ``resubmitted_as``, the new one ``attempt``,
-``parent`` and ``lineage``. A per-job lock and the ``resubmitted_as`` mark, written before
-submitting, make it idempotent: a job that is completed, still queued or running, or
-already resubmitted is never submitted again, also when two commands run at once.
-
-A completed job is *extended* instead when the user names it (its dir, or ``--only
-completed``) with ``train.steps=N`` above its last checkpoint's step S: the new attempt
-resumes from S to N with ``train.schedule_start=S``, so its learning rate restarts there
-(warmup, then a whole cosine to N: ``train/loop.learning_rate``).
+Idempotent (a per-job lock and a ``resubmitted_as`` mark); a completed job given a larger
+``train.steps`` is extended instead. Details: ``docs/recovery.md`` ("submit/resubmit.py").
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import sys
@@ -371,7 +365,9 @@ def submit_attempt(
     from axonn_launch.submit.rehearse import to_resolve
 
     composed = compose(overrides)
-    cfg = to_launch_config(composed)
+    # a new job, even from inside one (a recovery job's allocation, a batch script): never
+    # a step of the allocation it is run in (submit/allocation.py)
+    cfg = dataclasses.replace(to_launch_config(composed), allocation="new")
     resolved = resolve(to_resolve(cfg))  # a bad override fails here, before anything is written
     resumed_from = seed_from_checkpoint(job_dir, target)
     argv0 = (record.get("command_line") or ["axonn_launch"])[0]

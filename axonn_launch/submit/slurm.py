@@ -112,7 +112,7 @@ def follow(
     pacer, results_written = Pacer(clock), False
     queue = QueueLines(str(job.job_id), clock, out)
     while True:
-        offsets = {path: _print_new(path, offset, out) for path, offset in offsets.items()}
+        offsets = {path: print_new(path, offset, out) for path, offset in offsets.items()}
         if not results_written and _all_results_written(job):
             results_written = True
             pacer.restart()
@@ -122,7 +122,7 @@ def follow(
             queue.seen(state)
             if state != "UNKNOWN" and not slurmtext.is_active(state):
                 for path, offset in offsets.items():
-                    _print_new(path, offset, out)
+                    print_new(path, offset, out)
                 return state
             if state == "UNKNOWN" and results_written:
                 return _state_from_results(job)
@@ -223,7 +223,7 @@ def _state_from_results(job: Any) -> str:
     return "COMPLETED"
 
 
-def _print_new(path: Path, offset: int, out) -> int:
+def print_new(path: Path, offset: int, out) -> int:
     path = Path(str(path).replace("%t", "0"))
     if not path.exists():
         return offset

@@ -2,32 +2,11 @@
 
 The study is the paper's memorization experiment (arXiv 2502.08145, with the Goldfish loss
 of Hans et al. 2024, "Be like a Goldfish", arXiv 2406.10209); its sweep is
-``conf/study/memorization.yaml``.
+``conf/study/memorization.yaml``. ``prepare(DIR, ...)`` writes the files, byte-level; the
+Hydra callback ``PrepareStudy`` runs it at the start of a sweep. Login-node code: no torch.
 
-``prepare(DIR, ...)`` (the study command, or the Hydra callback ``PrepareStudy``) writes,
-byte-level (vocab 256):
-
-- ``r<R>.bin`` (+ ``.idx``, ``.bin.json``) for each repetition count R: the built-in
-  corpus's train split (the first 90% of ``train/assets/tinyshakespeare.txt``, optionally only
-  its first B bytes, cut at a paragraph) as one document per paragraph, with each of the N
-  canaries inserted R times between documents at random places. The loader trains on the
-  first 90% of a ``.bin``'s tokens, so every file ends with a tail of validation text
-  sized so that the cut falls exactly after the last training document: the tail is never
-  trained on.
-- ``val.bin`` (+ ``.idx``, ``.bin.json``): the corpus's last 10%, no canaries, the same for
-  every R (``train.eval_data``, read whole), so validation losses compare across points.
-- ``canaries.jsonl``: one ``{"ids": [...], "text": "..."}`` per canary, the documents the
-  memorization evaluation continues (``memorization.data``).
-- ``study.json``: the settings and, per R, tokens, documents and the canary share.
-
-A canary is ``L`` bytes of random lowercase "words" (3-8 random letters each, separated
-by spaces): novel text that appears nowhere else, each byte of it unpredictable without
-memorizing the canary (which is what makes exact match a strict test, and what lets the
-Goldfish loss's dropped positions stay unknown to the model).
-
-The Hydra callback ``PrepareStudy`` (hydra.callbacks in the study config) runs ``prepare``
-at the start of a sweep when DIR does not hold data of the same settings yet, so the whole
-study is one command. Login-node code: no torch.
+The files, the canaries and why they are built so: ``docs/data.md``
+("submit/study_data.py").
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """The launch summary: what will run, where, for how long, and why these nodes.
 
-Printed on every launch and dry run (``launch.launch``) and written to the job dir's
-``axonn_launch.log``. Where the machine knows a failure rate it states the checkpoint interval
-(``train.checkpoint_every``, or auto's: Young/Daly) and its expected goodput
-(``cost/expected_goodput.py``). On Slurm machines it also shows the account and the wall-clock:
-the time limit of one allocation, how many requeues follow it (``max_requeue``), and the
-planner's predicted step time times the steps (``perf.step_time``, the same prediction
-``plan`` ranks grids by, with nominal hardware numbers: no calibration file). A run that
-cannot finish within ``time_min x (1 + max_requeue)`` gets a warning naming the keys, and
-one planned above ``planner.HEADROOM`` (90 %) of GPU memory a warning naming the fixes.
+Printed on every launch and dry run and written to the job dir's ``axonn_launch.log``:
+the checkpoint interval and expected goodput where the machine knows a failure rate, and
+on Slurm the account and the wall-clock, with warnings for a run that cannot finish or
+is planned above ``planner.HEADROOM`` of GPU memory. Never imports torch.
 
-Predictions name the hardware they assume ("on perlmutter's A100-SXM4-40GB"). A rehearsal
-runs the site's script on local CPUs, and CPU ranks are not what the profiles' figures
-describe: there the site's prediction is shown as the site's, or none is made, and the run
-measures its own step time and goodput (``jobs status``).
-
-Never imports torch: this runs on login nodes.
+What each line says, and predictions on a rehearsal: ``docs/launch.md``
+("submit/summary.py").
 """
 
 from __future__ import annotations
@@ -30,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from axonn_launch.common.durations import duration
+from axonn_launch.common.machine import SlurmSettings
 from axonn_launch.common.rules import micro_batch_candidates
 from axonn_launch.config.compose import LaunchConfig
 from axonn_launch.config.resolve import Resolved, placeholder
@@ -102,6 +94,7 @@ class RunTime:
     steps: int
     limit_min: int  # machine.slurm.time_min: one allocation
     max_requeue: int
+    limit_source: str = "machine.slurm.time_min"  # where limit_min comes from, in words
 
     @property
     def total_s(self) -> float:
@@ -129,15 +122,24 @@ def run_time(cfg: LaunchConfig, resolved: Resolved) -> RunTime:
     return RunTime(
         step_s=resolved.step_time.total,
         steps=resolved.train.steps,
-        limit_min=cfg.machine.slurm.time_min,
+        limit_min=cfg.machine.slurm.limit_min(resolved.nodes),
         max_requeue=cfg.max_requeue,
+        limit_source=time_limit_source(cfg.machine.slurm, resolved.nodes),
     )
+
+
+def time_limit_source(slurm: SlurmSettings, nodes: int) -> str:
+    """Where the time limit comes from: the key, or with ``auto`` the site's bin."""
+    if slurm.time_min is not None:
+        return "machine.slurm.time_min"
+    up_to = next((n for n, _ in slurm.time_bins if nodes <= n), slurm.time_bins[-1][0])
+    return f"machine.slurm.time_min=auto: the site's longest for up to {up_to} nodes"
 
 
 def slurm_lines(cfg: LaunchConfig, rt: RunTime) -> list[str]:
     return [
         f"account    {account_words(cfg)}",
-        f"time limit {rt.limit_min} min (machine.slurm.time_min) x"
+        f"time limit {rt.limit_min} min ({rt.limit_source}) x"
         f" {plural(1 + rt.max_requeue, 'allocation')} (1 + max_requeue={rt.max_requeue})"
         f" = {duration(rt.budget_s)}",
         f"predicted  {prediction_words(cfg, rt)}",
@@ -427,7 +429,8 @@ def generation_summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> 
     if cfg.machine.scheduler == "slurm":
         lines += [
             f"account    {account_words(cfg)}",
-            f"time limit {cfg.machine.slurm.time_min} min (machine.slurm.time_min)",
+            f"time limit {cfg.machine.slurm.limit_min(resolved.nodes)} min"
+            f" ({time_limit_source(cfg.machine.slurm, resolved.nodes)})",
         ]
     lines += [f"preflight  {preflight_words(cfg)}", f"job dir    {job_dir}"]
     return "\n".join(lines)

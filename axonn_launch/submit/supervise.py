@@ -2,32 +2,12 @@
 owner of a local job's rank processes, started by the launcher (``submit/local.py``)
 whether it waits for the job or not.
 
-For a plain local run the launcher starts it before composing the job
-(``local.start_early_supervisor``), so that the warm start imports while the launcher
-composes and checks; the job (dir, ranks, environment) then comes on its input, and its
-command line names the job dir from then on, as when it is started with it.
+It starts the ranks (forked from the warm start, ``train/zygote.py``), stops them all
+when one fails or on a signal, writes job.json's final state and, with ``recovery=on``,
+runs the recovery step of a failed attempt. Login-node code: never imports torch.
 
-It starts the ranks once the launcher says job.json names it (``local-<its pid>``):
-forked from a warm process that imported the job side while the launcher wrote job.json
-(``train/zygote.py``; ``AXONN_RANK_START=exec`` starts each as a fresh Python instead),
-stops every rank when one fails or when it gets SIGINT, SIGTERM or SIGHUP (SIGTERM, then
-SIGKILL after a grace period; a first SIGINT, a Ctrl-C, asks the ranks to save a checkpoint
-at the next step boundary first, and a second stops them at once), and writes job.json's
-final state: ``status``, ``exit_code``, each rank's ``rank_exit_codes``, what ended the
-job (``ended_by``: the rank that failed or was killed, or the signal that stopped it), and
-the failure class that ``jobs status`` gives it (``failure``, ``failure_reason``). A rank
-that died of SIGKILL while its memory cgroup's ``oom_kill`` count rose (or that the kernel
-log names) gets a failure record that says the OOM killer killed it (``host_oom``,
-``common/hostmem.py``). Its own exit code is the job's.
-
-With recovery on (``recovery=on``: job.json has ``recovery``), a failed attempt's
-supervisor then runs the recovery step itself (``submit/recovery.py``), as a Slurm run's
-recovery job does: the next attempt starts detached, with a supervisor of its own that
-recovers it in turn. A job stopped by a signal is a person's choice, never resumed: its
-run is marked stopped, and so is an attempt started while the signal waited for the
-recovery step to end.
-
-Login-node code: never imports torch.
+The early start, the signals and the final record: ``docs/launch.md``
+("submit/supervise.py").
 """
 
 from __future__ import annotations

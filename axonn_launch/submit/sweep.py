@@ -1,18 +1,10 @@
 """Sweeps (``-m``): the points the argument check (``cli.check_arguments``) covers, the
 objective a point returns to a sweeper that optimizes, and the summary table at the end.
 
-Any Hydra launcher works: the basic one runs the points in this process, ``joblib`` and
-``submitit_local`` in other processes. So each point's outcome is written to
-``<sweep dir>/points/<num>.json`` where it ran, and the summary is read back from there
-by the process that started the sweep. The table gives each point's grid and the planner's
-predicted step time (from its ``job.json``) beside what it measured, and a ``next:`` line
-follows it.
+Each point's outcome is written to ``<sweep dir>/points/<num>.json`` where it ran, so any
+Hydra launcher works; the summary is read back from there.
 
-Sweepers other than Hydra's basic one (Optuna, Nevergrad, ...) optimize: each point
-returns its ``objective`` (``summary.json``'s ``final_loss`` or ``tokens_per_s``) as the
-``float()`` of its outcome, so each job is waited for, on Slurm too (``wait=true`` is
-implied; ``wait=false`` is refused). The sweeper's direction is the user's to set
-(``hydra.sweeper.direction=maximize`` for ``tokens_per_s``); a mismatch is warned about.
+Launchers, optimizing sweepers and the objective: ``docs/launch.md`` ("submit/sweep.py").
 """
 
 from __future__ import annotations

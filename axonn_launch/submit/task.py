@@ -1,29 +1,12 @@
 """The callable submitit pickles and runs in every task of a Slurm job.
 
 This module stays torch-free: the training core is imported only inside
-``__call__``, on the compute node.
+``__call__``, on the compute node. Its signal handlers turn a time limit or preemption
+(SIGUSR2) and a cancellation (SIGTERM) into a checkpoint at the next step boundary, then
+a requeue or the end that signal would have caused.
 
-Time limits and preemption: Slurm sends SIGUSR2 ``signal_delay_s`` before the limit
-(``#SBATCH --signal``). Every rank's handler only sets a stop flag; the training loop
-agrees on it at the next step boundary and saves a checkpoint there. Then rank 0 hands
-over to submitit's own handler, which calls ``checkpoint`` (a ``Checkpointable`` must
-define that method by this name in submitit 1.5.4), writes the new submission and runs
-``scontrol requeue`` (at most ``max_requeue`` times for time limits); the requeued job
-resumes from the checkpoint.
-
-Cancellation: a SIGTERM (``scancel``, preemption with a grace time, ``scancel
---signal=TERM``) sets the same flag, so the ranks save at the next step boundary too; then
-each rank ends as the TERM would have ended it (``end_by_sigterm``), without a requeue:
-the job's class comes from Slurm's record (CANCELLED, PREEMPTED). Slurm kills what is
-left after ``KillWait`` (or the grace time); a save cut short there never moves
-``checkpoints/latest`` (``train/checkpoint/manager.py``), so the resume starts from the last
-complete step. submitit installs its own handlers before it calls the job (SIGUSR2:
-requeue; SIGTERM: logged and ignored), so the ones set in ``TrainJob.__call__`` replace
-them in every rank; submitit's SIGUSR2 handler is kept for the requeue.
-
-A job in a recovery chain (``chained``) is submitted with ``--no-requeue`` so that a node
-failure ends it (``submit/chain.py``). Its rank 0 marks it requeueable just before its own
-requeue, and not requeueable again when the requeued allocation starts.
+How time limits, preemption, cancellation and chained jobs are handled:
+``docs/recovery.md`` ("submit/task.py").
 """
 
 from __future__ import annotations

@@ -1,33 +1,11 @@
 """Token sources and the sharded loaders (training and validation).
 
-Sources (``TrainConfig.data``):
+Sources (``TrainConfig.data``): ``shakespeare``, ``synthetic``, a token ``.bin``, or a
+packed ``.bin`` with a ``.mask``. Micro-batches are ``MicroBatch(inputs, targets,
+examples)``, int64, with ``targets == IGNORE_INDEX`` wherever a label does not count (a
+mask byte of 0, or a label the Goldfish loss drops).
 
-- ``shakespeare``: the built-in corpus shipped in ``train/assets/``, byte-level tokens
-  (vocab 256); the first 90% of the bytes is the train split, the rest validation.
-- ``synthetic``: uniformly random tokens over the model's vocab, for benchmarks.
-- a path to a ``.bin`` file: a flat stream of token ids (nanoGPT / Megatron convention),
-  memory-mapped. Its dtype comes from, in order: a Megatron ``.idx`` next to it (same stem;
-  its header's dtype code), a JSON sidecar ``<file>.json`` such as
-  ``{"dtype": "uint16", "vocab_size": 50257}`` (what ``write_bin`` and
-  ``python -m axonn_launch.data`` write; its vocab size is checked against the model's), or
-  else the model's vocab size (uint16 up to 65536 tokens, uint32 above). The ``.idx``'s
-  document boundaries are read (``ArraySource.starts``): the Goldfish loss counts label
-  positions from them. The first 90% of the tokens is the train split.
-- a ``.bin`` with a ``.mask`` beside it (``python -m axonn_launch.data finetune``) is
-  *packed*: each ``.idx`` document is one training sequence of ``seq_len + 1`` tokens, read
-  whole and aligned (in a shuffled order, each once per epoch), and a label whose mask byte
-  is 0 does not count. The ``.idx`` sequences of a document are the examples packed into
-  it: each token attends only to its own example's tokens, at positions counted from the
-  example's first token (``MicroBatch.examples``), so a packed example trains as it would
-  alone. The first 90% of the documents is the train split.
-
-Any other training sequence is a window of ``seq_len + 1`` tokens at an offset that is a
-hash of (seed, global sequence number), so each rank reads only its own windows.
-
-Micro-batches are ``MicroBatch(inputs, targets, examples)``, int64, with
-``targets == IGNORE_INDEX`` (-100, what ``cross_entropy`` ignores) wherever a label does not
-count: a mask byte of 0, or a label the Goldfish loss drops (``Loader(goldfish=...)``,
-training only; ``EvalLoader`` never drops).
+Each source, the splits and the windows: ``docs/data.md`` ("train/data.py").
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """The Goldfish loss mask (axonn.md section 7.2; Hans et al., NeurIPS'24).
 
-``keep_mask`` says which labels stay in the loss. The reference implementation
-(goldfish-loss ``lit_gpt/utils.py:apply_goldfish``) masks each *aligned* training
-sequence: its first ``h - 1`` labels are never dropped (they lack a full context) and
-``static`` drops targets ``start::k`` of the sequence. Our windows start anywhere in the
-token stream, so the caller passes, for each label, its stream context and its index in
-its document; the mask is then what the reference computes on the sequence that starts at
-the document's first token, whatever window the label falls in:
+``keep_mask`` says which labels stay in the loss, as the reference implementation
+(goldfish-loss ``lit_gpt/utils.py:apply_goldfish``) computes it on the sequence that
+starts at the label's document, whatever window the label falls in. Strategies:
+``hash-table``, ``hash-avalanche``, ``static``; ``k = 0`` keeps everything.
 
-- ``hash-table``: ``drop ⇔ T[(∏ of the h labels ending at the label) mod 1_000_003] < 1/k``
-  with ``T = torch.rand(1_000_003)`` from a generator seeded 2971215073 on the labels'
-  device (as the reference: a CUDA table differs from the CPU one). The product is int64
-  and wraps; ``mod`` is torch's (floor) remainder, in ``[0, 1_000_003)`` also for negative
-  products; the comparison is in float32, as torch promotes it.
-- ``hash-avalanche``: the same product, as uint64, through the Thomas Wang 64-bit hash with
-  32-bit masks (the reference's ``hashint``); ``drop ⇔ hash < (2³² − 1)/k``, compared in
-  float32 as the reference's torch expression is.
-- ``static``: drop the labels whose document index ``p`` satisfies ``p ≥ start`` and
-  ``(p − start) mod k = 0``; ``start`` defaults to 0, the reference's
-  ``goldfish_start_position`` default, so the document's first label is dropped.
-
-A hash label is kept when its window holds a missing label (``-1``) or it lies in its
-document's first ``h − 1`` labels. ``k = 0`` keeps everything.
+Each strategy's exact rule: ``docs/data.md`` ("train/goldfish.py").
 """
 
 from __future__ import annotations

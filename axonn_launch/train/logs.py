@@ -1,18 +1,11 @@
 """Job-side logging: one line per record, naming the rank and the host.
 
 ``setup_logging(rank, job_dir)`` configures the ``axonn_launch`` logger of this rank's
-process once (calling it again replaces what it set up): every rank appends to
-``<job_dir>/logs/rank_<N>.log``, and rank 0 also writes to stdout, which is the console
-for ``machine=local`` and submitit's task-0 log on Slurm. Modules log with
-``logging.getLogger(__name__)``, so every ``axonn_launch.train.*`` logger inherits it.
+process once: every rank appends to its rank log in the job dir (DEBUG and up), and
+rank 0 also writes INFO and up to stdout. Modules log with
+``logging.getLogger(__name__)``.
 
-Levels: the rank files take DEBUG and up, the console INFO and up. INFO is for what a
-person follows (startup, progress, the sample, the end); per-item details (each GEMM
-shape the tuner timed) are DEBUG, in the files only.
-
-On ``machine=local`` the launcher sends the stdout and stderr of ranks other than 0 to
-the same ``rank_<N>.log`` (opened for appending too), so their tracebacks land beside
-their log lines.
+Levels, and where other ranks' output goes: ``docs/job-side.md`` ("train/logs.py").
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """The optimizer loop: AdamW, warmup + cosine schedule, accumulation, clipping, logging.
 
-One optimizer step runs ``accumulation`` micro-steps, then ``finish_gradients``
-(deferred reduce-scatters, z and data all-reduces), global-norm clipping and
-``optimizer.step()``. The loss of a step is the mean over the labels that count (those
-the loader did not set to ``IGNORE_INDEX``: fine-tuning prompts, Goldfish drops) of all
-its micro-steps and ranks: one all-reduce of the local counts over z and data at the
-start of the step gives their number, each micro-step backpropagates its sum divided by
-it, and the gradients are summed, so ranks holding different numbers of counted labels
-weigh each label the same. At each step boundary, before the optimizer step, one small
-all-reduce over the world averages the loss and agrees on whether any rank asked to stop
-(``should_stop``, e.g. set by a requeue signal) and whether any rank's GEMM tuner made
-new picks (``train/parallel/gemm.py``; normally in the first step only), which are then gathered
-into the metrics.
+One optimizer step runs ``accumulation`` micro-steps, then ``finish_gradients``,
+global-norm clipping and ``optimizer.step()``. One small all-reduce per step boundary
+averages the loss and agrees on stopping; the non-finite guard needs no collective of
+its own. ``train/health/monitor.py`` marks the watchdog's sections.
 
-The non-finite guard rides on collectives the step makes anyway: the averaged loss is
-NaN when any rank's share is, and the gradient norm is the same on every rank (the
-gradients are summed over data before it, and its squares over the tensor-parallel
-axes), so every rank agrees, with no extra collective, to stop before the optimizer step
-(``NonFiniteError``, class ``non_finite``): nothing of that step is applied or saved.
-``train/health/monitor.py`` marks the watchdog's sections and times the ranks' compute.
+How the loss is weighted and how every rank agrees: ``docs/job-side.md``
+("train/loop.py").
 """
 
 from __future__ import annotations

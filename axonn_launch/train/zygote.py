@@ -2,30 +2,11 @@
 
 Every rank of a local job imports torch and the job side: about 3 CPU-seconds each, which
 on a laptop with fewer cores than ranks is most of a short job's wall time. This process
-pays that once. It imports the job side (imports only: no torch operation, no thread, no
-device call), then reads from stdin one JSON line, the ranks to start::
-
-    {"argv": ["axonn_launch.train", "<job_dir>"],
-     "ranks": [{"rank": 0, "env": {...}, "log": null}, ...]}
-
-and forks one process per rank. Each rank takes the environment it was given (the one the
-supervisor would have started ``python -m axonn_launch.train <job_dir>`` with), its own
-output (the inherited console for ``log: null``, else that file, appended to), default
-signal dispositions and a parent-death signal, then runs the module ``argv`` names as
-``python -m`` would (``runpy``, as ``__main__``, with those arguments) and exits with its
-code. Each is a process of its own, with its own pid and log, named
-``axonn-rank-<N>`` (``ps -o comm``, ``top``; its command line is the zygote's, which names
-the job dir: one started before the launcher composed the job has a blank argument there,
-which the order's ``job_dir`` is written over before the fork); thread counts are set in
-each rank (``train.configure_threads``), after the fork.
-
-On REPORT_FD it tells the supervisor (``submit/local.py``, which never imports torch)
-``started <rank> <pid>`` for each rank, then ``ended <pid> <returncode>`` as each ends
-(negative: killed by that signal, as ``subprocess`` says it), and exits once all have ended.
-Its first line, ``ready <threads>``, says how many threads it had when the imports were
-done: 1, or forking would have copied a process in the middle of another thread's work.
-It dies with the supervisor, and its ranks with it. Slurm jobs do not use it: srun starts
+pays that once, then forks one process per rank. Slurm jobs do not use it: srun starts
 their tasks.
+
+The order it reads, what each rank inherits and the report protocol: ``docs/launch.md``
+("train/zygote.py").
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ TRAIN = [
     "train.sample_tokens=0",
     "train.checkpoint_every=4",
     "recovery=off",  # each scenario is brought back by hand here (test_recovery.py: by itself)
-    "preflight=false",  # tests/slurm/test_preflight.py runs it, with its resubmission
+    "preflight=false",  # tests/slurm/test_preflight_on_slurm.py runs it, with its resubmission
     "force=true",  # the reference and the faulted runs share one config, side by side
 ]
 PAUSED = "pause@step9:600"

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import run_launcher
 from tests.hf_fixtures import tiny_llama_dir
-from tests.test_finetune_hf import FINETUNE, check_export, prepare_finetune_data
+from tests.train.test_finetune_hf import FINETUNE, check_export, prepare_finetune_data
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""A submission the real sbatch refuses (issue 11, point 3): one line, exit code 1, and a
+"""A submission the real sbatch refuses: one line, exit code 1, and a
 job.json with status "refused" that ``jobs status`` lists."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import test_first_hour as first_hour
+from tests.journeys import test_first_hour as first_hour
 from tests.slurm.conftest import SlurmCluster
 
 pytestmark = pytest.mark.slurm

@@ -1,4 +1,4 @@
-"""Issue 32 on the local Slurm cluster: a Slurm job outlives its launcher and holds no lock,
+"""On the local Slurm cluster, a Slurm job outlives its launcher and holds no lock,
 so a launch into a dir whose job.json names a job squeue still lists is refused in one line
 naming that job; once the job is gone, the dir is one that holds a run (refused unless
 ``resume=true``). The job is held in the queue (``--begin``): no node is used."""

@@ -15,7 +15,7 @@ from tests.conftest import run_launcher
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-# preflight off: tests/slurm/test_preflight.py and the rehearsals run it
+# preflight off: tests/slurm/test_preflight_on_slurm.py and the rehearsals run it
 TRAIN = ["grid.x=2", "grid.z=2", "train.steps=8", "train.sample_tokens=0", "preflight=false"]
 
 
@@ -120,7 +120,7 @@ def local_reference(tmp_path_factory):
 def test_two_nodes_complete_and_match_the_local_run(
     slurm_cluster, early_jobs, local_reference, tmp_path
 ):  # early_jobs first: the sweep and mpirun jobs run while this one does
-    # '%x' would be Slurm's job name in --output (FAILED 0:53 before issue 32): escaped, the
+    # '%x' would be Slurm's job name in --output (unescaped, the job FAILED 0:53): escaped, the
     # logs land in this very dir
     job_dir = tmp_path / "job%x"
     result = run_launcher(

@@ -20,7 +20,7 @@ def test_optuna_trials_are_slurm_jobs_that_the_sweep_waits_for(slurm_cluster, tm
     """Over 30 s: two trials, each a Slurm job that the sweep waits for. Both in one batch
     (``hydra.sweeper.n_jobs=2``), run side by side by the joblib launcher, each waited for
     in its own process (the basic launcher's trials, one after another, are
-    tests/test_hydra_launchers.py's)."""
+    tests/submit/test_hydra_launchers.py's)."""
     sweep = tmp_path / "sweep"
     args = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2",
             "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",

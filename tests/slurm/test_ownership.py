@@ -1,4 +1,4 @@
-"""Issue 32 on the local Slurm cluster: ``jobs stop`` acts only on a job that is the dir's.
+"""On the local Slurm cluster, ``jobs stop`` acts only on a job that is the dir's.
 
 A copied job dir whose job.json was edited to name someone else's job (a ``sleep`` that
 runs, named ``wrap``, its output elsewhere) is refused in one line naming the job and what
@@ -18,8 +18,8 @@ import pytest
 from axonn_launch.common.jobdir import JobPaths, write_record_file
 from tests.cli_server import run_module
 from tests.conftest import REPO
+from tests.records.test_records_schema import local_record, said
 from tests.slurm.conftest import SlurmCluster, wait_for
-from tests.test_records_schema import local_record, said
 
 pytestmark = pytest.mark.slurm
 NAME = "gpt_tiny-slurm_local"  # what a launch with machine=slurm_local is named

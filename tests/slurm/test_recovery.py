@@ -45,7 +45,7 @@ BASE = [
     "recovery.backoff_s=1",
     "wait=false",
     "force=true",  # runs that share one config (a fault aside) go side by side
-    "preflight=false",  # tests/slurm/test_preflight.py runs it, with its resubmission
+    "preflight=false",  # tests/slurm/test_preflight_on_slurm.py runs it, with its resubmission
     # each attempt would tune its GEMMs afresh, by timings that move with the load, and a
     # pick that differs from the reference run's rounds differently: the final losses are
     # compared exactly
@@ -67,9 +67,9 @@ RUNS = {
     "code": ("code@step3", ONE_NODE),
     "repeats": ("kill@step3:rank1", [*ONE_NODE, "recovery.max_same_class=2"]),
     "queued": ("", [*ONE_NODE, "+machine.slurm.extra_sbatch.begin=now+3600"]),
-    # issue 30: what does not announce itself. Each step sleeps 3 s from step 2 in the first
-    # attempt, so that the test can stop rank 3 (on n2) with SIGSTOP mid-training; resumed
-    # on the same nodes (policy resume) to compare the loss exactly
+    # a fault that does not announce itself (a stopped rank). Each step sleeps 3 s from
+    # step 2 in the first attempt, so that the test can stop rank 3 (on n2) with SIGSTOP
+    # mid-training; resumed on the same nodes (policy resume) to compare the loss exactly
     "hang_stopped": (
         "slow@step2:3:attempt1",
         [*TWO_NODES, *WATCHDOG[1:], STOPPED_FLOOR, "recovery.policy.hang=resume"],
@@ -341,7 +341,7 @@ def test_a_lost_node_is_left_out_and_the_grid_shrinks(runs):
     check_goodput(run["goodput"], [job_dir, last], lost_steps=0)  # paused before step 9's end
 
 
-# --- issue 30: hangs, stragglers, non-finite steps, no progress ----------------------------
+# --- faults that do not announce themselves: hangs, stragglers, non-finite steps, no progress
 
 
 def metrics_rows(job_dir: Path) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Issue 31 on the local Slurm cluster: a second launch identical to a queued job is refused
+"""Repeats on the local Slurm cluster: a second launch identical to a queued job is refused
 in one line naming that job (``submit/duplicates.py``) and submits nothing, ``force=true``
 submits it anyway with a warning; ``jobs status`` shows a ``jobs stop``ped run as stopped by
 the user (action stop, not sacct's ``CANCELLED by <uid>`` and resume), and a refused
@@ -17,7 +17,7 @@ from axonn_launch.common.jobdir import read_record
 from tests.cli_server import run_module
 from tests.conftest import REPO, run_launcher
 from tests.slurm.conftest import SlurmCluster
-from tests.test_local_supervisor import poll
+from tests.submit.test_local_supervisor import poll
 
 pytestmark = pytest.mark.slurm
 QUEUED = ["machine=slurm_local", "wait=false", "+machine.slurm.extra_sbatch.begin=now+3600"]

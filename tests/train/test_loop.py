@@ -151,7 +151,7 @@ def test_stop_and_resume_gives_the_same_losses(tmp_path):
     assert (resumed / "checkpoints" / "latest").read_text() == "step_00000005"
     assert [r["step"] for r in metrics(resumed)] == [1, 2, 3, 4, 5]
     # latest pointed at another run's (complete) step: never followed, this dir's newest is
-    # used (issue 32: rank 0 checked the outside step, every rank opened its own step_12)
+    # used (a bug this catches: rank 0 checked the outside step, every rank opened its own)
     outside = os.path.relpath(straight / "checkpoints" / "step_00000012", resumed / "checkpoints")
     (resumed / "checkpoints" / "latest").write_text(outside)
     second = launch(resumed, 4, "tests.train.loop_worker")

@@ -10,7 +10,7 @@ import torch
 
 from axonn_launch.train.inference.generation import generate_one
 from axonn_launch.train.run import SILENT_S, announce_sample, said_if_slow
-from tests.train.test_sample import CPU, model
+from tests.train.inference.test_sample import CPU, model
 
 
 class SlowForward(torch.nn.Module):

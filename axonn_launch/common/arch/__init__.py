@@ -4,7 +4,7 @@ The cost model, the rules and the traffic model ask ``ModelSpec.architecture`` (
 ``Architecture``, ``base.py``) rather than branching on the name. The job side builds the
 torch module registered under the same name (``train/models/registry.py``). Adding an architecture:
 its strategy here, its torch module there, a preset in ``conf/model/`` and tests
-(``tests/test_arch_registry.py`` checks that every registered name has all four).
+(``tests/common/test_arch_registry.py`` checks that every registered name has all four).
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Full tensors out of a DCP checkpoint, one tensor at a time; legacy conversion.
 
-``export_checkpoint`` reads each tensor of the checkpoint in full (``dcp.load`` of one
-key, single process) and appends it to the output before reading the next, so memory
-holds one full tensor (plus the saved chunk being copied), whatever the model size:
+``export_checkpoint`` writes ``.pt`` or ``.safetensors``, ``export_hf`` a Hugging Face
+directory (Llama), ``convert_legacy`` rewrites a ``per-rank-shards/1`` checkpoint in place.
+Memory holds one full tensor at a time, whatever the model size.
 
-* ``.pt``: torch's zip format written record by record (the pickle references each
-  tensor's storage record; ``torch.load(..., weights_only=True)`` reads it);
-* ``.safetensors`` (or a directory, which gets ``model.safetensors``): the header is
-  computed from the metadata first, then the tensors' bytes follow in order.
-
-``export_hf`` writes a Llama checkpoint as a Hugging Face directory (config.json,
-safetensors shards with their index, the tokenizer files of ``init_from``): each of our
-tensors is read in full once and cut by rows into its HF tensors
-(``axonn_launch.common.hf.hf_segments``), streamed into shard files whose headers are computed
-from the metadata first; memory holds one of our full tensors.
-
-``convert_legacy`` turns a ``per-rank-shards/1`` checkpoint into a DCP one in place (the
-old directory is kept beside it as ``<name>.legacy``). It rebuilds full tensors in one
-process (``axonn_launch.train.checkpoint.legacy``), which the old format leaves no way around.
+How each format is streamed: ``docs/checkpoints.md`` ("train/checkpoint/export.py").
 """
 
 from __future__ import annotations

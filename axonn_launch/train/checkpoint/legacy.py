@@ -1,17 +1,11 @@
 """Checkpoints of the previous format, ``per-rank-shards/1``: resume and convert.
 
-That format has one ``rank_NNNNN.pt`` per rank (its flat shards, optimizer state, loader
-and RNG) plus ``meta.json``, with no global offsets. To resume from one on any grid each
-rank reads every old rank file and rebuilds the full parameters and AdamW moments: a
-shard's elements sit at the positions ``ShardLayout.full_indices`` gives for that old
-rank, which needs only the old grid and the rank's coordinates. The one grid-dependent
-field of a layout, the vocab padding ``pad_rows_to`` (a multiple of the x*y plane size),
-is recomputed for the old grid. This costs a full copy of the model and both moments per
-rank, which is why the format was replaced; it is kept so that no run is lost, and
-``python -m axonn_launch.export --convert-legacy`` turns such a checkpoint into the
-current one once.
-
+Kept so that no run is lost: a job resumes from such a checkpoint on any grid, and
+``python -m axonn_launch.export --convert-legacy`` turns it into the current format once.
 ``write_legacy`` writes the old layout (for tests and for converting fixtures).
+
+The old format and why it was replaced: ``docs/checkpoints.md``
+("train/checkpoint/legacy.py").
 """
 
 from __future__ import annotations

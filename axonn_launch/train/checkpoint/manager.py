@@ -1,37 +1,13 @@
 """Atomic, asynchronous DCP checkpoints under ``<job_dir>/checkpoints``.
 
-Layout::
+A save writes a temporary step directory through ``dcp.async_save`` (training goes on
+during the write) and only then moves ``latest``, so a crash at any point leaves
+``latest`` naming a complete checkpoint. A resume verifies the step it is given
+(``resume_point``, ``checkpoint_problem``) and falls back to the newest complete one.
+``AXONN_CHECKPOINT_FAULT`` kills a save at a chosen point (tests).
 
-    checkpoints/
-      step_00000120/
-        .metadata, __0_0.distcp ...   torch.distributed.checkpoint files (all ranks)
-        meta.json                     step, grid, model, format (rank 0, written last)
-      latest                          text file naming the newest complete step directory
-
-A save writes into ``.tmp_step_<n>`` through ``dcp.async_save``: the state is copied
-to host memory (staging) while the caller waits, then written by a background thread,
-so training goes on during the write. When DCP has written ``.metadata`` (after every
-rank's data), rank 0 writes ``meta.json``, renames the directory to ``step_<n>`` and
-only then replaces ``latest`` (temp file + ``os.replace``), then prunes. A crash at any
-point leaves ``latest`` naming a complete checkpoint. One save is in flight at a time:
-a new save, and ``wait``, first wait for the previous one. Assumes ``job_dir`` is on a
-file system all ranks share.
-
-``AXONN_CHECKPOINT_FAULT=POINT@saveN[:rankR]`` (tests) kills the process with SIGKILL
-inside its N-th save (1-based) on rank R (default 0): ``write`` after this rank's data
-files are written, ``metadata`` after ``.metadata`` (rank 0), ``rename`` after the
-rename but before ``latest`` moves (rank 0).
-
-A resume trusts nothing it has not checked (``resume_point``): rank 0 removes the
-leftovers of interrupted saves, then verifies the step ``latest`` names against its own
-DCP metadata (``checkpoint_problem``: ``meta.json`` and ``.metadata`` readable, every
-``.distcp`` file present and as long as the metadata's items need). A damaged step is
-named in one line and the newest complete older step is used instead; ``latest`` is
-moved to it, and the damaged directory is left for a person to look at (pruning removes
-it once it is old). ``latest`` names a step of this dir or nothing: text other than
-``step_<digits>`` (``../../other/step_N``, an absolute path, garbage) is ignored with a
-warning, and the newest complete step here is used. Rank 0's choice is broadcast, so
-every rank loads the same step.
+The layout, the order of a save, the fault points and the checks of a resume:
+``docs/checkpoints.md`` ("train/checkpoint/manager.py").
 """
 
 from __future__ import annotations

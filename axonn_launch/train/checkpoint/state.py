@@ -1,17 +1,11 @@
 """The training state of one rank as a DCP state dict, and back; ``save`` and ``resume``
 are the training job's.
 
-Keys (what any DCP reader, e.g. ``dcp_to_torch_save``, sees):
+Parameters and AdamW's moments are saved under their full names and shapes, so any
+DCP reader sees ordinary tensors, and a checkpoint resumes on another grid.
 
-* ``<parameter name>``: every parameter, full shape, natural row order;
-* ``optimizer.state.<name>.exp_avg`` / ``.exp_avg_sq``: AdamW's moments, same boxes;
-  ``optimizer.state.<name>.step``: its step count (a scalar, the same on every rank);
-* ``rank_state.<rank>``: that rank's loader position and RNG states (serialized);
-* ``meta``: the checkpoint's metadata as JSON (also in ``meta.json``).
-
-On another grid each rank reads the overlap of its new shard with the saved chunks, and
-the loader/RNG state of the old rank with its index (rank 0 for ranks beyond the old
-world); the loader position is the number of optimizer steps done, the same everywhere.
+The keys and how another grid reads them: ``docs/checkpoints.md``
+("train/checkpoint/state.py").
 """
 
 from __future__ import annotations

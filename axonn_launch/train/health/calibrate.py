@@ -1,18 +1,12 @@
 """Calibrate's measurements: the torch half of ``python -m axonn_launch.calibrate``.
 
-The command (``axonn_launch/calibrate.py``) parses its settings and decides, torch-free,
-what to measure and how to read it (a ``Plan``: the group layouts, the planned GEMM shapes,
-the ring-model fit, where the file goes); this module joins the world (srun's tasks, or
-``nproc`` local gloo processes) and times, on every rank at once:
+The command (``axonn_launch/calibrate.py``) decides, torch-free, what to measure and how
+to read it (a ``Plan``); this module joins the world (srun's tasks, or ``nproc`` local gloo
+processes) and times collectives, GEMMs, element-wise adds and overlap on every rank at
+once. Every timing is the slowest rank's in each repetition, then the best of ``reps``
+repetitions (``_best_seconds``).
 
-- for every group layout, all-reduce, all-gather and reduce-scatter at three message sizes
-  (all groups of the layout together, as the grid's groups run in training);
-- GEMMs of a few square sizes, and the plan's GEMM shapes in every formulation the job's
-  tuner chooses from (``parallel/gemm.py``), on operands laid out as the core passes them;
-- element-wise adds (memory bandwidth), and how much of an all-reduce a GEMM hides.
-
-Every timing is the slowest rank's in each repetition, then the best of ``reps``
-repetitions (other programs only ever add time): ``_best_seconds``.
+What each measurement is: ``docs/cost-model.md`` ("train/health/calibrate.py").
 """
 
 from __future__ import annotations

@@ -1,48 +1,13 @@
 """Fault injection for tests of failure handling, driven by one environment variable.
 
-``AXONN_FAULT`` holds comma-separated faults; unset or empty, nothing happens. Two forms:
+``AXONN_FAULT`` holds comma-separated faults; unset or empty, nothing happens. Examples:
+``AXONN_FAULT=collective@step5:rank1``, ``AXONN_FAULT=pause@step9:120``,
+``AXONN_FAULT=slow@preflight:node=n2``. The job calls ``step_hook`` once per optimizer
+step (``submit/task.TrainJob`` wraps the loop's ``should_stop`` with it) and the
+preflight asks ``preflight_slowdown``.
 
-``KIND@stepN[:rankR|:node=NODE][:SECONDS]`` fires once, on the step boundary after
-optimizer step N (1-based), on rank R or on every rank of node NODE (default: every rank
-for ``pause`` and ``slow``, rank 0 otherwise):
-
-- ``collective``: raise the error a failed NCCL/RCCL collective raises
-- ``gpu_oom``: raise the error of a CUDA allocation that does not fit
-- ``code``: raise a plain ``ValueError`` (a bug in user code or configuration)
-- ``pause``: sleep SECONDS (default 600) so a test can kill, cancel or stop a node while
-  the job is mid-training
-- ``slow``: sleep SECONDS (default 1) after step N and after every later step, so that a
-  short job reaches its time limit
-- ``exit``: end the process at once with ``os._exit(SECONDS or 1)`` (a crash outside Python)
-- ``kill``: the process sends itself SIGKILL (what the kernel's OOM killer or ``kill -9`` does)
-- ``oom``: allocate and touch host memory, 64 MiB at a time, until the kernel's OOM killer
-  kills the process; only inside a memory cgroup with a limit (``common/hostmem.py``), which
-  a test makes: elsewhere it would exhaust the whole computer, so it raises instead
-- ``hang``: sleep SECONDS (default 3600) before the step-boundary all-reduce, outside any
-  collective, in the section ``compute``: a rank wedged in its own code (the watchdog's case)
-- ``straggle``: burn SECONDS milliseconds of CPU (busy work, not a sleep) in step N and every
-  later step, before the step-boundary all-reduce: a rank whose GPU throttled
-- ``nan_loss``: make the rank's share of step N's loss NaN (its gradients stay finite)
-- ``nan_grad``: make one of the rank's gradients NaN in step N (the loss stays finite)
-
-A fault ending in ``:attemptA`` fires only in attempt A of a run (``job.json``'s
-``attempt``: 1 for the launch, then one more per resubmission or recovery); without it, in
-every attempt that trains past step N.
-
-``slow@preflight[:rankR|:node=NODE][:FACTOR]`` makes the preflight's GEMMs on rank R (or
-on every rank of node NODE; default: every rank) do FACTOR times the work (default 8), as
-a GPU clocked down would: the preflight (``axonn_launch.train.health.preflight``) must then name
-that node as slow. FACTOR is extra work, not a sleep, so it shows in wall-clock and in
-CPU-time measurements alike. Only ``slow`` has a preflight form.
-
-NODE is the Slurm node name (``SLURMD_NODENAME``, else the host name:
-``axonn_launch.train.health.startup.node_name``). Every fault fires only in a job's first run (not
-after Slurm requeued it: ``SLURM_RESTART_COUNT`` > 0).
-
-Examples: ``AXONN_FAULT=collective@step5:rank1``, ``AXONN_FAULT=pause@step9:120``,
-``AXONN_FAULT=slow@preflight:node=n2``, ``AXONN_FAULT=slow@preflight:rank3:20``.
-The job calls ``step_hook`` once per optimizer step (``axonn_launch.submit.task.TrainJob`` wraps
-the loop's ``should_stop`` with it) and the preflight asks ``preflight_slowdown``.
+Every kind of fault, its syntax and when it fires: ``docs/recovery.md``
+("train/health/faults.py").
 """
 
 from __future__ import annotations

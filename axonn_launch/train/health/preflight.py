@@ -1,44 +1,13 @@
 """Preflight: a short check of the allocation before training (on by default on Slurm).
 
-Every rank, after the startup record (``axonn_launch.train.health.startup``) and before the model
-is built, measures:
+Every rank measures its GEMM rate, the all-reduce bandwidth inside and across nodes and
+the network NCCL/RCCL chose; ``judge`` decides the same verdict on every rank. A missing
+network plugin, or slow nodes (with ``machine.preflight.on_slow=stop``), stop the job with
+one ``PreflightError`` so that ``jobs resubmit`` can exclude them. Rank 0 writes
+``preflight.json`` and the verdict in ``job.json``.
 
-- GEMM TFLOP/s: a square ``gemm_size`` GEMM in ``machine.preflight.gemm_dtype``, run in
-  ``REPEATS`` windows of about ``WINDOW_S`` seconds each (the GEMM count per window comes
-  from one timed GEMM), the best window counts. GPUs are timed in wall-clock seconds
-  (synchronized); CPU ranks run the GEMM on one thread and time it in that thread's CPU
-  seconds, because CPU "nodes" that share cores with other jobs (the local test cluster)
-  would otherwise measure the load (one thread: idle OpenMP workers spin, and their CPU
-  seconds move with the load too);
-- all-reduce bus bandwidth (nccl-tests' definition: bytes x 2(n-1)/n per second) of an
-  ``allreduce_mib`` message inside each node (its ranks, all nodes at once) and across
-  nodes (the first rank of each node);
-- the network NCCL/RCCL chose: its ``Using network NAME`` log line, which
-  ``prepare`` asks NCCL to write to ``logs/nccl_rank<R>.log`` before it starts.
-
-The results are gathered on every rank and judged the same way everywhere (``judge``):
-
-- a rank is slow when its GEMM rate is below ``slow_fraction`` x the median rank's, or
-  below the profile's floor (``gemm_floor`` x ``hardware.peak_tflops_per_gpu``; none on
-  CPU profiles); a node with a slow rank is a slow node;
-- bandwidth below ``bandwidth_floor`` x ``hardware.intra_node_gbps`` /
-  ``inter_node_gbps`` is a warning naming the nodes (bandwidth over a short test moves with
-  the traffic of other jobs, so it does not stop the job);
-- on a multi-node NCCL/RCCL job, every rank's network must match ``machine.preflight.
-  network`` (the OFI/libfabric plugin on Perlmutter, Frontier and Alps): a rank on
-  ``Socket`` would carry every collective over TCP. Without NCCL's log (the user set
-  ``NCCL_DEBUG`` to another level) a plugin library mapped into the process is accepted,
-  with a warning. Skipped, and the report says why, on gloo, on one node, or when the
-  profile names no network.
-
-A missing plugin stops the job with one ``PreflightError``; slow nodes stop it too when
-``machine.preflight.on_slow`` is ``stop`` (the default), so that ``python -m
-axonn_launch.jobs resubmit`` brings it back with ``--exclude`` for them. Rank 0 logs the
-results, writes ``<job_dir>/preflight.json`` (every rank's numbers) and records the verdict
-and ``slow_nodes`` in ``job.json``; ``jobs status`` shows them. The numbers come from
-``<job_dir>/preflight_expected.json``, which the launcher writes from the machine profile
-(``MachineProfile.preflight_expectations``); without it only the relative rule holds.
-Fault injection for tests: ``AXONN_FAULT=slow@preflight:node=NODE`` (``faults``).
+What is measured, the rules of the verdict and why: ``docs/recovery.md``
+("train/health/preflight.py").
 """
 
 from __future__ import annotations

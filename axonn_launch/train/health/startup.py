@@ -1,18 +1,12 @@
 """The startup record in each job's log: where the ranks run and what each one found.
 
 Every rank logs one line (host, torch, the devices it sees, the collective backend and the
-network plugin that backend loaded); rank 0 also logs the whole job, host by host. The
-sites ask users to check the plugin (CSCS, NERSC: ``NCCL_DEBUG=INFO`` shows ``Using network
-AWS Libfabric``), because NCCL silently falls back to TCP sockets without it. NCCL and
-RCCL load their plugin when the first communicator is made, so the record is taken after
-the process group's first collective, from the shared libraries mapped into the process,
-and, when NCCL was asked for its log (``enable_nccl_log``, done by the preflight), from
-NCCL's own ``Using network NAME`` line: the network it really chose. A mapped plugin that
-failed to initialise leaves NCCL on ``Socket``; only that line tells.
+network plugin that backend loaded); rank 0 also logs the whole job, host by host. Each
+record names the rank's node (``SLURMD_NODENAME``, else the host name), the name
+``--exclude`` takes.
 
-Each record names the rank's node: ``SLURMD_NODENAME`` (the name Slurm knows the node by,
-which ``--exclude`` takes; on the local test cluster every node has the same host name),
-else the host name.
+Why the plugin is checked and how it is found: ``docs/recovery.md``
+("train/health/startup.py").
 """
 
 from __future__ import annotations

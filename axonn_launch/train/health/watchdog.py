@@ -1,33 +1,13 @@
 """Each rank's progress watchdog, and the straggler score.
 
-A rank marks its sections (``init``, each step's ``data``, ``compute`` and ``sync``,
-``checkpoint``, ``eval``) on a ``Watchdog``: the main thread only assigns a tuple. A
-small daemon thread wakes every ``beat_s`` and compares the time spent in the current
-section (a step's sections share the step's clock) with its deadline
-(``deadline_rules``: a start-up grace, then a multiple of the median step time with a
-floor, a save's bytes at the file system's bandwidth). When a deadline passes:
+A rank marks its sections on a ``Watchdog``; a daemon thread compares the time in the
+current section with its deadline and, when one passes, gathers every rank's stack and
+heartbeat, names the ranks that stopped making progress (``find_suspects``), writes a
+``hang`` failure record and ends the process. ``straggler_report`` names the ranks whose
+compute time per step is far above the median.
 
-1. the rank dumps every thread's Python stack (``faulthandler``) into
-   ``logs/stacks/rank_<r>.txt`` and writes its heartbeat (section, step, since when);
-2. it asks every other rank to do the same, by creating ``logs/heartbeats/REQUEST``,
-   which each rank's watchdog looks for at every beat, and waits a few beats for them;
-3. the ranks that did not answer (a stopped process, a node gone) are the ones that
-   stopped making progress; when all answered, those furthest behind (in step, then in
-   section order) are, if any rank is further ahead. ``find_suspects`` decides; when
-   every rank answers at the same point, all are alive and equally slow, and the section
-   gets one more deadline (once) before that is a hang too;
-4. it writes its failure record (class ``hang``: section, step, suspects and their
-   nodes, the stacks' folder) and one log line, and ends the process: srun's
-   ``--kill-on-bad-exit`` or the local supervisor ends the other ranks.
-
-Nothing is written while the job is healthy but one heartbeat per rank at start-up
-(which names its node). At 65,536 ranks the beat is a ``stat`` of one file per rank
-every ``beat_s``; raise ``train.watchdog.beat_s`` there if the metadata server minds.
-
-Every ``train.stragglers.every`` steps the loop gathers each rank's compute time per
-step (from the step's start until it enters the step-boundary all-reduce, where the
-waiting for slower peers happens), and ``straggler_report`` names the ranks whose time
-is far above the median by a robust score.
+The deadlines, the steps of a hang and the cost at scale: ``docs/recovery.md``
+("train/health/watchdog.py").
 """
 
 from __future__ import annotations

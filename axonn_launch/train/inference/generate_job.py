@@ -1,19 +1,10 @@
 """A generation job: the weights of a checkpoint or of a Hugging Face directory,
 continuations of a JSONL of prompts, one output line per prompt in order.
 
-Prompts are batched by length (``generate.batch_size`` of similar lengths together, so
-that little is padded), split over the grid's data × z planes and continued with
-``generation.generate``; rank 0 writes ``generate.out`` (temporary name, then rename) and
-the summary. Sampling is seeded per prompt by ``train.seed``: the same output on any grid.
+Prompts are batched by length, split over the grid's data × z planes and continued with
+``generation.generate``; rank 0 writes ``generate.out`` and the summary.
 
-Every row has ``output_ids``; ``text`` only where ids have text: a tokenizer, or the byte
-vocabulary of a model trained on the built-in corpus (an id above 255 shows as ``<id:N>``).
-A Hugging Face model without a tokenizer has none: its ids are not bytes.
-
-With ``generate.stop_at_eos`` (the default, as transformers) a continuation ends at the
-first end-of-sequence id: the HF directory's ``eos_token_id`` (one or a list), else its
-tokenizer's (``common/prompts.py``). A model trained on the built-in byte corpus has no
-end-of-sequence id: its continuations run ``max_new_tokens``.
+Output rows and end of sequence: ``docs/job-side.md`` ("train/inference/generate_job.py").
 """
 
 from __future__ import annotations

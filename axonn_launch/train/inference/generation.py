@@ -1,30 +1,12 @@
 """Batched generation with a KV cache, on any grid; every rank takes part.
 
-The grid's data × z planes split the prompts: sorted by length and dealt out in turn, so
-each x*y plane continues its share, in batches of similar lengths. A batch is left-padded
-to one length; the prompt runs once through the model (filling each layer's cache with
-this rank's heads), then each new token runs alone. Every rank of a plane computes the
-same full-vocabulary logits; the plane's first rank picks the tokens and broadcasts them
-within the plane, so its ranks extend the batch identically even where their logits
-differ in the last bit. The z ranks of a forward all-gather weights together, so every
-plane runs the same number of batches and steps: a plane out of prompts runs a one-token
-filler row, and a batch stops at end-of-sequence only once the rows of every plane have
-ended. Then every rank gathers all continuations.
+The grid's data × z planes split the prompts; each plane continues its share in batches
+of similar lengths, and its first rank picks the tokens for all of its ranks. Sampling is
+seeded per prompt, so the continuations are the same on every grid and batch size. The
+end-of-run sample (``generate_one``) runs the same loop without a cache.
 
-End of sequence, as transformers' ``generate``: a row ends with the first of ``eos_ids``
-it produces (a Llama 3 config lists several), greedy or sampled, and nothing follows it;
-the other rows of its batch run on.
-
-Sampling draws each prompt's tokens from a generator of its own, seeded by (seed, the
-prompt's number): the same continuations on every grid and for every batch size.
-
-The end-of-run sample (``generate_one``) runs the same loop (``run_steps``) without a
-cache, recomputing the last ``max_seq_len`` tokens at each step, so that it may run past
-the model's context; there rank 0 picks for every rank.
-
-What a sample's tokens read as (``decode``): text for the built-in byte-level corpus, ids
-otherwise. A model trained on the built-in byte corpus has no end-of-sequence id, so its
-sample always runs the tokens asked for.
+How planes stay in step, end of sequence and decoding: ``docs/job-side.md``
+("train/inference/generation.py").
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """The GPT of ``ModelSpec`` on AxoNN's 4D grid.
 
 Learned positions, pre-LN blocks, GeLU MLP with ``ffn_mult * h`` hidden units, biases,
-and an LM head tied to the token embedding. Inside a block QKV and MLP-up are
-non-transposed ``TPLinear``s (inner x, outer y) and attention-out and MLP-down are
-transposed (inner y, outer x), so attention heads and MLP units are split over y and the
-hidden dimension over x. The batch is split over data and z by the caller.
+and an LM head tied to the token embedding. Parameter names double as the keys of
+``full_state_dict``; the full tensors have the usual single-process shapes.
 
-Parameter names double as the keys of ``full_state_dict``; the full tensors have the
-usual single-process shapes (``blocks.i.attn.qkv.weight`` is ``[3h, h]`` with rows q|k|v).
-
-Throughput knobs (``TrainConfig``): ``wire`` (the dtypes of the weight all-gathers,
-weight-grad reduce-scatters and dX all-reduces, ``comm.Wire``), ``cache_layers`` (the
-first N blocks keep their four Linears' gathered weights from forward to backward),
-``ors_window`` (at most that many blocks' worth, 4 Linears each, of weight-grad
-reduce-scatters pending; 0 = no bound) and ``gemm_tuning``. The defaults of ``GPT``
-are today's fp32 behaviour: fp32 wire, no cache, no bound, no tuning.
+How a block is split over the grid and the throughput knobs: ``docs/job-side.md``
+("train/models/gpt.py").
 """
 
 from __future__ import annotations

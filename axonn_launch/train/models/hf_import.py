@@ -1,17 +1,11 @@
 """Start a Llama from Hugging Face safetensors, each rank reading only its shard.
 
-``load_hf_weights(model, groups, hf_dir)`` fills every parameter of this rank from the
-HF tensors ``axonn_launch.common.hf.hf_segments`` maps it to: for each box of the rank's shard
-(``dcp.shard_pieces``, the same boxes a DCP checkpoint uses) and each HF tensor whose
-rows the box overlaps, it reads exactly the overlapping rows and columns with
-safetensors' ``get_slice`` (bytes copied out of a memory map, nothing else) and copies
-them, converted to the parameter's dtype, into the matching view of the local shard.
-A tensor stored as integers, or holding a NaN or an infinity in what this rank reads, is
-refused in one line naming it (the login node checked the dtypes already; only the job
-reads the values: ``common/hf.py``'s ``weights_problem``).
-Each safetensors file is opened once. Padded vocab rows are zero, so every rank ends
-with exactly what ``load_full_state_dict`` of the full HF weights gives; a rank never
-reads a row or column it does not hold, and one rank reads every tensor once.
+``load_hf_weights(model, groups, hf_dir)`` fills every parameter of this rank with the
+rows and columns of the HF tensors its shard holds (``common/hf.hf_segments``), read with
+safetensors' ``get_slice``; a tensor stored as integers, or holding a NaN or an infinity,
+is refused in one line naming it.
+
+How the reads are cut: ``docs/checkpoints.md`` ("train/models/hf_import.py").
 """
 
 from __future__ import annotations

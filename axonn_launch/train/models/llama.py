@@ -5,17 +5,8 @@ MLP, no biases, and an LM head of its own unless ``tie_embeddings``. Everything 
 (the overlap runtime, the vocab-parallel embedding and loss, initialization, sharded
 checkpoints, gradient synchronization) is the GPT's, in ``train/models/gpt.py``.
 
-Linears of a block, in forward order: ``attn.q`` and ``attn.kv`` (non-transposed: input
-over x, output over y), ``attn.proj`` (transposed), ``mlp.gate_up`` (non-transposed,
-gate and up rows fused) and ``mlp.down`` (transposed). The full ``attn.kv`` weight is
-the k rows then the v rows, ``mlp.gate_up`` the gate rows then the up rows, so the full
-tensors map onto Hugging Face's by row ranges (``axonn_launch.common.hf``).
-
-KV heads over y: with ``kv_heads % y == 0`` each y rank holds ``kv_heads / y`` of them;
-with ``y % kv_heads == 0`` each holds the one its query heads use, the same rows on
-``y / kv_heads`` consecutive y ranks (``ShardLayout.y_replicas``). Those replicas see the
-gradient of different query heads, so ``finish_gradients`` sums their gradients over
-the replica group (``Llama.replica_group``) before the optimizer step.
+Its Linears, their Hugging Face row ranges and the KV heads over y:
+``docs/job-side.md`` ("train/models/llama.py").
 """
 
 from __future__ import annotations

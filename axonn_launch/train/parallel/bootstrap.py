@@ -1,28 +1,12 @@
 """Find this process's rank, rendezvous address, device and backend.
 
-Sources, first match wins (the order is ``common/ranks.py``'s, which every reader of the
-rank shares):
+The launcher is recognized in ``common/ranks.py``'s order, which every reader of the rank
+shares; this module adds what the rendezvous needs for each: the master address (from
+the step's node list, or broadcast over MPI), the local rank, the device and the backend.
+``MASTER_ADDR``/``MASTER_PORT`` in the environment override the derived address and port.
 
-1. torchrun-style variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-   ``MASTER_PORT``), also what the local launcher sets for each rank process;
-2. Open MPI's ``mpirun`` (``OMPI_COMM_WORLD_*``, which only its launcher sets; ranks from
-   mpi4py as in 4 when installed, else from those variables): inside an
-   allocation, mpirun starts its daemons as one Slurm step with a task per node, so its
-   ranks inherit that step's ``SLURM_STEP_ID`` and ``SLURM_PROCID`` (measured on the local
-   cluster: every rank of ``mpirun -np 2`` on one node saw ``SLURM_PROCID=0``);
-3. a Slurm step (``SLURM_STEP_ID`` set: a task started by ``srun``): Slurm's task variables
-   (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``), whatever the MPI plugin adds
-   (``--mpi=pmix`` sets ``PMIX_RANK``, ``pmi2`` sets ``PMI_RANK``/``PMI_SIZE``,
-   ``cray_shasta`` sets ``PALS_*``); the master address is the first host of the step's
-   node list, expanded here in pure Python (no ``scontrol``). No mpi4py is needed;
-4. another MPI launcher outside Slurm (``mpiexec`` of MPICH: PMI or PMIx variables): rank
-   and size from ``mpi4py``'s ``COMM_WORLD``, local rank from a shared-memory split, and
-   the master address broadcast from rank 0's hostname;
-5. Slurm's variables outside a step (a batch script running Python itself);
-6. otherwise a single process.
-
-``MASTER_ADDR``/``MASTER_PORT`` in the environment override the derived address and port
-for the Slurm and MPI sources too.
+Each source, and what was measured on the local cluster: ``docs/job-side.md``
+("train/parallel/bootstrap.py").
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Every collective the parallel model issues, with optional recording.
 
-A ``Comm`` wraps the grid's ``Groups``. Collectives are addressed by axis name
-("x", "y", "z", "data", "plane"; ``all_reduce_in`` takes a group of its own and a name
-for it); over a group of size one they are skipped (and not recorded). A ``Recorder``
-attached to a ``Comm`` (``with comm.recording() as rec``) logs each collective as (op,
-axis, group size, elements, dtype, tag) so tests can count them. For all-gather and
-reduce-scatter the recorded size is the gathered (full) size, the convention of the AxoNN
-volume table; ``CommRecord.bytes`` is that size times the element size of the dtype
-that travelled.
+A ``Comm`` wraps the grid's ``Groups``: collectives are addressed by axis name and
+skipped over a group of size one. A ``Recorder`` logs each collective so tests can count
+them. ``resolve_wire`` is the one place where the wire dtypes' "auto" is decided.
 
-Wire dtypes (axonn.md section 3.1): ``resolve_wire`` turns the job's ``WireConfig`` and
-compute dtype into a ``Wire`` of torch dtypes, the one place where "auto" is decided.
-The collectives that take a ``dtype`` send the tensor in that dtype and return the
-result in it; over a group of one nothing travels, so nothing is cast either.
-
-Gloo gained ``reduce_scatter_tensor`` only in recent torch releases. Where it is
-missing (or when ``reduce_scatter_fallback=True``) a reduce-scatter runs as an
-all-reduce of the full tensor followed by taking this rank's slice. The data moved
-is twice that of a true reduce-scatter, but the result is identical and the record
-still says ``reduce_scatter``, the operation the algorithm asks for.
+Record conventions, wire dtypes and gloo's reduce-scatter fallback: ``docs/job-side.md``
+("train/parallel/comm.py").
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """GEMM layout tuning: a per-shape matmul tuner after AxoNN's (axonn.md §3.2).
 
-Why: a BLAS library picks its kernel by the operands' transpose combination, and for
-one and the same product one combination can be much slower than another (AxoNN saw
-it with rocBLAS/hipBLASLt on Frontier). ``C = A @ B`` can be computed in equivalent
-ways (``FORMULATIONS``): on the operands as given; with an operand first copied into
-row-major (``.contiguous()``) or column-major (``t.t().contiguous().t()``) storage; or
-as the transposed problem ``(Bᵀ @ Aᵀ)ᵀ``, copied back to row-major because callers
-expect a contiguous C (they all-reduce and ``view`` it). ``GemmTuner`` times these for
-each distinct GEMM signature (op, shapes, storage layouts, dtypes, device, autocast) on
-its first call and uses the fastest from then on.
+A BLAS library picks its kernel by the operands' transpose combination, and one
+combination can be much slower than another for the same product. ``GemmTuner`` times
+the equivalent ``FORMULATIONS`` of each distinct GEMM signature on its first call and uses
+the fastest from then on, within a bounded cost.
 
-Cost, bounded: per signature each distinct formulation (two whose operands end up in
-the same storage run the same kernel, so only one of them is timed) gets ``warmup`` +
-``reps`` calls, at most 8 x 4 GEMMs with the defaults (one warm-up, then the median of
-three; with two and five, tuning took a quarter of the CPU time of a 5-step gpt_tiny
-job's training loop); at most ``max_signatures`` signatures are tuned. GEMMs under
-``min_flops`` (default 1 MFLOP) are not tuned: every formulation of them costs about one
-dispatch, microseconds on CPU and GPU alike, so timing would only measure noise and
-could save no more than that.
-
-Ranks tune independently, so picks may differ between ranks; all formulations agree
-within rounding. Each pick is logged at DEBUG, which goes to its rank's log file and not
-to the console (``logs.py``); the loop gathers them for metrics and one INFO line.
-Under autocast every formulation casts its operands as autocast casts ``a @ b``'s
-(floating tensors but float64, to the autocast dtype) before any layout copy, so it
-computes in, and returns, the dtype that ``a @ b`` would.
+Why, what it costs and how autocast is kept: ``docs/job-side.md``
+("train/parallel/gemm.py").
 """
 
 from __future__ import annotations

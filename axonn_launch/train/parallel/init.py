@@ -1,16 +1,10 @@
 """Grid-independent initialization that costs each rank only its own shard.
 
-Every element of a full parameter gets its value from a counter-based generator keyed
-by (seed, parameter name, the element's flat position in the full tensor in natural
-row-major order). A rank computes only the positions of its own shard (from
-``axonn_launch.train.parallel.shards.shard_pieces``), on its own device, so the weights are the
-same on every grid and the cost per rank is O(shard).
+Every element of a full parameter gets its value from a counter-based generator keyed by
+(seed, parameter name, the element's flat position), so the weights are the same on
+every grid, bit for bit on CPU and GPU, and the cost per rank is O(shard).
 
-The generator is splitmix64 on int64 tensors (multiplications wrap, right shifts are
-made logical with a mask). A draw is approximately standard normal: the sum of eight
-16-bit uniforms (two 64-bit hashes per element), centred and scaled to unit variance
-(Irwin-Hall, |value| < 4.9). Everything up to one final float32 multiply is integer
-arithmetic, so the values are bit-identical on CPU and GPU and for any chunking.
+The generator: ``docs/job-side.md`` ("train/parallel/init.py").
 """
 
 from __future__ import annotations

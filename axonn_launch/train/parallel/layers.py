@@ -1,35 +1,12 @@
 """AxoNN's tensor-parallel building blocks on ``torch.distributed``.
 
-* ``TPLinear``: the 3D tensor-parallel Linear. The weight W (out x in) is split into
-  blocks over the inner group (columns) and the outer group (rows), and each block is
-  flattened and split again over z. Non-transposed: inner = x, outer = y; transposed:
-  inner = y, outer = x, so a non-transposed layer feeds a transposed one with no
-  re-distribution. Forward: all-gather W over z, GEMM, all-reduce over inner.
-  Backward: all-gather W over z again (unless the layer's block is cached, below),
-  dX GEMM, all-reduce dX over outer, dW GEMM, reduce-scatter dW over z. The three
-  GEMMs go through the model's ``GemmTuner`` (``fwd``, ``dx``, ``dw``).
-* ``OverlapRuntime``: the per-model state of the three switchable overlaps of the
-  AxoNN paper (OAR, ORS, OAG), the weight cache, the bound on pending reduce-scatters
-  (the ORS window), the wire dtypes and the GEMM tuner.
-* ``TPLayerNorm``: LayerNorm over a hidden dimension split over x, exact at any mean
-  offset: each x member's per-token (shift, mean correction, M2) are all-gathered over
-  x and merged (Chan et al.'s parallel variance), one collective forward and one
-  all-reduce of (sum g, sum g*x_hat) backward.
-* ``VocabParallelEmbedding``: token embedding split by vocab rows over the x*y plane
-  and flattened over z, position embedding split by columns over x, the tied LM head
-  and the vocab-parallel cross-entropy.
+``TPLinear`` (the 3D tensor-parallel Linear), ``OverlapRuntime`` (the overlaps, weight
+cache, wire dtypes and GEMM tuner of one model), ``TPLayerNorm`` and
+``VocabParallelEmbedding``. Activations between layers are ``[batch, seq, h/x]``,
+replicated over y.
 
-Wire dtypes (``comm.Wire``): the z all-gathers of weight blocks (every ``TPLinear`` and
-the token table), the z reduce-scatters of their gradients and the dX all-reduces of
-the ``TPLinear``s travel in the wire dtype; reduce-scattered shards are added to the
-fp32 ``param.grad``. Master weights stay fp32.
-
-Weight caching (``set_plans(cached=...)``): a cached Linear keeps the block gathered by
-its forward (in the wire dtype) for the recomputed forward of activation checkpointing
-and for its backward, which frees it; nothing is re-gathered and OAG prefetches skip
-those requests. The cache is emptied by ``begin_micro_step`` and ``drop_prefetched``.
-
-Activations between layers are ``[batch, seq, h/x]``, replicated over y.
+How each splits its tensors and what it sends, wire dtypes and weight caching:
+``docs/job-side.md`` ("train/parallel/layers.py").
 """
 
 from __future__ import annotations

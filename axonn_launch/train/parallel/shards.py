@@ -1,19 +1,12 @@
 """Our flat shards as boxes of the full tensors, for torch.distributed.checkpoint (DCP).
 
-A parameter's shard on a rank is a flat range of a block of the (row-permuted, padded)
-full tensor (``ShardLayout``). In natural coordinates that range is a list of
-``Piece``s: axis-aligned boxes of the full tensor, each a contiguous run of the local
-flat shard. A range of a row-major block is at most three boxes (the tail of a row, a
-run of whole block rows, the head of a row); rows that ``row_order`` moved (qkv) split
-the runs where the full rows stop being consecutive, and padded vocab rows are dropped.
+A parameter's shard on a rank is a flat range of a block of the full tensor
+(``ShardLayout``); here it becomes a list of ``Piece``s, boxes of the full tensor.
+``ShardSavePlanner`` writes one DCP chunk per piece (one replica writes) and
+``ShardLoadPlanner`` reads only what a rank's new shard needs, whatever grid wrote it.
 
-Saving: ``ShardSavePlanner`` writes one DCP chunk per piece (split into row bands of at
-most ``BAND_BYTES`` so that a reader never deserializes a large box it needs a sliver
-of); only one rank among identical replicas writes. Loading: ``ShardLoadPlanner`` asks
-DCP for the overlap of each local piece with the saved chunks
-(``create_read_items_for_chunk_list``), so a rank reads only what its new shard needs,
-whatever grid wrote the checkpoint. Stock readers see canonical names, full shapes and
-natural row order.
+How a range becomes boxes, and the row bands: ``docs/checkpoints.md``
+("train/parallel/shards.py").
 """
 
 from __future__ import annotations

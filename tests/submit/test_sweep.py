@@ -1,0 +1,120 @@
+"""Hydra multirun: every point validated and rendered on its own, with its own node count."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_launcher
+
+
+def test_sweep_points_get_their_own_node_counts_and_a_summary(tmp_path, fake_sbatch):
+    bindir, marker = fake_sbatch
+    sweep_dir = tmp_path / "sweep"
+    args = [
+        "-m",
+        "machine=slurm_local",
+        "grid.x=2",
+        "grid.z=1,2,3",
+        "dry_run=true",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    result = run_launcher(args, cwd=tmp_path, path_prefix=bindir)
+    assert result.returncode == 1, result.stderr  # one point is invalid
+    assert "point 2: invalid: grid.z=3" in result.stderr
+    table = result.stdout.split("sweep summary:")[1]
+    # nodes, grid (data,x,y,z), predicted s/step: none for CPU ranks
+    assert re.search(r"grid.z=1 dry_run=True\s+dry_run\s+-\s+1\s+\(1,2,1,1\)\s+-\s", table)
+    assert re.search(r"grid.z=2 dry_run=True\s+dry_run\s+-\s+2\s+\(1,2,1,2\)\s+-\s", table)
+    assert re.search(r"grid.z=3 dry_run=True\s+invalid", table)
+    assert table.splitlines()[-1] == (
+        "next: fix or leave out point 2 (its reason is in the table); then the same command"
+        " without dry_run=true submits 2 points"
+    )
+    assert "--- batch script ---" not in result.stdout  # a point names its script only
+    points = sorted(p for p in sweep_dir.iterdir() if (p / "job.json").exists())
+    nodes = sorted(json.loads((p / "job.json").read_text())["nodes"] for p in points)
+    assert nodes == [1, 2]
+    for point in points:
+        record = json.loads((point / "job.json").read_text())
+        script = (point / "submission.sh").read_text()
+        assert f"#SBATCH --nodes={record['nodes']}" in script
+    assert not marker.exists()
+
+
+def test_a_typo_in_any_point_stops_the_sweep_before_anything_runs(tmp_path, fake_sbatch):
+    bindir, marker = fake_sbatch
+    result = run_launcher(
+        ["-m", "machine=slurm_local,nosuch", "dry_run=true"], cwd=tmp_path, path_prefix=bindir
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: machine='nosuch': no such machine; valid: alps, frontier, local, perlmutter,"
+        " slurm_local"
+    ]
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_sweeping_grid_pick_runs_the_planners_top_candidates_as_separate_jobs(tmp_path):
+    from axonn_launch.config.compose import load
+    from axonn_launch.cost.planner import plan
+
+    sweep_dir = tmp_path / "sweep"
+    args = [
+        "-m",
+        "machine=frontier",
+        "model=gpt_80b",
+        "grid=auto",
+        "grid.pick=0,1,2",
+        "nodes=128",
+        "dry_run=true",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    result = run_launcher(args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/job.json"))]
+    cfg = load(["machine=frontier", "model=gpt_80b"])
+    top = plan(machine=cfg.machine, model=cfg.model, train=cfg.train, nodes=128, top=3)
+    assert [r["grid"] for r in records] == [row.grid.as_dict() for row in top]
+    assert all(r["nodes"] == 128 for r in records)
+    # the table: each point's grid and the planner's predicted s/step; then what is next
+    header, *rows, last = result.stdout.split("sweep summary:\n")[1].splitlines()
+    at = header.index("grid (d,x,y,z)")
+    for row, best in zip(rows, top, strict=True):
+        g = best.grid
+        grid, predicted = row[at:].split()[:2]
+        assert grid == f"({g.data},{g.x},{g.y},{g.z})" and predicted == f"{best.step_time_s:.3g}"
+    assert last == "next: the same command without dry_run=true submits 3 points"
+    assert len((result.stdout + result.stderr).splitlines()) <= 80  # it printed 1,021 lines
+
+
+@pytest.mark.slow
+def test_points_are_named_by_their_values_and_the_summary_compares_them(tmp_path):
+    """Two real local points: their own names and dirs, and loss, tok/s and step time.
+    (Up to 90 s on a loaded 2-core machine: two 4-rank jobs, one after the other.)"""
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", "grid.x=1,2", "train.steps=2", f"hydra.sweep.dir={sweep_dir}"]
+    result = run_launcher(args, cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    names = sorted(json.loads(p.read_text())["name"] for p in sweep_dir.glob("*/job.json"))
+    assert names == ["gpt_tiny-local-x1-steps2", "gpt_tiny-local-x2-steps2"]
+    assert sorted(p.name for p in sweep_dir.glob("*/job.json") for p in [p.parent]) == [
+        "0-gpt_tiny-local-x1-steps2",
+        "1-gpt_tiny-local-x2-steps2",
+    ]
+    header, *rows = result.stdout.split("sweep summary:\n")[1].splitlines()[:3]
+    at = {name: header.index(name) for name in ("loss", "tok/s", "step s", "val_loss")}
+
+    def cell(row: str, name: str) -> str:
+        return row[at[name] :].split()[0]
+
+    losses = []
+    for row in rows:
+        job_dir = Path(row.split()[-1])
+        summary = json.loads((job_dir / "summary.json").read_text())
+        assert cell(row, "loss") == f"{summary['final_loss']:.4f}"
+        assert cell(row, "tok/s") == f"{summary['tokens_per_s']:.0f}"
+        assert cell(row, "step s") == f"{summary['step_time_s']:.3g}"
+        losses.append(summary["final_loss"])
+    assert len(losses) == 2 and losses[0] == pytest.approx(losses[1], rel=1e-5)  # same model
