@@ -38,7 +38,7 @@ from axonn_launch.config.compose import (
     to_launch_config,
 )
 from axonn_launch.config.resolve import Resolved, check_job_dir, container_warnings, resolve
-from axonn_launch.submit import allocation, chain, local, rehearse, slurm
+from axonn_launch.submit import allocation, chain, in_job, local, rehearse, slurm
 from axonn_launch.submit.pipeline import EXIT_BAD_INPUT, launch
 from axonn_launch.submit.sweep import (
     PointOutcome,
@@ -252,6 +252,7 @@ def check_run(tree: DictConfig, cfg: LaunchConfig, run_dir: str = "") -> Resolve
     slurm.require_slurm(checked)  # no Slurm here: one line, no job dir (submit/slurm.py)
     allocation.check_fits(checked, resolved.nodes, resolved.tasks_per_node)  # under salloc
     chain.settings_problem(checked)
+    in_job.check(checked)
     container_warnings(checked, run_dir)
     return resolved
 

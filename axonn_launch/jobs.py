@@ -1,8 +1,10 @@
-"""``python -m axonn_launch.jobs status|resubmit``: what happened to my jobs, and bring back
-the ones worth bringing back.
+"""``python -m axonn_launch.jobs status|resubmit|stop|logs``: what happened to my jobs, and
+bring back the ones worth bringing back.
 
 ``status`` prints one row per job directory and why each failed job failed; ``resubmit``
-submits a new attempt of each failed job whose class allows it (``submit/resubmit.py``).
+submits a new attempt of each failed job whose class allows it (``submit/resubmit.py``);
+``logs`` prints (and follows) a job's rank logs, by rank, node or the first failure
+(``records/logs.py``).
 ``--help`` shows the options. Login-node code: never imports torch.
 
 The columns and where states come from: ``docs/launch.md`` ("jobs.py").
@@ -14,11 +16,13 @@ import argparse
 import json
 import os
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
-from axonn_launch.common.jobdir import JobPaths, RecordError
+from axonn_launch.common.jobdir import JobPaths, RecordError, read_record, run_root
 from axonn_launch.records import failures, goodput
+from axonn_launch.records import logs as job_logs
 from axonn_launch.records.status import (
     DEFAULT_ROOT,
     JOB_DIR_HINT,
@@ -26,6 +30,7 @@ from axonn_launch.records.status import (
     JobStatus,
     NotAJobPath,
     collect,
+    finished_by_itself,
     runs,
     straggler_line,
 )
@@ -110,6 +115,10 @@ def notes(row: JobStatus) -> list[str]:
         lines.append(f"run stopped: {row.stop_reason}")
     if row.excluded:
         lines.append(f"excluded nodes: {', '.join(row.excluded)}")
+    if row.restarts_in_place:
+        held = row.allocations_held
+        lines.append(f"{row.attempts} attempts in {held} allocation{'s' * (held > 1)}"
+                     f" ({len(row.restarts_in_place)} restarted in place)")  # fmt: skip
     if row.goodput and row.attempts > 1:  # where the failures' cost is worth a line
         lines.append(goodput.describe(row.goodput))
     if row.stragglers:
@@ -164,6 +173,94 @@ def resubmit_main(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+# --- logs ----------------------------------------------------------------------------------
+
+FOLLOW_POLL_S = 0.5
+
+
+def logs_main(args: argparse.Namespace) -> int:
+    job_dir = chosen_attempt(Path(args.path), args.attempt)
+    record = read_record(job_dir)
+    files = [p for rank in chosen_ranks(job_dir, record, args)
+             for p in job_logs.rank_logs(job_dir, record, rank)]  # fmt: skip
+    if not files:
+        raise job_logs.LogsError(f"{job_dir}: no log files yet")
+    offsets = {path: show_file(path, 0, len(files) > 1) for path in files}
+    if args.follow:
+        follow(job_dir, offsets, len(files) > 1)
+    return 0
+
+
+def chosen_attempt(path: Path, attempt: int | None) -> Path:
+    """The job dir itself, or its run's attempt ``attempt`` (1: the first)."""
+    if not JobPaths(path).record.is_file():
+        raise NotAJobPath(f"{path}: not a job dir; {JOB_DIR_HINT}")
+    if attempt is None:
+        return path
+    attempts = chain.attempts_of(run_root(path))
+    if not 1 <= attempt <= len(attempts):
+        raise job_logs.LogsError(
+            f"--attempt {attempt}: the run of {path} has attempts 1 to {len(attempts)}"
+        )
+    return attempts[attempt - 1]
+
+
+def chosen_ranks(job_dir: Path, record: dict, args: argparse.Namespace) -> list[int]:
+    """The ranks ``--rank``, ``--node`` or ``--failed`` name; every rank with a log if none."""
+    present = job_logs.ranks_with_logs(job_dir, record)
+    if args.failed:
+        rank = job_logs.failed_rank(job_dir, record)
+        if rank is None:
+            raise job_logs.LogsError(f"{job_dir}: no rank failed")
+        print(f"rank {rank} failed first", flush=True)
+        return [rank]
+    if args.node is not None:
+        ranks = job_logs.ranks_on_node(job_dir, args.node)
+        if not ranks:
+            raise job_logs.LogsError(f"--node {args.node}: no rank of {job_dir} logged from it")
+        return ranks
+    if args.rank is not None and args.rank not in present:
+        shown = ", ".join(map(str, present)) or "none yet"
+        raise job_logs.LogsError(f"--rank {args.rank}: no log in {job_dir}; ranks: {shown}")
+    return [args.rank] if args.rank is not None else present
+
+
+def show_file(path: Path, start: int, header: bool) -> int:
+    """Print ``path`` from byte ``start`` (under a ``==> path <==`` line, as ``tail`` does
+    for several files); returns where it ended."""
+    with path.open("rb") as handle:
+        handle.seek(start)
+        data = handle.read()
+    if data and header:
+        print(f"==> {shown_dir(str(path))} <==", flush=True)
+    sys.stdout.write(data.decode(errors="replace"))
+    sys.stdout.flush()
+    return start + len(data)
+
+
+def follow(job_dir: Path, offsets: dict[Path, int], header: bool) -> None:
+    """New lines as they come, until the job ends (its record or summary says so) or
+    Ctrl-C."""
+    try:
+        while True:
+            ended = attempt_ended(job_dir)
+            for path, start in offsets.items():
+                offsets[path] = show_file(path, start, header)
+            if ended:
+                return
+            time.sleep(FOLLOW_POLL_S)
+    except KeyboardInterrupt:
+        return
+
+
+def attempt_ended(job_dir: Path) -> bool:
+    try:
+        record = read_record(job_dir)
+    except (OSError, ValueError):
+        return True
+    return record.get("status") in ("completed", "failed") or finished_by_itself(job_dir, record)
+
+
 # --- command line --------------------------------------------------------------------------
 
 
@@ -182,6 +279,11 @@ RESUBMIT_EXAMPLES = (
     "python -m axonn_launch.jobs resubmit jobs/gpt_80b-frontier/<time> nodes=64 grid=auto",
     "python -m axonn_launch.jobs resubmit jobs/gpt_tiny-local/<time> train.steps=400 wait=true"
     "  # 200 more",
+)
+LOGS_EXAMPLES = (
+    "python -m axonn_launch.jobs logs jobs/gpt_tiny-local/<time> --failed",
+    "python -m axonn_launch.jobs logs jobs/gpt_80b-frontier/<time> --rank 7 --follow",
+    "python -m axonn_launch.jobs logs jobs/gpt_80b-frontier/<time> --attempt 1 --node nid001234",
 )
 RESUBMIT_NOTE = (
     "KEY=VALUE words are launcher overrides for the new attempts, validated like a launch.\n"
@@ -206,7 +308,9 @@ def parser() -> argparse.ArgumentParser:
         epilog=_examples(STATUS_EXAMPLES + RESUBMIT_EXAMPLES),
         formatter_class=raw,
     )
-    commands = top.add_subparsers(dest="command", required=True, metavar="{status,resubmit,stop}")
+    commands = top.add_subparsers(
+        dest="command", required=True, metavar="{status,resubmit,stop,logs}"
+    )
     status = commands.add_parser(
         "status", help="one row per job", epilog=_examples(STATUS_EXAMPLES), formatter_class=raw
     )
@@ -242,7 +346,21 @@ def parser() -> argparse.ArgumentParser:
         help="end a run that recovers itself: its attempt and recovery job, nothing more submitted",
     )
     halt.add_argument("paths", nargs="+", help="the run's job dir (or any of its attempts)")
-    for sub in (top, status, again, halt):
+    shown = commands.add_parser(
+        "logs", help="print a job's rank logs: one rank, one node's, or the first failure's",
+        epilog=_examples(LOGS_EXAMPLES), formatter_class=raw,
+    )  # fmt: skip
+    shown.add_argument("path", help="a job dir (any attempt of a run)")
+    which = shown.add_mutually_exclusive_group()
+    which.add_argument("--rank", type=int, metavar="N", help="rank N's logs only")
+    which.add_argument("--node", metavar="NAME", help="the logs of the ranks that ran on NAME")
+    first = "the log of the rank that failed first (as jobs status names it)"
+    which.add_argument("--failed", action="store_true", help=first)
+    attempt = "the run's attempt N (1: the first) instead of PATH itself"
+    shown.add_argument("--attempt", type=int, metavar="N", help=attempt)
+    follow = "print new lines as they come, until the job ends or Ctrl-C"
+    shown.add_argument("--follow", "-f", action="store_true", help=follow)
+    for sub in (top, status, again, halt, shown):
         sub.add_argument("--debug", action="store_true", help="show tracebacks")
     return top
 
@@ -258,11 +376,13 @@ def main(argv: list[str] | None = None) -> int:
     rest, overrides = split_overrides(argv)
     args = parser().parse_args(rest)
     args.overrides = overrides
-    if args.command in ("status", "stop") and overrides:
+    if args.command in ("status", "stop", "logs") and overrides:
         print(f"error: {args.command} takes no overrides: {' '.join(overrides)}", file=sys.stderr)
         return 2
-    run = {"status": status_main, "resubmit": resubmit_main, "stop": stop_main}[args.command]
-    return run_tool(lambda _: run(args), argv, (NotAJobPath, chain.NotOurJob, RecordError))
+    run = {"status": status_main, "resubmit": resubmit_main, "stop": stop_main,
+           "logs": logs_main}[args.command]  # fmt: skip
+    errors = (NotAJobPath, chain.NotOurJob, RecordError, job_logs.LogsError)
+    return run_tool(lambda _: run(args), argv, errors)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from axonn_launch.common.jobdir import CheckpointMissing, read_step_meta, resolv
 from axonn_launch.common.machine import MachineProfile
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import GenerateConfig, MemorizationConfig, TrainConfig
+from axonn_launch.common.tracking import MetricsConfig
 
 CONFIG_MODULE = "axonn_launch.conf"
 
@@ -64,6 +65,8 @@ class RecoveryConfig:
     budget_h: float = 0.0  # 0: no wall-clock budget
     on_fewer_nodes: str = "shrink"  # shrink | wait | stop
     notify: str = ""  # a command: <notify> <run dir> <state>
+    in_job_restarts: int = 2  # a failed step run again inside its Slurm job (submit/in_job.py)
+    spare_nodes: int = 0  # nodes asked beyond the grid's, taken by a restart in place
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class LaunchConfig:
     preflight: bool | None = None
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     memorization: MemorizationConfig = field(default_factory=MemorizationConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)  # curves (common/tracking.py)
     # run this site machine's batch script on the local Slurm cluster (rehearse.py)
     rehearse: bool = False
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
@@ -101,7 +105,7 @@ ALLOCATIONS = ("auto", "new")
 UNNAMED_KEYS = (
     "machine", "model", "name", "dry_run", "wait", "nodes", "objective", "preflight", "study",
     "scale", "rehearse", "recovery", "force", "resume", "show_config",
-    "allocation",
+    "allocation", "metrics",
 )  # fmt: skip
 NAME_MAX = 80
 

@@ -111,6 +111,13 @@ class JobStatus:
     straggler_step: int | None = None  # the step of that report
     # "UNREADABLE <record>: <why>" for each record that failed its schema (common/jobdir.py)
     problems: list[str] = field(default_factory=list)
+    # when each restart in place of this attempt's job began (submit/in_job.py), in order
+    restarts_in_place: list[float] = field(default_factory=list)
+
+    @property
+    def allocations_held(self) -> int:
+        """The Slurm allocations the run's attempts held (a restart in place holds none)."""
+        return max(1, self.attempts - len(self.restarts_in_place))
 
 
 RUN_RUNNING, RUN_WAITING, RUN_RECOVERING, RUN_DONE, RUN_STOPPED = (
@@ -165,8 +172,9 @@ def runs(rows: list[JobStatus]) -> list[JobStatus]:
             state = RUN_WAITING
         history = chain.get("attempts") or []
         last = history[-1]["class"] if history and newest.failure in ("", "running") else ""
+        in_place = sum(len(r.restarts_in_place) for r in group)
         shown.append(replace(
-            newest, run_state=state, attempts=max(len(group), newest.attempt),
+            newest, run_state=state, attempts=max(len(group), newest.attempt) + in_place,
             failure=newest.failure or last,
             **{"stop_reason": str((chain.get("stop") or {}).get("reason", "")),
                **user_stop(chain, newest.failure)},
@@ -428,14 +436,62 @@ def read_results(paths: dict[int, str]) -> tuple[tuple[str, str], ...]:
     return tuple(results)
 
 
-def tail(path: Path | str, size: int = LOG_TAIL_BYTES) -> str:
+def tail(path: Path | str, size: int = LOG_TAIL_BYTES, start: int = 0) -> str:
+    """The last ``size`` bytes of a file, none from before byte ``start``."""
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - size))
+            handle.seek(max(start, handle.tell() - size))
             return handle.read().decode(errors="replace")
     except OSError:
         return ""
+
+
+def log_sizes(job_dir: Path, job_id: str) -> dict[str, int]:
+    """The size of each task log of a Slurm job now (path -> bytes): where the next step's
+    lines begin (``step_evidence``)."""
+    files = slurm_task_files(job_dir, job_id)
+    paths = [*files[SLURM_STDOUT].values(), *files[SLURM_STDERR].values()]
+    return {path: os.path.getsize(path) for path in paths if os.path.exists(path)}
+
+
+def step_evidence(job_dir: Path, step: EndedStep) -> Evidence:
+    """What is known about one ended srun step of a running Slurm job (a restart in place:
+    ``submit/in_job.py``): its exit status, result pickles, the lines its tasks logged
+    after ``step.offsets`` and its ranks' failure records since it began."""
+    files = slurm_task_files(job_dir, step.job_id)
+    logs = {t: tail(p, start=step.offsets.get(p, 0)) for t, p in files[SLURM_STDERR].items()}
+    if 0 in files[SLURM_STDOUT]:
+        out = files[SLURM_STDOUT][0]
+        logs[0] = tail(out, start=step.offsets.get(out, 0)) + "\n" + logs.get(0, "")
+    found = tuple(
+        r for r in read_failures(job_dir) if _record_time(r) >= step.started - RECORD_CLOCK_SLACK_S
+    )
+    texts = ["\n".join([str(r.get("exception", "")), str(r.get("os_error", "")),
+                        *r.get("tail", [])]) for r in found]  # fmt: skip
+    return Evidence(
+        exit_code=f"{step.exit_status}:0",
+        results=read_results(files[SLURM_RESULT]),
+        expected_results=len(step.nodes) * step.tasks_per_node,
+        logs=logs,
+        nodes=tuple(step.nodes),
+        tasks_per_node=step.tasks_per_node,
+        records=tuple(texts),
+        failure_records=found,
+    )
+
+
+@dataclass(frozen=True)
+class EndedStep:
+    """An srun step of a running job that ended: its exit status, nodes, tasks per node,
+    when it began and where its lines begin in each task log (``log_sizes``)."""
+
+    job_id: str
+    exit_status: int
+    nodes: tuple[str, ...]
+    tasks_per_node: int
+    started: float
+    offsets: dict[str, int] = field(default_factory=dict)
 
 
 def task_logs(
@@ -824,6 +880,7 @@ def job_status(
         excluded=[str(n) for n in record.get("excluded_nodes") or []],
         allocation=allocation_of(record, info),
         allocations=allocations_of(record, info),
+        restarts_in_place=restarts_of(record),
         detail=dict(diagnosis.detail) if diagnosis else {},
         problems=record_problems(job_dir),
         **stragglers,
@@ -893,13 +950,35 @@ def allocation_of(record: dict, info: SchedulerInfo | None) -> list[float]:
 def allocations_of(record: dict, info: SchedulerInfo | None) -> list[list[float]]:
     """Every allocation of an ended attempt, oldest first: sacct's (a requeued job's
     earlier ones too, those of this launch only: a job id may have served an older job);
-    a local job's one. Empty until it ended."""
+    a local job's one. Empty until it ended. An allocation whose job restarted in place
+    counts as one per step: each restart cuts it where it began (``split_at_restarts``)."""
     current = allocation_of(record, info)
     if not current:
         return []
     since = attempt_start(record) - RECORD_CLOCK_SLACK_S
     found = [list(a) for a in (info.allocations if info else ()) if a[0] >= since]
-    return found if current in found else [*found, current]
+    found = found if current in found else [*found, current]
+    return split_at_restarts(found, restarts_of(record))
+
+
+def restarts_of(record: dict) -> list[float]:
+    """When each restart in place of the job began (job.json's ``in_job`` steps)."""
+    settings = record.get("in_job")
+    steps = settings.get("steps") if isinstance(settings, dict) else None
+    return sorted(float(s["started"]) for s in steps or []
+                  if isinstance(s, dict) and "started" in s)  # fmt: skip
+
+
+def split_at_restarts(allocations: list[list[float]], restarts: list[float]) -> list[list[float]]:
+    """Each (submit, start, end) cut at the restarts inside it: a restart's part was
+    submitted and started when it began (no queue), and ends where the next one begins."""
+    cut = []
+    for submit, start, end in allocations:
+        inside = [t for t in restarts if start < t < end]
+        bounds = [start, *inside, end]
+        for n, (low, high) in enumerate(zip(bounds, bounds[1:])):
+            cut.append([submit if n == 0 else low, low, high])
+    return cut
 
 
 def after_training_of(job_dir: Path) -> dict[str, str]:

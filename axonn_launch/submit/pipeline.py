@@ -36,6 +36,7 @@ from axonn_launch.submit import (
     dirguard,
     dirlock,
     duplicates,
+    in_job,
     local,
     rehearse,
     render,
@@ -152,9 +153,12 @@ class SlurmBatch:
     params: dict
     python: str
     folder: Path
+    restarts: render.InPlace | None = None  # the training step's restarts in place
 
     def script(self) -> str:
-        return render.script_of(self.params, folder=self.folder, python=self.python)
+        return render.script_of(
+            self.params, folder=self.folder, python=self.python, restarts=self.restarts
+        )
 
 
 @dataclass(frozen=True)
@@ -258,6 +262,7 @@ def job_spec(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> JobSpec:
         runtime=runtime,
         generate=cfg.generate,
         memorization=cfg.memorization,
+        metrics=cfg.metrics,
     )
 
 
@@ -290,19 +295,20 @@ def slurm_batch(
         python=cfg.machine.task_python(sys.executable),  # a container machine names its own
         folder=folder,
     )
+    restarts = in_job.in_place(cfg, resolved, job_dir, sys.executable)
     params = render.slurm_parameters(
         machine=cfg.machine,
-        nodes=resolved.nodes,
+        nodes=resolved.nodes + in_job.spares(cfg),
         tasks_per_node=resolved.tasks_per_node,
         job_name=cfg.name,
         copy=copy,
     )
     if rehearsal is None:
-        params = chain.attempt_parameters(cfg, params)
+        params = in_job.job_parameters(cfg, chain.attempt_parameters(cfg, params))
     else:
         params = rehearse.substitute(params, rehearsal, cfg.machine, resolved.tasks_per_node)
     python = render.tasks_python(cfg.machine, sys.executable, copy)
-    return SlurmBatch(params=params, python=python, folder=folder)
+    return SlurmBatch(params=params, python=python, folder=folder, restarts=restarts)
 
 
 def slurm_folder(job_dir: Path) -> Path:
@@ -341,6 +347,7 @@ def job_record(
         "partition": cfg.machine.slurm.partition,
         "submitted_at": time.time(),
         **chain.record_fields(cfg),
+        **in_job.record_fields(cfg, resolved),
         # what submitit.SlurmJob(folder, job_id, tasks=range(tasks)) needs to reattach
         "submitit": {
             "folder": str(slurm_folder(job_dir)),
@@ -546,6 +553,7 @@ def submit_slurm(run: Launch, job_dir: Path, record: dict, *, out) -> Outcome:
                 job=TrainJob(str(job_dir), cfg.machine.task_env, chained=chain.enabled(cfg)),
                 max_requeue=cfg.max_requeue,
                 python=batch.python,
+                restarts=batch.restarts,
             )
     except (FailedJobError, OSError) as exc:
         return refused(cfg, resolved, job_dir, record, exc)

@@ -226,18 +226,23 @@ def tasks_python(machine: MachineProfile, login_python: str, copy: PythonCopy | 
     return copy.python if copy else machine.task_python(login_python)
 
 
-def script_of(params: dict[str, Any], *, folder: Path, python: str) -> str:
+def script_of(
+    params: dict[str, Any], *, folder: Path, python: str, restarts: InPlace | None = None
+) -> str:
     """The batch script submitit makes of ``params`` (``slurm_parameters``, or a
     rehearsal's substitution of them) for tasks that run ``python``, with its signals
-    relayed to the ranks (``relay_signals``)."""
+    relayed to the ranks (``relay_signals``) and, with ``restarts``, its training step
+    run again in place after a failure (``restart_in_place``)."""
     command = submitit_command(python=python, folder=folder)
-    return as_submitted(_make_sbatch_string(command=command, folder=folder, **params))
+    return as_submitted(_make_sbatch_string(command=command, folder=folder, **params), restarts)
 
 
-def as_submitted(script: str) -> str:
+def as_submitted(script: str, restarts: InPlace | None = None) -> str:
     """submitit's batch script as the launcher submits it: its log paths' ``%`` escaped
-    (``escape_log_paths``) and its signals relayed to the ranks (``relay_signals``)."""
-    return relay_signals(escape_log_paths(script))
+    (``escape_log_paths``), its signals relayed to the ranks (``relay_signals``) and its
+    training step restarted in place (``restart_in_place``, when ``restarts`` is given)."""
+    relayed = relay_signals(escape_log_paths(script))
+    return restart_in_place(relayed, restarts) if restarts else relayed
 
 
 LOG_FLAGS = ("--output", "--error")  # the filename options submitit writes
@@ -279,8 +284,8 @@ def escape_log_paths(script: str) -> str:
 RELAY_FUNCTION = (
     "axonn_wait() {",
     '  axonn_srun="$1"',
-    "  trap 'kill -s USR2 \"$axonn_srun\" 2>/dev/null' USR2",
-    "  trap 'scancel --signal=TERM \"$SLURM_JOB_ID\" >/dev/null 2>&1' TERM",
+    "  trap 'axonn_signalled=1; kill -s USR2 \"$axonn_srun\" 2>/dev/null' USR2",
+    "  trap 'axonn_signalled=1; scancel --signal=TERM \"$SLURM_JOB_ID\" >/dev/null 2>&1' TERM",
     '  while kill -0 "$axonn_srun" 2>/dev/null; do wait "$axonn_srun"; done',
     '  wait "$axonn_srun"',
     "}",
@@ -296,4 +301,51 @@ def relay_signals(script: str) -> str:
     lines = script.split("\n")
     (at,) = [n for n, line in enumerate(lines) if line.startswith("srun ")]
     lines[at : at + 1] = [*RELAY_FUNCTION, RELAY_COMMENT, lines[at] + RELAY_SUFFIX]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """Restarts of the training step inside its own Slurm job (``recovery.in_job_restarts``):
+    the step runs on ``nodes`` of the job's nodes (the rest are spares) with ``tasks``
+    tasks; after a failure that no signal caused, ``python -m axonn_launch.restart
+    <job_dir> <exit status>`` decides (``submit/restart_job.py``) and prints the next step's
+    srun options, or exits non-zero and the job ends as the step did."""
+
+    python: str  # the interpreter that runs the decision: the launcher's own
+    job_dir: str
+    nodes: int
+    tasks: int
+
+    def first_step(self) -> str:
+        return f"--nodes={self.nodes} --ntasks={self.tasks}"
+
+
+RESTART_COMMENT = (
+    "# a failed step whose class resumes runs again on the nodes the job still holds"
+    " (recovery.in_job_restarts)"
+)
+
+
+def restart_in_place(script: str, restarts: InPlace) -> str:
+    """``script`` (relayed: ``relay_signals``) with its srun line in a loop: the first step
+    on ``restarts.nodes`` nodes, each next one where ``axonn_launch.restart`` says. The
+    options it prints are node names and counts, read as words, never run by a shell."""
+    lines = script.split("\n")
+    (at,) = [n for n, line in enumerate(lines) if line.startswith("srun ")]
+    decide = " ".join(
+        shlex.quote(word)
+        for word in (restarts.python, "-m", "axonn_launch.restart", restarts.job_dir)
+    )
+    lines[at : at + 1] = [
+        RESTART_COMMENT,
+        f"axonn_step=({restarts.first_step()})",
+        "while :; do",
+        lines[at].replace("srun ", 'srun "${axonn_step[@]}" ', 1),
+        "axonn_rc=$?",
+        '[ "$axonn_rc" = 0 ] || [ -n "${axonn_signalled:-}" ] && exit "$axonn_rc"',
+        f'axonn_next="$({decide} "$axonn_rc")" || exit "$axonn_rc"',
+        'read -r -a axonn_step <<<"$axonn_next"',
+        "done",
+    ]
     return "\n".join(lines)

@@ -15,7 +15,7 @@ from typing import Any
 from axonn_launch.common import slurmtext
 from axonn_launch.common.durations import duration
 from axonn_launch.config.compose import ConfigError, LaunchConfig
-from axonn_launch.submit.render import as_submitted
+from axonn_launch.submit.render import InPlace, as_submitted
 from axonn_launch.submit.task import TrainJob
 
 # sacct is asked at 1, 2, 4 ... s, then once a minute (submitit's own watcher backs off to
@@ -50,7 +50,13 @@ def require_slurm(cfg: LaunchConfig) -> None:
 
 
 def submit(
-    *, folder: Path, params: dict[str, Any], job: TrainJob, max_requeue: int, python: str
+    *,
+    folder: Path,
+    params: dict[str, Any],
+    job: TrainJob,
+    max_requeue: int,
+    python: str,
+    restarts: InPlace | None = None,
 ) -> Any:
     """Submit ``job`` with submitit's Slurm executor; each task runs ``python``. The batch
     script is submitit's with its log paths escaped and its signals relayed to the ranks
@@ -59,7 +65,7 @@ def submit(
 
     class Executor(submitit.SlurmExecutor):
         def _make_submission_file_text(self, command: str, uid: str) -> str:
-            return as_submitted(super()._make_submission_file_text(command, uid))
+            return as_submitted(super()._make_submission_file_text(command, uid), restarts)
 
     executor = Executor(folder=folder, max_num_timeout=max_requeue, python=shlex.quote(python))
     executor.update_parameters(**params)

@@ -7,8 +7,23 @@ RUN_DIR=/run/axonn-slurm
 LOG_DIR=/var/log/slurm
 CLUSTER_NAME=axonn
 PARTITION=debug
+# Every job of the test suite but the few that need more nodes runs on the two nodes of
+# PARTITION; WIDE_PARTITION holds all of them (start.sh [COUNT], default 4: restarts on a
+# spare node and packed sweeps are tested there).
+WIDE_PARTITION=wide
+BASE_NODES=2
 ACCOUNT=axonn
-NODES=(n1 n2)
+DEFAULT_NODE_COUNT=4
+NODE_COUNT_FILE=/var/lib/axonn-slurm/node_count
+# The nodes: as many as the last start.sh was given (the file it keeps), else the default.
+node_count() {
+    local count=${AXONN_SLURM_NODES:-}
+    [[ -z $count && -s $NODE_COUNT_FILE ]] && count=$(tr -dc '0-9' <"$NODE_COUNT_FILE")
+    echo "${count:-$DEFAULT_NODE_COUNT}"
+}
+NODES=()
+for ((axonn_n = 1; axonn_n <= $(node_count); axonn_n++)); do NODES+=("n$axonn_n"); done
+unset axonn_n
 CPUS_PER_NODE=8
 REAL_MEMORY_MB=8192
 GPUS_PER_NODE=8

@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# Start a two-node Slurm cluster with accounting on this host: munge, MariaDB, slurmdbd,
-# slurmctld and two slurmd "nodes" (n1, n2) in multiple-slurmd mode. Idempotent.
+# Start a Slurm cluster with accounting on this host: munge, MariaDB, slurmdbd, slurmctld and
+# COUNT slurmd "nodes" (n1..nCOUNT; default 4) in multiple-slurmd mode. Idempotent.
+#   start.sh [COUNT]   partition debug (the default) holds n1 and n2; partition wide holds all
+#                      COUNT nodes (a restart on a spare node needs more than two)
 # Daemons are started directly (no systemd). See README.md for what this changes.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [[ -n ${1:-} ]]; then
+    [[ $1 =~ ^[0-9]+$ ]] && (($1 >= 2 && $1 <= 9)) ||
+        { echo "start.sh: node count $1: valid: 2 to 9" >&2 && exit 2; }
+    export AXONN_SLURM_NODES=$1
+fi
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
 
@@ -144,7 +151,8 @@ AccountingStorageTRES=gres/gpu
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
 $(node_lines)
-PartitionName=$PARTITION Nodes=n[1-${#NODES[@]}] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+PartitionName=$PARTITION Nodes=n[1-$BASE_NODES] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+PartitionName=$WIDE_PARTITION Nodes=n[1-${#NODES[@]}] Default=NO MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
 }
 
@@ -297,7 +305,10 @@ restart_slurm_if_reconfigured() {
     if pidfile_alive "$RUN_DIR/slurmctld.pid" slurmctld; then
         log "slurm.conf changed; restarting slurmctld and slurmd"
     fi
-    for node in "${NODES[@]}"; do stop_pidfile "$(slurmd_pidfile "$node")" slurmd; done
+    local pidfile  # every slurmd, also those of nodes a smaller count leaves out
+    for pidfile in "$RUN_DIR"/slurmd-*.pid; do
+        [[ -e $pidfile ]] && stop_pidfile "$pidfile" slurmd
+    done
     stop_pidfile "$RUN_DIR/slurmctld.pid" slurmctld
 }
 
@@ -330,13 +341,13 @@ resume_nodes() {
 # Registered: slurmctld has heard from both slurmd (state no longer "unk").
 nodes_registered() {
     local states
-    states=$(sinfo -h -N -p "$PARTITION" -o '%N %t' 2>/dev/null) || return 1
+    states=$(sinfo -h -N -p "$WIDE_PARTITION" -o '%N %t' 2>/dev/null) || return 1
     ! grep -q ' unk' <<<"$states"
 }
 
 nodes_ready() {
     local states
-    states=$(sinfo -h -N -p "$PARTITION" -o '%N %t' 2>/dev/null) || return 1
+    states=$(sinfo -h -N -p "$WIDE_PARTITION" -o '%N %t' 2>/dev/null) || return 1
     local node
     for node in "${NODES[@]}"; do
         grep -Eq "^$node (idle|mix|alloc)$" <<<"$states" || return 1
@@ -358,6 +369,7 @@ main() {
     phase_done "packages"
     add_host_aliases
     make_dirs
+    echo "${#NODES[@]}" >"$NODE_COUNT_FILE"
     write_configs
     start_munge
     start_mariadb
@@ -375,8 +387,8 @@ main() {
     resume_nodes
     wait_nodes_ready
     phase_done "slurmctld + slurmd"
-    log "cluster $CLUSTER_NAME up in $((SECONDS - t0)) s: partition $PARTITION, nodes ${NODES[*]}"
-    sinfo -N -p "$PARTITION"
+    log "cluster $CLUSTER_NAME up in $((SECONDS - t0)) s: partitions $PARTITION (n1-n$BASE_NODES) and $WIDE_PARTITION (${NODES[*]})"
+    sinfo -N
 }
 
 main "$@"

@@ -34,6 +34,9 @@ SLURMD_LOG = "/var/log/slurm/slurmd-{node}.log"  # lib.sh: LOG_DIR/slurmd-<node>
 SLURMD_PIDFILE = "/run/axonn-slurm/slurmd-{node}.pid"  # lib.sh: RUN_DIR/slurmd-<node>.pid
 PARTITION = "debug"
 NODES = ("n1", "n2")
+# start.sh's second partition: every node (4 by default), for the tests that need spares
+WIDE_PARTITION = "wide"
+WIDE_NODES = ("n1", "n2", "n3", "n4")
 USABLE_STATES = ("idle", "mix", "alloc", "plnd")  # plnd: idle, held for a pending job
 STUCK_COMPLETING_S = 60  # KillWait=5: a healthy node finishes a job within seconds
 SLURMD_STARTED = re.compile(r"slurmd version \S+ started")
@@ -68,19 +71,22 @@ def node_states(partition: str = PARTITION) -> dict[str, str]:
 
 
 def cluster_problem() -> str | None:
-    """Why the cluster cannot be used now, or None if n1 and n2 are up."""
+    """Why the cluster cannot be used now, or None if n1 and n2 (and the wide partition's
+    n1-n4) are up."""
     for tool in ("sinfo", "sbatch", "srun", "sacct"):
         if shutil.which(tool) is None:
             return f"`{tool}` is not on PATH (Slurm is not installed)"
     try:
-        states = node_states()
+        states = {p: node_states(p) for p in (PARTITION, WIDE_PARTITION)}
     except subprocess.CalledProcessError as err:
         return f"`sinfo` failed: {err.stderr.strip() or err}"
     except subprocess.TimeoutExpired:
         return "`sinfo` did not answer within 20 s"
-    down = {n: states.get(n, "missing") for n in NODES if states.get(n) not in USABLE_STATES}
-    if down:
-        return f"nodes not usable in partition {PARTITION!r}: {down}"
+    for partition, nodes in ((PARTITION, NODES), (WIDE_PARTITION, WIDE_NODES)):
+        found = states[partition]
+        down = {n: found.get(n, "missing") for n in nodes if found.get(n) not in USABLE_STATES}
+        if down:
+            return f"nodes not usable in partition {partition!r}: {down}"
     return None
 
 

@@ -50,6 +50,9 @@ BASE = [
     # pick that differs from the reference run's rounds differently: the final losses are
     # compared exactly
     "train.gemm_tuning=false",
+    # the chain is what is tested here: each failure ends its job (restarts in place, which
+    # come first by default: tests/slurm/test_restart_in_place.py)
+    "recovery.in_job_restarts=0",
 ]
 TWO_NODES = ["grid.x=2", "grid.z=2", "nodes=2"]
 STEP_DEADLINE_S = 6  # the watchdog's deadline of a step once start-up is over

@@ -96,7 +96,8 @@ def _from_torchrun(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
 def _from_slurm(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
     hosts = expand_hostlist(nodelist) if nodelist else ["127.0.0.1"]
-    job_id = int(env.get("SLURM_JOB_ID", "0"))
+    # a restart in place (submit/in_job.py) is a new step of the same job: a port of its own
+    job_id = int(env.get("SLURM_JOB_ID", "0")) + int(env.get("SLURM_STEP_ID", "0") or 0)
     world = int(env["SLURM_NTASKS"])
     return _Ranks(
         rank=int(env["SLURM_PROCID"]),
