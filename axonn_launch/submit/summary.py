@@ -26,8 +26,9 @@ from axonn_launch.common.rules import micro_batch_candidates
 from axonn_launch.config.compose import LaunchConfig
 from axonn_launch.config.resolve import Resolved, placeholder
 from axonn_launch.cost import planner
-from axonn_launch.cost.expected_goodput import Checkpointing
+from axonn_launch.cost.expected_goodput import Checkpointing, job_mtbf_seconds
 from axonn_launch.cost.memory import GIB, estimate_memory, largest_cache_that_fits
+from axonn_launch.submit import chain, in_job
 from axonn_launch.submit.generation_summary import (
     generation_lines,
     generation_next_line,
@@ -57,6 +58,7 @@ def summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
     ]
     if cfg.machine.scheduler == "slurm":
         lines += slurm_lines(cfg, run_time(cfg, resolved))
+        lines += restart_lines(cfg, resolved, run_time(cfg, resolved))
     if resolved.checkpointing is not None:
         lines += checkpoint_lines(resolved.checkpointing, cfg)
     lines += [f"preflight  {preflight_words(cfg)}", f"job dir    {job_dir}"]
@@ -144,6 +146,38 @@ def slurm_lines(cfg: LaunchConfig, rt: RunTime) -> list[str]:
         f" = {duration(rt.budget_s)}",
         f"predicted  {prediction_words(cfg, rt)}",
     ]
+
+
+def restart_lines(cfg: LaunchConfig, resolved: Resolved, rt: RunTime) -> list[str]:
+    """How a failed step is restarted inside the job, and what its spare nodes cost in
+    node-hours against the node failures the profile's MTBF expects in the run."""
+    if not in_job.enabled(cfg):
+        return []
+    limit = cfg.recovery.in_job_restarts
+    words = f"in place, up to {plural(limit, 'time')} per job (recovery.in_job_restarts), then"
+    words += " a new job (the chain)" if chain.enabled(cfg) else " the job ends"
+    spares = in_job.spares(cfg)
+    if not spares:
+        return [f"restarts   {words}; no spare node (recovery.spare_nodes=0): a lost node ends"
+                " the job"]  # fmt: skip
+    return [f"restarts   {words}", f"spares     {spare_words(cfg, resolved.nodes, spares, rt)}"]
+
+
+def spare_words(cfg: LaunchConfig, nodes: int, spares: int, rt: RunTime) -> str:
+    """``1 node idle beside the grid's 2 (+50 % node-hours: ...); expected node failures``."""
+    cost = f"{plural(spares, 'node')} idle beside the grid's {nodes} (+{spares / nodes:.0%}"
+    mtbf = job_mtbf_seconds(cfg.machine, nodes)
+    if not_predicted(cfg) or mtbf <= 0:
+        return f"{cost} node-hours); each takes a failed node's place in the same job"
+    hours = rt.total_s / 3600
+    failures = rt.total_s / mtbf
+    return (
+        f"{cost} node-hours: {spares * hours:,.4g} node-h over the predicted"
+        f" {duration(rt.total_s)});"
+        f" {failures:.2g} node failures expected in the run (job MTBF {duration(mtbf)}, from"
+        f" machine.reliability.node_mtbf_hours={cfg.machine.reliability.node_mtbf_hours:g}),"
+        " each restarted on a spare instead of waiting in the queue for a new job"
+    )
 
 
 def hardware_words(cfg: LaunchConfig) -> str:
