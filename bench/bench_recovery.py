@@ -50,6 +50,9 @@ BASE = ["machine=slurm_local", "grid.x=2", "nodes=1", f"train.steps={STEPS}",
         "recovery.backoff_s=1", "recovery.policy.collective_failure=resume",
         "recovery.max_attempts=8",
         f"recovery.max_same_class={FAULTS + 3}",  # the soak's faults may repeat a class
+        # the chain is measured here: a fault pinned to an attempt would fire again in
+        # place (a restart in place is the same attempt); bench/bench_in_place.py compares
+        "recovery.in_job_restarts=0",
         "wait=false"]  # fmt: skip
 NODE_DOWN = "nodedown"
 

@@ -182,16 +182,21 @@ def fewer_nodes_overrides(
 
 
 def exclusion(
-    job_dir: Path, record: dict, failed: list[str], up: list[str] | None
+    job_dir: Path,
+    record: dict,
+    failed: list[str],
+    up: list[str] | None,
+    by_user: tuple[str, ...] = (),
 ) -> tuple[list[str], list[str]]:
-    """The nodes the next attempt leaves out: this failure's, and those excluded before that
-    are not in ``up``; and the override that says so when an excluded node is back in
-    service (it is used again; otherwise the exclusions of earlier attempts carry over)."""
+    """The nodes the next attempt leaves out: this failure's, those the user's own launch
+    left out (``by_user``: always), and those excluded before that are not in ``up``; and
+    the override that says so when an excluded node is back in service (it is used again;
+    otherwise the exclusions of earlier attempts carry over)."""
     new = list(dict.fromkeys(failed))
     earlier = [n for n in excluded_nodes(original_overrides(job_dir, record)) if n not in new]
     if not earlier or up is None:
         return new + earlier, []
-    still_down = [n for n in earlier if n not in up]
+    still_down = [n for n in earlier if n not in up or n in by_user]
     if still_down == earlier:
         return new + earlier, []
     kept = new + still_down
@@ -240,7 +245,9 @@ def recover(job_dir: Path, out=sys.stdout) -> str:
     why = f"{status.failure}: policy {action}" if action == STOP else ""
     why = why or limit_reached(settings, attempts, started)
     up = nodes_up(record)  # one sinfo call for the exclusions, a shrink or a growth
-    excluded, readmit = exclusion(job_dir, record, status.bad_nodes + status.slow_nodes, up)
+    by_user = tuple(excluded_nodes(original_overrides(root, read_record_or_empty(root))))
+    failed = status.bad_nodes + status.slow_nodes
+    excluded, readmit = exclusion(job_dir, record, failed, up, by_user)
     overrides, fewer = fewer_nodes_overrides(settings, record, excluded, up)
     if not overrides and root != job_dir:
         overrides = grow_overrides(record, read_record_or_empty(root), excluded, up)

@@ -255,3 +255,17 @@ def test_the_shipped_policy_is_the_default_policy():
     from axonn_launch.config.compose import load
 
     assert load([]).recovery.policy == chain.DEFAULT_POLICY
+
+
+def test_a_node_the_user_left_out_stays_out_when_a_failed_node_is_readmitted(tmp_path):
+    """The run's own ``--exclude`` is the user's choice, not a failure's: a resume keeps it
+    even though the node is up (a chained resubmission once landed on the n1 it left out)."""
+    line = ["axonn_launch", "machine=slurm_local", f"{resubmit.EXCLUDE_KEY}='n1,n3'"]
+    record = {"command_line": line}
+    up = ["n1", "n2", "n3", "n4"]  # n3 failed before and is back in service
+    assert recovery.exclusion(tmp_path, record, [], up, by_user=("n1",)) == (
+        ["n1"],
+        [f"{resubmit.EXCLUDE_KEY}=n1"],
+    )
+    readmitted = recovery.exclusion(tmp_path, record, [], up)  # without it: n1 is used again
+    assert readmitted == ([], [f"{resubmit.EXCLUDE_KEY}="])
