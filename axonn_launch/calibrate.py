@@ -23,9 +23,6 @@ from typing import Any
 from axonn_launch.config.compose import machine_choices
 from axonn_launch.cost.perf import (
     ALL_REDUCE,
-    COLLECTIVES,
-    BandwidthSample,
-    Calibration,
     Gemm,
     planned_gemms,
 )
@@ -128,51 +125,6 @@ def fit_ring(collective: str, p: int, sizes: tuple[float, ...], times: tuple[flo
         return xs[-1] / times[-1] / 1e9, 0.0
     alpha = max(0.0, (my - slope * mx) / steps)
     return 1 / slope / 1e9, alpha * 1e6
-
-
-# --------------------------------------------------------------------------- published
-
-
-# Bus bandwidths (GB/s) measured by AxoNN and hard-coded in Megatron-AxoNN's
-# comm_model.py (axonn.md §4.2), by ip (product of the sizes of the axes inside this one)
-# and my (this axis's size); the last row / column stands for everything beyond.
-AXONN_BUS_GBPS = {
-    "perlmutter": {1: (76, 225, 80, 80), 2: (76, 40, 40, 40), 4: (20, 20, 20, 20)},
-    "frontier": {
-        1: (129, 52, 135, 40),
-        2: (50, 72, 20, 20),
-        4: (36, 10, 10, 10),
-        8: (5, 5, 5, 5),
-    },  # fmt: skip
-}
-
-
-def published_calibration(machine_name: str, gpus_per_node: int, latency_us: float) -> Calibration:
-    """AxoNN's measured bus bandwidths as a Calibration (no GEMM numbers): one sample per
-    (group size, ranks per node) of every collective, with the profile's latency. A
-    (size, per_node) layout takes the row of the smallest ip that gives it."""
-    table = AXONN_BUS_GBPS[machine_name]
-    samples: dict[tuple[int, int], float] = {}
-    size = 2
-    while size <= 65536:
-        ip = 1
-        while ip * size <= 65536:
-            row = table[min(ip, max(table))]
-            column = min(int(size).bit_length() - 2, 3)  # my = 2, 4, 8, >= 16
-            per_node = (
-                size if ip * size <= gpus_per_node else max(1, min(size, gpus_per_node // ip))
-            )
-            samples.setdefault((size, per_node), row[column])
-            ip *= 2
-        size *= 2
-    return Calibration(
-        collectives=tuple(
-            BandwidthSample(c, size=p, per_node=k, bus_gbps=bw, alpha_us=latency_us)
-            for (p, k), bw in samples.items()
-            for c in COLLECTIVES
-        ),
-        source="AxoNN comm_model.py table",
-    )
 
 
 # --------------------------------------------------------------------------- what to measure

@@ -1,10 +1,10 @@
-"""``python -m axonn_launch.jobs status|resubmit|stop|logs``: what happened to my jobs, and
+"""``python -m axonn_launch.jobs status|resubmit|stop|logs|sync``: what happened to my jobs, and
 bring back the ones worth bringing back.
 
 ``status`` prints one row per job directory and why each failed job failed; ``resubmit``
 submits a new attempt of each failed job whose class allows it (``submit/resubmit.py``);
 ``logs`` prints (and follows) a job's rank logs, by rank, node or the first failure
-(``records/logs.py``).
+(``records/logs.py``); ``sync`` uploads a run's offline W&B runs.
 ``--help`` shows the options. Login-node code: never imports torch.
 
 The columns and where states come from: ``docs/launch.md`` ("jobs.py").
@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -261,6 +263,27 @@ def attempt_ended(job_dir: Path) -> bool:
     return record.get("status") in ("completed", "failed") or finished_by_itself(job_dir, record)
 
 
+# --- sync ----------------------------------------------------------------------------------
+
+
+def sync_main(args: argparse.Namespace) -> int:
+    """Upload the run's offline W&B runs (every attempt's folder, one run id) with wandb's
+    own ``wandb sync``, which joins them in order of start."""
+    root = run_root(chosen_attempt(Path(args.path), None))
+    runs = JobPaths(root).wandb_offline_runs()
+    if not runs:
+        raise job_logs.LogsError(
+            f"{args.path}: no offline W&B run in {JobPaths(root).wandb} (a run launched with"
+            " 'metrics.sinks=[jsonl,tensorboard,wandb]' metrics.wandb.mode=offline writes them)"
+        )
+    here = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    wandb = shutil.which("wandb", path=here)  # this environment's first
+    if wandb is None:
+        raise job_logs.LogsError("wandb is not installed here: pip install -e '.[wandb]'")
+    dry = ["--dry-run"] if args.dry_run else []
+    return subprocess.run([wandb, "sync", *dry, *map(str, runs)]).returncode
+
+
 # --- command line --------------------------------------------------------------------------
 
 
@@ -309,7 +332,7 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=raw,
     )
     commands = top.add_subparsers(
-        dest="command", required=True, metavar="{status,resubmit,stop,logs}"
+        dest="command", required=True, metavar="{status,resubmit,stop,logs,sync}"
     )
     status = commands.add_parser(
         "status", help="one row per job", epilog=_examples(STATUS_EXAMPLES), formatter_class=raw
@@ -360,7 +383,12 @@ def parser() -> argparse.ArgumentParser:
     shown.add_argument("--attempt", type=int, metavar="N", help=attempt)
     follow = "print new lines as they come, until the job ends or Ctrl-C"
     shown.add_argument("--follow", "-f", action="store_true", help=follow)
-    for sub in (top, status, again, halt, shown):
+    upload = commands.add_parser(
+        "sync", help="upload a run's offline W&B runs (wandb sync, from the login node)"
+    )
+    upload.add_argument("path", help="a job dir (any attempt of the run)")
+    upload.add_argument("--dry-run", action="store_true", help="say what would be uploaded")
+    for sub in (top, status, again, halt, shown, upload):
         sub.add_argument("--debug", action="store_true", help="show tracebacks")
     return top
 
@@ -376,11 +404,11 @@ def main(argv: list[str] | None = None) -> int:
     rest, overrides = split_overrides(argv)
     args = parser().parse_args(rest)
     args.overrides = overrides
-    if args.command in ("status", "stop", "logs") and overrides:
+    if args.command in ("status", "stop", "logs", "sync") and overrides:
         print(f"error: {args.command} takes no overrides: {' '.join(overrides)}", file=sys.stderr)
         return 2
     run = {"status": status_main, "resubmit": resubmit_main, "stop": stop_main,
-           "logs": logs_main}[args.command]  # fmt: skip
+           "logs": logs_main, "sync": sync_main}[args.command]  # fmt: skip
     errors = (NotAJobPath, chain.NotOurJob, RecordError, job_logs.LogsError)
     return run_tool(lambda _: run(args), argv, errors)
 

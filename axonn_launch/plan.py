@@ -29,9 +29,10 @@ from axonn_launch.cost.jobcost import job_cost
 from axonn_launch.cost.memory import fit_micro_batch
 from axonn_launch.cost.perf import (
     COMM_AXES,
-    DEFAULT_GEMM_EFFICIENCY,
+    OVERLAP_RANGE,
     Calibration,
     load_calibration,
+    profile_calibration,
 )
 from axonn_launch.cost.planner import (
     HEADROOM,
@@ -39,6 +40,7 @@ from axonn_launch.cost.planner import (
     PlanError,
     PlanRow,
     Ranking,
+    predicted_range,
     rank_machine,
     resolve_cache_layers,
     smallest_nodes,
@@ -124,17 +126,20 @@ def parse_args(argv: list[str]) -> PlanArgs:
         nodes=None if cfg.nodes is None else _positive_int("nodes", str(cfg.nodes)),
         top=_positive_int("top", own.get("top", "5")),
         output=output,
-        calibration=read_calibration(own["calibration"]) if own.get("calibration") else None,
+        calibration=read_calibration(own["calibration"], profile_calibration(cfg.machine.hardware))
+        if own.get("calibration")
+        else None,
         overrides=tuple(overrides),
     )
 
 
-def read_calibration(path: str) -> Calibration:
+def read_calibration(path: str, base: Calibration | None = None) -> Calibration:
+    """The file's measurements over ``base`` (the profile's) for what it did not measure."""
     hint = "write one with python -m axonn_launch.calibrate (it prints the file's path)"
     if not os.path.isfile(path):
         raise PlanError(f"calibration={path!r}: no such file; {hint}")
     try:
-        return load_calibration(path)
+        return load_calibration(path, base)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise PlanError(f"calibration={path!r}: not a calibration file ({exc}); {hint}") from exc
 
@@ -162,7 +167,7 @@ def format_table(rows: list[PlanRow], peak: float) -> str:
         line = [str(r.rank), f"({g.data},{g.x},{g.y},{g.z})", str(r.micro_batch)]
         line += [str(r.cache_layers)]
         line += [f"{r.step_time_s:.4g}", f"{r.tflops_per_gpu:.4g}", pct, f"{r.memory_gib:.1f}"]
-        line += [f"{r.compute_s:.4g}"] + [f"{r.comm_s[a]:.3g}" for a in COMM_AXES]  # <= 120 wide
+        line += [f"{r.compute_s:.4g}"] + [f"{r.comm_s[a]:.2f}" for a in COMM_AXES]  # <= 120 wide
         lines.append(line)
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     return "\n".join(
@@ -203,7 +208,8 @@ def plan_report(args: PlanArgs) -> tuple[str, bool]:
     table = format_table(rows, hw.peak_tflops_per_gpu)
     lines = [header, table, job_start_line(args, rows[0].grid)]
     lines += checkpoint_lines(checkpointing(args, rows[0], nodes), args.machine) + [legend(hw)]
-    lines += [calibration_note(args), *launch_lines(args, rows[0], nodes)]
+    lines += [calibration_note(args), *input_lines(args, rows[0])]
+    lines += launch_lines(args, rows[0], nodes)
     return "\n".join(lines), True
 
 
@@ -232,7 +238,7 @@ def legend(hw: Hardware) -> str:
 
 
 def calibration_note(args: PlanArgs) -> str:
-    """Whether the figures rest on measurements of this machine or on nominal numbers."""
+    """Whether the figures rest on measurements of this machine or on the profile's."""
     if args.calibration is not None:
         return f"predictions calibrated with {args.calibration.source} (measured on the machine)"
     machine = args.machine
@@ -242,9 +248,78 @@ def calibration_note(args: PlanArgs) -> str:
     else:
         measure = f"`srun ... {measure} out=cal.json` in an allocation (one task per GPU)"
     return (
-        f"uncalibrated predictions: nominal numbers of machine={machine.name} (peak TFLOP/s,"
-        f" link speeds, {DEFAULT_GEMM_EFFICIENCY:.0%} GEMM efficiency), not measurements;"
-        f" calibrate with {measure}, then pass calibration=cal.json"
+        f"uncalibrated predictions: machine={machine.name}'s profile (inputs below), no"
+        f" calibration file; calibrate with {measure}, then pass calibration=cal.json"
+    )
+
+
+UNCITED = "an uncited default"
+
+
+def plan_inputs(args: PlanArgs) -> list[dict[str, str]]:
+    """What the predictions rest on: each input's value and its source (the profile's
+    ``sources``, a calibration file), or named an uncited default."""
+    hw, src = args.machine.hardware, args.machine.sources
+    cal = args.calibration or profile_calibration(hw)
+    file = f"measured: {cal.source}" if args.calibration is not None else ""
+    gemm_file = file if cal.gemm_efficiency_range is None else ""
+    low, high = cal.gemm_efficiency_range or (cal.gemm_efficiency,) * 2
+    links_file = file if cal.collectives and not hw.bus_gbps else ""
+    links = "measured table (hardware.bus_gbps)" if hw.bus_gbps else "nominal (hardware.*_gbps)"
+    spread = f" (measured {low:g}-{high:g})" if high > low else ""
+    how = f"{UNCITED}; measure it with python -m axonn_launch.calibrate on 2+ GPUs"
+    return [
+        _input("peak", f"{hw.peak_tflops_per_gpu:g} TFLOP/s/GPU dense bf16",
+               src.get("hardware.peak_tflops_per_gpu", UNCITED)),
+        _input("GEMM efficiency", f"{cal.gemm_efficiency:g}{spread}",
+               gemm_file or src.get("hardware.gemm_efficiency", UNCITED)),
+        _input("HBM bandwidth", f"{hw.memory_gbps:g} GB/s",
+               src.get("hardware.memory_gbps", UNCITED)),
+        _input("bus bandwidths", links_file and "measured by calibrate" or links,
+               links_file or src.get("hardware.bus_gbps", UNCITED)),
+        _input("latency", f"{hw.latency_us:g} us per ring step", links_file or UNCITED),
+        _input("overlap efficiency", f"{cal.overlap_efficiency:g}",
+               file if cal.overlap_measured else how),
+    ]  # fmt: skip
+
+
+def _input(name: str, value: str, source: str) -> dict[str, str]:
+    return {"name": name, "value": value, "source": source}
+
+
+def input_lines(args: PlanArgs, row: PlanRow) -> list[str]:
+    """The inputs with their sources, then rank 1's range with the uncertain ones at their
+    ends (``planner.predicted_range``): a range, not one figure."""
+    lo, hi = plan_range(args, row)
+    lines = ["inputs (source, or an uncited default):"]
+    lines += [f"  {i['name']}: {i['value']}: {_short(i['source'])}" for i in plan_inputs(args)]
+    lines.append(f"range of rank 1 over {range_terms(args)}: {hi['step_time_s']:.4g}-"
+                 f"{lo['step_time_s']:.4g} s/step, {100 * lo['fraction_of_peak']:.1f}-"
+                 f"{100 * hi['fraction_of_peak']:.1f}% of peak")  # fmt: skip
+    return lines
+
+
+def _short(source: str) -> str:
+    """A source's citation without its note (the note is in the profile and in JSON)."""
+    return source.split(" (", 1)[0]
+
+
+def range_terms(args: PlanArgs) -> str:
+    """The uncertain inputs the range spans, with their ends."""
+    cal = args.calibration or profile_calibration(args.machine.hardware)
+    terms = []
+    if cal.gemm_efficiency_range and cal.gemm_efficiency_range[0] < cal.gemm_efficiency_range[1]:
+        terms.append("GEMM efficiency {:g}-{:g}".format(*cal.gemm_efficiency_range))
+    if not cal.overlap_measured:
+        terms.append("overlap efficiency {:g}-{:g}".format(*OVERLAP_RANGE))
+    return ", ".join(terms) or "no unmeasured input"
+
+
+def plan_range(args: PlanArgs, row: PlanRow) -> tuple[dict[str, float], dict[str, float]]:
+    """(slowest, fastest) step seconds and fraction of peak of ``row``."""
+    ends = predicted_range(args.machine.hardware, args.model, args.train, row, args.calibration)
+    return tuple(  # type: ignore[return-value]
+        {"step_time_s": st.total, "fraction_of_peak": st.fraction_of_peak} for st in ends
     )
 
 
@@ -383,14 +458,21 @@ def plan_json(args: PlanArgs, nodes: int, ranking: Ranking, rows: list[PlanRow],
             "gemm_tuning": tr.gemm_tuning,
         },
         "calibration": args.calibration.source if args.calibration else None,
+        "inputs": plan_inputs(args),
         "considered": ranking.considered,
         "rejected": ranking.rejected,
         "plans": [r.as_dict() for r in rows],
+        **({"range": _range_json(args, rows[0])} if rows else {}),
         **({"job_start": job_start_line(args, rows[0].grid)} if rows else {}),
         **({"checkpointing": _checkpointing_json(args, rows[0], nodes)} if rows else {}),
         **({"launch_command": launch_command(args, rows[0], nodes)} if rows else {}),
         **({"why_none": why} if why else {}),
     }
+
+
+def _range_json(args: PlanArgs, row: PlanRow) -> dict[str, object]:
+    slow, fast = plan_range(args, row)
+    return {"over": range_terms(args), "slowest": slow, "fastest": fast}
 
 
 def _checkpointing_json(args: PlanArgs, row: PlanRow, nodes: int) -> dict | None:

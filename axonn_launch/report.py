@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from axonn_launch.common.jobdir import JobPaths, read_summary
-from axonn_launch.records import goodput
+from axonn_launch.records import goodput, profile
 from axonn_launch.records.status import (
     DRY_RUN_WORDS,
     collect,
@@ -260,8 +260,22 @@ def job_report(job_dir: Path, out: Path) -> list[str]:
     if not column(rows, "mfu")[0]:
         lines += ["", "No MFU: the machine profile has no peak (a CPU run)."]
     lines += goodput_section(job_dir)
+    lines += profile_section(job_dir)
     lines += [""] + [f"![{p.stem}]({p.name})" for p in images]
     return lines
+
+
+def profile_section(job_dir: Path) -> list[str]:
+    """Collectives against compute per rank in the train.profile.steps window
+    (records/profile.py); nothing without a profile."""
+    found = profile.read_profiles(job_dir)
+    if not found:
+        return []
+    where = "GPU kernels" if any(p.on_gpu for p in found) else "CPU ops (gloo)"
+    lines = ["", "## Profile: collectives against compute", "", f"From the {where} of"
+             f" `{JobPaths(job_dir).profile.name}/`; longest: the three ops or kernels that took"
+             " the most time.", ""]  # fmt: skip
+    return lines + table(profile.PROFILE_HEADER, profile.profile_rows(found))
 
 
 def goodput_section(job_dir: Path) -> list[str]:

@@ -21,10 +21,13 @@ ORDER = [
     ("validate_planner.md", "Planner"),
     ("headline_plans.md", "Planner"),
     ("validation_80b.md", "Planner"),
+    ("gpu.md", "GPU"),
     ("bench_ztraffic.md", "Planner"),
     ("bench_status.md", "Failures"),
     ("bench_recovery.md", "Failures"),
+    ("bench_in_place.md", "Failures"),
     ("bench_watchdog.md", "Failures"),
+    ("bench_sinks.md", "Curves"),
     ("bench_generation.md", "Generation"),
     ("bench_hf_import.md", "Hugging Face import"),
     ("memorization_study.md", "Memorization"),
@@ -38,9 +41,10 @@ says otherwise. Timings are ratios or rankings measured side by side in one run;
 shared and noisy, so absolute numbers move between runs. Regenerate a section with the command it
 names, then this file with `python bench/make_benchmarks_md.py`.
 
-GPU runs (MFU on A100/MI250X/GH200) have not been measured yet: no GPU machine was available to
-the runs recorded here. `metrics.jsonl` reports `mfu` against each machine profile's dense bf16
-peak when a job runs on GPUs.
+GPU runs (MFU on A100/MI250X/GH200/H200) have not been measured yet: no GPU machine was available
+to the runs recorded here (the "GPU" section names the command that makes the first).
+`metrics.jsonl` reports `mfu` against each machine profile's dense bf16 peak when a job runs on
+GPUs.
 """
 
 

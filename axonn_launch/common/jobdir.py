@@ -53,6 +53,12 @@ HEARTBEATS = "heartbeats"
 STACKS = "stacks"
 STRAGGLERS = "stragglers.json"
 SKIPPED_STEPS = "skipped_steps.json"
+TENSORBOARD = "tensorboard"  # in the run's root dir: every attempt's events (train/sinks.py)
+TRACKER = "tracker.json"  # in the run's root dir: its W&B run id
+WANDB = "wandb"  # in the run's root dir: W&B's own folder (offline runs)
+WANDB_OFFLINE_RUNS = "offline-run-*"  # in it: one folder per attempt (wandb's naming)
+PROFILE = "profile"  # train.profile.steps's traces (train/health/profile.py)
+PROFILE_TRACE = "trace_rank{rank}.json"
 NCCL_LOG = "nccl_rank{rank}.log"
 RANK_LOG = "rank_{rank}.log"
 RANK_RECORD = "rank_{rank}.json"  # a rank's heartbeat, and its failure record
@@ -94,6 +100,10 @@ class JobPaths:
     stacks = property(lambda self: self.folder / LOGS / STACKS)
     stragglers = property(lambda self: self.folder / STRAGGLERS)
     skipped_steps = property(lambda self: self.folder / SKIPPED_STEPS)
+    tensorboard = property(lambda self: self.folder / TENSORBOARD)
+    tracker = property(lambda self: self.folder / TRACKER)
+    wandb = property(lambda self: self.folder / WANDB)
+    profile = property(lambda self: self.folder / PROFILE)
     job_lock = property(lambda self: self.folder / JOB_LOCK)
     recovery_log = property(lambda self: self.logs / RECOVERY_LOG)
     hang_request = property(lambda self: self.heartbeats / HANG_REQUEST)
@@ -114,6 +124,13 @@ class JobPaths:
     def slurm_job(self, job_id: str = SLURM_JOB) -> Path:
         """submitit's folder of Slurm job ``job_id`` (by default the pattern it is given)."""
         return self.folder / SLURM / job_id
+
+    def wandb_offline_runs(self) -> list[Path]:
+        """The offline W&B runs under this dir, oldest first (wandb names them by time)."""
+        return sorted(p for p in self.wandb.glob(WANDB_OFFLINE_RUNS) if p.is_dir())
+
+    def profile_trace(self, rank: int | str) -> Path:
+        return self.profile / PROFILE_TRACE.format(rank=rank)
 
     def nccl_log(self, rank: int | str) -> Path:
         return self.logs / NCCL_LOG.format(rank=rank)
@@ -403,6 +420,16 @@ def attempt_number(job_dir: str | Path) -> int:
         return int(read_record_or_empty(job_dir).get("attempt") or 1)
     except (TypeError, ValueError):
         return 1
+
+
+def run_root(job_dir: str | Path, record: dict | None = None) -> Path:
+    """The run's first attempt (``lineage[0]``), which holds what all its attempts share
+    (the chain, the curves); the dir itself for a first attempt. ``record``: its job.json
+    when already read."""
+    record = read_record_or_empty(job_dir) if record is None else record
+    lineage = record.get("lineage") or []
+    first = lineage[0] if lineage and isinstance(lineage[0], dict) else {}
+    return Path(first.get("job_dir") or job_dir)
 
 
 def last_job_id(record: dict) -> str:

@@ -18,6 +18,23 @@ class Hardware:
     inter_node_gbps: float = 0.0  # GB/s per GPU across nodes (injection / GPUs per node)
     latency_us: float = 5.0  # per collective step (planner)
     memory_gbps: float = 0.0  # GPU memory GB/s, for element-wise kernels (planner); 0 = unknown
+    # the planner's measured inputs (cost/perf.py profile_calibration), each cited in sources:
+    # a large bf16 GEMM's fraction of peak as measured, [lowest, highest]; empty = not measured
+    gemm_efficiency: list[float] = field(default_factory=list)
+    # measured bus GB/s per group layout, rows [ranks inside the axis, size 2, 4, 8, >= 16]
+    bus_gbps: list[list[float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not all(0 < e <= 1 for e in self.gemm_efficiency) or len(self.gemm_efficiency) > 2:
+            raise ValueError(
+                f"machine.hardware.gemm_efficiency={self.gemm_efficiency}: expected [lowest,"
+                " highest] fractions of peak in (0, 1], or [] (not measured)"
+            )
+        if any(len(row) != 5 or min(row) <= 0 for row in self.bus_gbps):
+            raise ValueError(
+                f"machine.hardware.bus_gbps={self.bus_gbps}: expected rows [ranks inside,"
+                " GB/s for 2, 4, 8, >= 16 ranks], all positive"
+            )
 
     @property
     def runs_on_gpu(self) -> bool:

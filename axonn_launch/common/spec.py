@@ -13,6 +13,7 @@ from pathlib import Path
 
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
+from axonn_launch.common.tracking import MetricsConfig, ProfileConfig
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,7 @@ class TrainConfig:
     # agree every step on whether the loss and the gradient norm are finite, and stop
     # before an optimizer step that is not (class non_finite)
     check_finite: bool = True
+    profile: ProfileConfig = field(default_factory=ProfileConfig)  # a torch.profiler window
 
     def __post_init__(self) -> None:
         start = self.schedule_start
@@ -265,6 +267,7 @@ class JobSpec:
     runtime: RuntimeConfig
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     memorization: MemorizationConfig = field(default_factory=MemorizationConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)  # common/tracking.py
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -278,6 +281,7 @@ class JobSpec:
         train["goldfish"] = GoldfishConfig(**train.get("goldfish", {}))
         train["watchdog"] = WatchdogConfig(**train.get("watchdog", {}))
         train["stragglers"] = StragglerConfig(**train.get("stragglers", {}))
+        train["profile"] = ProfileConfig(**train.get("profile", {}))
         return cls(
             name=raw["name"],
             job_dir=raw["job_dir"],
@@ -287,6 +291,7 @@ class JobSpec:
             runtime=RuntimeConfig(**raw["runtime"]),
             generate=GenerateConfig(**raw.get("generate", {})),
             memorization=MemorizationConfig(**raw.get("memorization", {})),
+            metrics=MetricsConfig.from_dict(raw.get("metrics", {})),
         )
 
     def save(self, path: Path) -> None:

@@ -12,9 +12,10 @@ The model, its notation, ring costs, what it leaves out and its sources:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from axonn_launch.common.grid import Grid
@@ -44,9 +45,14 @@ __all__ = ["ALL_GATHER", "ALL_REDUCE", "COLLECTIVES", "REDUCE_SCATTER"]  # re-ex
 # Breakdown keys: the four grid axes plus the x*y plane (vocab-parallel embedding and loss).
 COMM_AXES = ("x", "y", "z", "data", "xy")
 
+# Uncited defaults, each named as such where plan prints what it assumed. The GEMM efficiency
+# stands in only where a profile measured none (hardware.gemm_efficiency, cited per machine);
+# the overlap efficiency until calibrate measures it (measure_overlap): no published value for
+# NCCL or RCCL on these machines was found (../shared/reference/planner_audit.md §2, §5.3).
 DEFAULT_GEMM_EFFICIENCY = 0.75  # fraction of dense peak a large bf16 GEMM reaches
 DEFAULT_KERNEL_OVERHEAD_US = 2.0  # fixed cost per GEMM call (launch, tail effects)
 DEFAULT_OVERLAP_EFFICIENCY = 1.0  # communication overlaps compute fully (own engines)
+OVERLAP_RANGE = (0.0, 1.0)  # what plan brackets while e is unmeasured: serial to perfect
 NOMINAL_CPU_TFLOPS = 0.05  # used only when the hardware has no peak and nothing was measured
 PLAIN_FORMULATION = "direct"  # the tuner's name for a @ b on the operands as given (gemm.py)
 GEMM_OPS = ("fwd", "dx", "dw")
@@ -84,6 +90,9 @@ class Calibration:
     gemm_efficiency: float = DEFAULT_GEMM_EFFICIENCY
     kernel_overhead_us: float = DEFAULT_KERNEL_OVERHEAD_US
     overlap_efficiency: float = DEFAULT_OVERLAP_EFFICIENCY
+    # the measured (lowest, highest) efficiency the profile cites; None: not from a profile
+    gemm_efficiency_range: tuple[float, float] | None = None
+    overlap_measured: bool = False  # False: overlap_efficiency is the uncited default
     gemm: tuple[tuple[float, float], ...] = ()
     gemm_shapes: dict[tuple[str, int, int, int], dict[str, float]] = field(default_factory=dict)
     elementwise: tuple[tuple[float, float], ...] = ()  # (bytes per kernel, GB/s)
@@ -106,16 +115,23 @@ class Calibration:
         """Element-wise GB/s for kernels moving ``kernel_bytes``, from measurements."""
         return log_interpolate(self.elementwise, kernel_bytes)
 
+    @functools.cached_property
+    def _exact(self) -> dict[tuple[str, int, int], BandwidthSample]:
+        found: dict[tuple[str, int, int], BandwidthSample] = {}
+        for c in self.collectives:
+            found.setdefault((c.collective, c.size, c.per_node), c)
+        return found
+
     def bandwidth_sample(self, collective: str, size: int, per_node: int) -> BandwidthSample | None:
         """The measured sample closest to this group layout.
 
         Exact (collective, size, per_node) first; otherwise the same collective with the
         same per-node count and placement (inside / across nodes), nearest in log(size).
         """
+        exact = self._exact.get((collective, size, per_node))
+        if exact is not None:
+            return exact
         same = [c for c in self.collectives if c.collective == collective]
-        for c in same:
-            if c.size == size and c.per_node == per_node:
-                return c
         intra = per_node >= size
         alike = [c for c in same if c.intra_node == intra and (intra or c.per_node == per_node)]
         if not alike:
@@ -137,8 +153,10 @@ def log_interpolate(points: tuple[tuple[float, float], ...], x: float) -> float 
     return points[-1][1]
 
 
-def load_calibration(path: str | Path) -> Calibration:
-    """Read the JSON file written by ``axonn_launch.calibrate``."""
+def load_calibration(path: str | Path, base: Calibration | None = None) -> Calibration:
+    """Read the JSON file written by ``axonn_launch.calibrate``; what it did not measure
+    stays as in ``base`` (the machine profile's ``profile_calibration``)."""
+    base = base or Calibration()
     raw = json.loads(Path(path).read_text())
     samples = tuple(
         BandwidthSample(
@@ -157,18 +175,76 @@ def load_calibration(path: str | Path) -> Calibration:
         }
         for g in raw.get("gemm_shapes", [])
     }
+    overlap = raw.get("overlap", {})
+    gemm_measured = bool(gemm or shapes or "gemm_efficiency" in raw)
     return Calibration(
-        gemm_efficiency=float(raw.get("gemm_efficiency", DEFAULT_GEMM_EFFICIENCY)),
-        kernel_overhead_us=float(raw.get("kernel_overhead_us", DEFAULT_KERNEL_OVERHEAD_US)),
-        overlap_efficiency=float(
-            raw.get("overlap", {}).get("efficiency", DEFAULT_OVERLAP_EFFICIENCY)
-        ),
-        elementwise=tuple((float(b), float(r)) for b, r in raw.get("elementwise", [])),
+        gemm_efficiency=float(raw.get("gemm_efficiency", base.gemm_efficiency)),
+        kernel_overhead_us=float(raw.get("kernel_overhead_us", base.kernel_overhead_us)),
+        overlap_efficiency=float(overlap.get("efficiency", base.overlap_efficiency)),
+        gemm_efficiency_range=None if gemm_measured else base.gemm_efficiency_range,
+        overlap_measured="efficiency" in overlap or base.overlap_measured,
+        elementwise=tuple((float(b), float(r)) for b, r in raw.get("elementwise", []))
+        or base.elementwise,
         gemm=gemm,
         gemm_shapes=shapes,
-        collectives=samples,
+        collectives=samples or base.collectives,
         source=str(path),
     )
+
+
+def profile_calibration(hardware: Hardware) -> Calibration:
+    """What the planner assumes without a calibration file: the GEMM efficiency and bus
+    bandwidths the machine profile measured and cites (``hardware.gemm_efficiency``, planned
+    at its lowest; ``hardware.bus_gbps``), else the uncited defaults and nominal links."""
+    measured = hardware.gemm_efficiency
+    return Calibration(
+        gemm_efficiency=min(measured) if measured else DEFAULT_GEMM_EFFICIENCY,
+        gemm_efficiency_range=(min(measured), max(measured)) if measured else None,
+        collectives=table_samples(hardware.bus_gbps, hardware.gpus_per_node, hardware.latency_us),
+    )
+
+
+MAX_TABLE_RANKS = 65536  # table_samples lists group layouts up to this many ranks
+
+
+def table_samples(
+    rows: list[list[float]], gpus_per_node: int, latency_us: float
+) -> tuple[BandwidthSample, ...]:
+    """A bus bandwidth table as AxoNN measured it (Megatron-AxoNN comm_model.py ``get_bw``):
+    rows [ip, GB/s for 2, 4, 8, >= 16 ranks], ip being the product of the sizes of the axes
+    inside this one (its stride), a row standing for every ip up to the next. One sample per
+    (group size, ranks per node) of each collective, from the smallest ip that gives that
+    layout, with the profile's latency."""
+    if not rows:
+        return ()
+    found: dict[tuple[int, int], float] = {}
+    size = 2
+    while size <= MAX_TABLE_RANKS:
+        ip = 1
+        while ip * size <= MAX_TABLE_RANKS:
+            row = max((r for r in rows if r[0] <= ip), key=lambda r: r[0], default=rows[0])
+            column = 1 + min(int(size).bit_length() - 2, 3)  # size 2, 4, 8, >= 16
+            per_node = (
+                size if ip * size <= gpus_per_node else max(1, min(size, gpus_per_node // ip))
+            )
+            found.setdefault((size, per_node), float(row[column]))
+            ip *= 2
+        size *= 2
+    return tuple(
+        BandwidthSample(c, size=p, per_node=k, bus_gbps=bw, alpha_us=latency_us)
+        for (p, k), bw in found.items()
+        for c in COLLECTIVES
+    )
+
+
+def bounds(cal: Calibration) -> tuple[Calibration, Calibration]:
+    """(slowest, fastest) ends of the inputs that are not measured on the machine: the GEMM
+    efficiency over the profile's cited range, and the overlap efficiency over
+    ``OVERLAP_RANGE`` while it is the uncited default."""
+    low, high = cal.gemm_efficiency_range or (cal.gemm_efficiency, cal.gemm_efficiency)
+    e_low, e_high = (cal.overlap_efficiency,) * 2 if cal.overlap_measured else OVERLAP_RANGE
+    slow = replace(cal, gemm_efficiency=low, overlap_efficiency=e_low)
+    return slow, replace(cal, gemm_efficiency=high, overlap_efficiency=e_high)
 
 
 # --------------------------------------------------------------------------- placement
@@ -469,7 +545,7 @@ def step_time(
 ) -> StepTime:
     """Predicted seconds per optimizer step: ``accumulation`` micro-steps plus the
     once-per-step gradient synchronization (see the module docstring)."""
-    cal = calibration or Calibration()
+    cal = calibration or profile_calibration(hardware)
     costs = _Costs(hardware, grid, cal, tuned=train.gemm_tuning)
     gpu = hardware.runs_on_gpu
     compute, micro = _micro_step(costs, model, train, grid, gpu)

@@ -35,6 +35,8 @@ from axonn_launch.cost.memory import (
 from axonn_launch.cost.perf import (
     Calibration,
     StepTime,
+    bounds,
+    profile_calibration,
     step_time,
 )
 
@@ -148,7 +150,7 @@ def rank_grids(
 ) -> Ranking:
     """Evaluate every grid of ``world_size``; see the module docstring for the micro-batch
     and the order."""
-    cal = calibration or Calibration()
+    cal = calibration or profile_calibration(hardware)
     rows: list[PlanRow] = []
     rejected: dict[str, int] = {}
     example: dict[str, str] = {}
@@ -219,7 +221,8 @@ def resolve_cache_layers(
     """``train.cache_layers`` as given, or (None) the planner's choice for this grid and
     ``train.micro_batch`` (module docstring); for launching an explicit grid."""
     memory = estimate_memory(model=model, grid=grid, train=train)
-    chosen, _, _ = _with_cache(hardware, model, train, grid, calibration or Calibration(), memory)
+    cal = calibration or profile_calibration(hardware)
+    chosen, _, _ = _with_cache(hardware, model, train, grid, cal, memory)
     return chosen.cache_layers
 
 
@@ -251,6 +254,23 @@ def _with_cache(
         return none, memory, base
     gpu = hardware.runs_on_gpu
     return cached, estimate_memory(model=model, grid=grid, train=cached, on_gpu=gpu), faster
+
+
+def predicted_range(
+    hardware: Hardware,
+    model: ModelSpec,
+    train: TrainConfig,
+    row: PlanRow,
+    calibration: Calibration | None = None,
+) -> tuple[StepTime, StepTime]:
+    """(slowest, fastest) step of ``row``'s grid, micro-batch and cache with the inputs
+    that are not measured on the machine at the ends of their ranges (``perf.bounds``)."""
+    tr = dataclasses.replace(train, micro_batch=row.micro_batch, cache_layers=row.cache_layers)
+    slow, fast = bounds(calibration or profile_calibration(hardware))
+    return tuple(  # type: ignore[return-value]
+        step_time(hardware=hardware, model=model, train=tr, grid=row.grid, calibration=c)
+        for c in (slow, fast)
+    )
 
 
 def plan(

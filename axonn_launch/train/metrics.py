@@ -21,6 +21,8 @@ import torch
 
 from axonn_launch.common.jobdir import JobPaths, append_timeline
 from axonn_launch.common.models import ModelSpec
+from axonn_launch.train.health.profile import ProfileWindow
+from axonn_launch.train.sinks import Sinks
 
 GIB = 1024**3
 
@@ -68,6 +70,8 @@ class MetricsLogger:
         progress: bool,
         log_every_s: float = 30.0,
         stream: TextIO | None = None,
+        sinks: Sinks | None = None,
+        profile: ProfileWindow | None = None,
     ) -> None:
         self.flops_per_token = model.flops_per_token(seq_len, recompute=recompute)
         self.world_size = world_size
@@ -90,6 +94,8 @@ class MetricsLogger:
         self.gemm_choices: dict[str, dict[str, str]] = {}  # rank -> signature -> formulation
         self.pending_gemm: dict[str, dict[str, str]] = {}  # not yet in a row
         self.pending_stragglers: list[dict] | None = None  # not yet in a row
+        self.sinks = sinks or Sinks([])  # TensorBoard, W&B (train/sinks.py), rank 0's
+        self.profile = profile  # train.profile.steps, every rank's (train/health/profile.py)
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -122,6 +128,7 @@ class MetricsLogger:
         if self.enabled:
             with self.path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
+            self.sinks.log(row)
             self.show_progress(row)
         return row
 
@@ -130,6 +137,10 @@ class MetricsLogger:
         (``time.time()``) and ends now, into the attempt's timeline (goodput)."""
         if self.enabled:
             append_timeline(self.job_dir, {kind: step, "start": start, "end": time.time()})
+        if kind == "checkpoint":
+            self.sinks.checkpointed(step)  # what a later attempt will not redo
+        if kind == "step" and self.profile is not None:
+            self.profile.step_done(step)
 
     def add_gemm_choices(self, per_rank: dict[str, dict[str, str]], step: int) -> None:
         """GEMM tuner picks (rank -> signature -> formulation) made up to ``step``: all of
@@ -163,10 +174,17 @@ class MetricsLogger:
                 log.info(status_line(row, self.total_steps, self.first_step))
 
     def finish(self, summary: dict) -> None:
+        if self.profile is not None:
+            self.profile.stop()  # a window past the last step ends with the training
         if not self.enabled:
             return
         self.close_bar()
         log.info(summary_line(summary, self.per))
+        self.sinks.close(summary)
+
+    def close_sinks(self) -> None:
+        """A failed run's sinks closed (an unfinished W&B run marked failed)."""
+        self.sinks.close(None)
 
     def close_bar(self) -> None:
         """End the bar's line before anything else prints (stopped early, a sample)."""

@@ -31,6 +31,7 @@ from axonn_launch.train.data import EvalLoader, Loader, open_source
 from axonn_launch.train.health import preflight
 from axonn_launch.train.health.faults import poisons
 from axonn_launch.train.health.monitor import StepMonitor
+from axonn_launch.train.health.profile import ProfileWindow
 from axonn_launch.train.health.startup import log_startup, log_startup_time, node_name
 from axonn_launch.train.health.watchdog import Watchdog
 from axonn_launch.train.inference.generation import decode, default_prompt, generate_one
@@ -43,6 +44,7 @@ from axonn_launch.train.models.registry import build_model
 from axonn_launch.train.parallel.bootstrap import DistEnv, discover_env, init_distributed
 from axonn_launch.train.parallel.comm import resolve_wire
 from axonn_launch.train.parallel.groups import Groups, build_groups
+from axonn_launch.train.sinks import open_sinks
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +186,11 @@ def train_model(
     )
     ctx = train_context(spec, env, model, optimizer, loader, start_step, should_stop, watchdog)
     ctx.save = lambda step: save(spec, env, step, model, optimizer, loader, checkpointer)
-    summary = run_loop(model, ctx, checkpointer, env)
+    try:
+        summary = run_loop(model, ctx, checkpointer, env)
+    except BaseException:
+        ctx.logger.close_sinks()
+        raise
     if fallback is not None:  # the newest checkpoint was damaged: which step, and why
         summary["checkpoint_fallback"] = fallback
     return finish_training(spec, env, model, ctx, checkpointer, watchdog, summary)
@@ -236,7 +242,7 @@ def train_context(
 ) -> TrainContext:
     """What the loop needs, with metrics from ``start_step`` on (rows past it dropped)."""
     train, groups, device = spec.train, model.groups, torch.device(env.device)
-    logger = metrics_logger(spec, env, device)
+    logger = metrics_logger(spec, env, device, start_step)
     if env.rank == 0:
         truncate_metrics(JobPaths(spec.job_dir).metrics, start_step)
     return TrainContext(
@@ -256,8 +262,11 @@ def train_context(
     )
 
 
-def metrics_logger(spec: JobSpec, env: DistEnv, device: torch.device) -> MetricsLogger:
-    """metrics.jsonl and the progress lines (rank 0 writes, every rank measures)."""
+def metrics_logger(
+    spec: JobSpec, env: DistEnv, device: torch.device, start_step: int = 0
+) -> MetricsLogger:
+    """metrics.jsonl, the other sinks and the progress lines (rank 0 writes, every rank
+    measures)."""
     train = spec.train
     return MetricsLogger(
         job_dir=Path(spec.job_dir),
@@ -271,6 +280,15 @@ def metrics_logger(spec: JobSpec, env: DistEnv, device: torch.device) -> Metrics
         enabled=env.rank == 0,
         progress=train.progress,
         log_every_s=train.log_every_s,
+        sinks=open_sinks(
+            spec,
+            start_step=start_step,
+            attempt=jobdir.attempt_number(spec.job_dir),
+            enabled=env.rank == 0,
+        ),  # fmt: skip
+        profile=ProfileWindow(
+            train.profile, spec.job_dir, rank=env.rank, device=device, start_step=start_step
+        ),  # fmt: skip
     )
 
 

@@ -46,6 +46,10 @@ CASES = [
     (["memorization.data=d.jsonl", "memorization.continuation=0"], "memorization.continuation=0"),
     (["memorization.data=d.jsonl", "memorization.batch_size=0"], "memorization.batch_size=0"),
     (["dry_run=maybe"], "dry_run='maybe'"),
+    (
+        ["metrics.sinks=[jsonl,tensorbord]"],
+        "metrics.sinks=['jsonl', 'tensorbord']: unknown sink 'tensorbord'; valid: jsonl,",
+    ),
     (["grid.x=0"], "grid.x=0"),
     (["grid.x=two"], "grid.x='two'"),
     (["grid.y=3"], "grid.y=3"),

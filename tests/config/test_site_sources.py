@@ -5,7 +5,8 @@ A profile's ``sources`` maps each fact it sets to a page or file (``MachineProfi
 setting the profile changes from ``SlurmSettings``' default (``slurm.extra_sbatch.KEY`` for
 extra flags); ``srun_args[ARG]`` with ARG as the composed profile has it (interpolations
 resolved, as in the batch script); ``modules``; ``setup[N]`` (1-based); ``container.FIELD``;
-``broadcast.FIELD`` and ``reliability.FIELD`` (failure rate, write bandwidth) where set.
+``broadcast.FIELD`` and ``reliability.FIELD`` (failure rate, write bandwidth) where set;
+``hardware.FIELD`` for the planner's peak, memory bandwidth, GEMM efficiency and bus table.
 Keys the profile lists in ``required`` (the user's own, e.g. the account) need none.
 A citation starts with a URL or ``owner/repo:path``; a note may follow.
 """
@@ -20,6 +21,7 @@ import pytest
 from axonn_launch.common.machine import (
     Broadcast,
     Container,
+    Hardware,
     MachineProfile,
     Reliability,
     SlurmSettings,
@@ -30,6 +32,13 @@ from axonn_launch.submit.render import setup_lines
 SITES = ("perlmutter", "frontier", "alps")
 CITATION = re.compile(r"^(https?://\S+|[\w.-]+/[\w.-]+:\S+)")
 ENV_GROUPS = ("env", "multinode_env", "task_env")
+# the planner's inputs that a profile cites (plan prints them with their sources)
+PLANNER_FACTS = {
+    "hardware.peak_tflops_per_gpu",
+    "hardware.memory_gbps",
+    "hardware.gemm_efficiency",
+    "hardware.bus_gbps",
+}
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +71,7 @@ def facts(machine: MachineProfile) -> set[str]:
     keys |= changed_fields(machine.container, Container(), "container")
     keys |= changed_fields(machine.broadcast, Broadcast(), "broadcast")
     keys |= changed_fields(machine.reliability, Reliability(), "reliability")
+    keys |= changed_fields(machine.hardware, Hardware(), "hardware") & PLANNER_FACTS
     return keys - set(machine.required)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_launcher
+from tests.train.tracker_files import as_float32, tb_series
 
 SPIKE_NATS = 1.0  # far above the step-to-step noise of a batch of 16 x 64 bytes (~0.2)
 
@@ -46,3 +47,6 @@ def test_the_default_job_has_no_loss_spike(tmp_path):
     for step in range(2, steps + 1):
         lowest = min(loss[s] for s in range(1, step))
         assert loss[step] - lowest < SPIKE_NATS, f"step {step}: {loss[step]:.3f} after {lowest:.3f}"
+    # no sink named: TensorBoard's event files too, one loss per step, metrics.jsonl's
+    shown = tb_series(job / "tensorboard", "loss")
+    assert shown == [(step, as_float32(loss[step])) for step in range(1, steps + 1)]

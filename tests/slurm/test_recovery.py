@@ -33,6 +33,7 @@ from tests.slurm.test_faults import (
     sacct_state,
     wait_until,
 )
+from tests.train.tracker_files import as_float32, jsonl_losses, tb_series, wandb_history
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -66,7 +67,10 @@ RUNS = {
     # name: (AXONN_FAULT, overrides)
     "reference": ("", [*TWO_NODES, "recovery=off"]),
     # each kill comes one step after a checkpoint's step: a step is lost each time
-    "healed": ("kill@step6:rank1:attempt1,kill@step10:rank1:attempt2", TWO_NODES),
+    "healed": (
+        "kill@step6:rank1:attempt1,kill@step10:rank1:attempt2",
+        [*TWO_NODES, "metrics.sinks=[jsonl,tensorboard,wandb]"],
+    ),
     "code": ("code@step3", ONE_NODE),
     "repeats": ("kill@step3:rank1", [*ONE_NODE, "recovery.max_same_class=2"]),
     "queued": ("", [*ONE_NODE, "+machine.slurm.extra_sbatch.begin=now+3600"]),
@@ -102,7 +106,7 @@ def launch(name: str, root: Path) -> Path:
     result = run_launcher(
         [*BASE, *overrides, f"hydra.run.dir={job_dir}"],
         cwd=root,
-        env={"AXONN_FAULT": fault},
+        env={"AXONN_FAULT": fault, "WANDB_MODE": "offline"},
         timeout=300,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -209,6 +213,31 @@ def test_two_faults_in_a_row_are_healed(runs):
     assert report.returncode == 0, report.stderr
     text = (root / "r" / "report.md").read_text()
     assert "## Goodput" in text and f"goodput {run['goodput']['goodput']:.0%}" in text
+    check_curves_and_failed_logs(root, attempts)
+
+
+def check_curves_and_failed_logs(root: Path, attempts: list[Path]) -> None:
+    """The three attempts' curves are one series in the root's folders: TensorBoard reads
+    steps 1..12 once, with the last attempt's values (its metrics.jsonl holds the earlier
+    attempts' rows up to each checkpoint); W&B offline has one run id and every step once.
+    ``jobs logs --failed`` of each killed attempt prints rank 1's log (its task's output)."""
+    losses = jsonl_losses(attempts[-1])
+    assert tb_series(root / "tensorboard", "loss") == [
+        (step, as_float32(losses[step])) for step in range(1, STEPS + 1)
+    ]
+    starts = [0] + [checkpointed_step(a) for a in attempts[:-1]]  # each resumed the last's
+    shown = tb_series(root / "tensorboard", "attempt")
+    assert shown == [(start + 1, float(n)) for n, start in enumerate(starts, 1)], (shown, starts)
+    run_id = json.loads((root / "tracker.json").read_text())["wandb_id"]
+    folders = sorted((root / "wandb").glob("offline-run-*"))
+    assert folders and all(f.name.endswith(f"-{run_id}") for f in folders), folders
+    rows = [row for folder in folders for row in wandb_history(folder)]
+    assert sorted(row["_step"] for row in rows) == list(range(1, STEPS + 1)), rows
+    assert {row["_step"]: row["loss"] for row in rows} == losses
+    for attempt, step in zip(attempts[:2], (6, 10)):
+        failed = jobs_cli("logs", str(attempt), "--failed", cwd=root.parent)
+        assert failed.stdout.startswith("rank 1 failed first\n"), failed.stdout + failed.stderr
+        assert f"injecting kill after step {step} on rank 1" in failed.stdout
 
 
 def check_goodput(found: dict, attempts: list[Path], lost_steps: int) -> None:

@@ -23,11 +23,13 @@ from axonn_launch.submit import chain
 from tests.cli_server import run_module
 from tests.conftest import run_launcher
 from tests.submit.test_local_supervisor import poll, rank_pids_under, reap  # noqa: F401 (a fixture)
+from tests.train.tracker_files import as_float32, jsonl_losses, tb_series, wandb_history
 
 SMALL = ["machine=local", "model=gpt_tiny", "grid.x=2", "train.steps=8",
          "train.checkpoint_every=2", "train.warmup_steps=0", "train.sample_tokens=0",
          "train.progress=false", "train.gemm_tuning=false"]  # fmt: skip
 RECOVERY_ON = ["recovery=on", "recovery.backoff_s=0"]
+EVERY_SINK = "metrics.sinks=[jsonl,tensorboard,wandb]"
 RUN_ENDS_S = 300
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("reap")]  # ends what a failure leaves
@@ -51,11 +53,13 @@ def reference(tmp_path_factory) -> dict:
 
 def test_a_killed_rank_of_a_detached_run_is_resumed_to_the_uninterrupted_loss(tmp_path, request):
     """Rank 1 is killed after step 5 of attempt 1 (its newest checkpoint: step 4); attempt 2
-    resumes from step 4 and ends with the loss of a run that was never interrupted."""
+    resumes from step 4 and ends with the loss of a run that was never interrupted. Its
+    curves are one series over both attempts (TensorBoard, W&B offline), and ``jobs logs
+    --failed`` prints the killed rank's log."""
     root = tmp_path / "run"
     launched = run_launcher(
-        [*SMALL, *RECOVERY_ON, "wait=false", f"hydra.run.dir={root}"], cwd=tmp_path,
-        env={"AXONN_FAULT": "kill@step5:rank1:attempt1"}, timeout=120,
+        [*SMALL, *RECOVERY_ON, EVERY_SINK, "wait=false", f"hydra.run.dir={root}"], cwd=tmp_path,
+        env={"AXONN_FAULT": "kill@step5:rank1:attempt1", "WANDB_MODE": "offline"}, timeout=120,
     )  # fmt: skip
     assert launched.returncode == 0, launched.stdout[-2000:] + launched.stderr[-2000:]
     assert f"started {read_record(root)['job_ids'][0]}" in launched.stdout  # returned at once
@@ -86,6 +90,33 @@ def test_a_killed_rank_of_a_detached_run_is_resumed_to_the_uninterrupted_loss(tm
     found = run["goodput"]  # local: from the launch to the supervisor's end, per attempt
     assert sum(found[f"{p}_s"] for p in PARTS) == pytest.approx(found["allocated_s"]), found
     assert found["useful_s"] > 0 and found["recovery_s"] > 0 and len(found["ttr_s"]) == 1
+    check_one_series(root, attempts, resumed=last["resumed_from"])
+    failed = subprocess.run([sys.executable, "-m", "axonn_launch.jobs", "logs", str(root),
+                             "--failed"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert failed.stdout.startswith("rank 1 failed first\n"), failed.stdout + failed.stderr
+    assert "injecting kill after step 5 on rank 1" in failed.stdout
+    assert " rank 0 " not in failed.stdout  # rank 0's own log is not shown
+
+
+def check_one_series(root: Path, attempts: list[Path], resumed: int) -> None:
+    """Both attempts' curves in the root's folders: TensorBoard reads one loss per step,
+    1..8, the resumed attempt's values (its metrics.jsonl, seeded with attempt 1's rows up
+    to the checkpoint) and the attempt marked where each began; W&B offline has one run id
+    (one folder per attempt: wandb writes one per ``init``) and every step once."""
+    losses = jsonl_losses(attempts[-1])
+    shown = tb_series(root / "tensorboard", "loss")
+    assert shown == [(step, as_float32(losses[step])) for step in range(1, 9)]
+    assert tb_series(root / "tensorboard", "attempt") == [(1, 1.0), (resumed + 1, 2.0)]
+    assert not (attempts[-1] / "tensorboard").exists()
+    run_id = json.loads((root / "tracker.json").read_text())["wandb_id"]
+    folders = sorted((root / "wandb").glob("offline-run-*"))
+    assert len(folders) == 2 and all(f.name.endswith(f"-{run_id}") for f in folders), folders
+    rows = [row for folder in folders for row in wandb_history(folder)]
+    assert sorted(row["_step"] for row in rows) == list(range(1, 9)), rows
+    assert {row["_step"]: row["loss"] for row in rows} == losses
+    assert {row["_step"]: row["attempt"] for row in rows} == {
+        step: 1 if step <= resumed else 2 for step in range(1, 9)
+    }
 
 
 STEP_DEADLINE_S = 4  # the watchdog's, once start-up is over

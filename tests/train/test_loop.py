@@ -15,6 +15,8 @@ import torch
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import JobSpec, OverlapConfig, RuntimeConfig, TrainConfig
+from axonn_launch.common.tracking import ProfileConfig
+from axonn_launch.records.profile import read_profiles
 from axonn_launch.submit.local import WarmStart, free_port, rank_env
 from axonn_launch.train import run_job
 from axonn_launch.train.loop import learning_rate
@@ -121,7 +123,8 @@ def metrics(job_dir: Path) -> list[dict]:
 @pytest.mark.slow
 def test_four_ranks_on_shakespeare_loss_falls(tmp_path):
     job = tmp_path / "job"
-    write_job(job, Grid(x=2, z=2), steps=60, warmup_steps=10, micro_batch=16, sample_tokens=20)
+    write_job(job, Grid(x=2, z=2), steps=60, warmup_steps=10, micro_batch=16, sample_tokens=20,
+              profile=ProfileConfig(steps="3-4"))  # fmt: skip
     outputs = launch(job, 4, "axonn_launch.train")
     rows = metrics(job)
     assert [r["step"] for r in rows] == list(range(1, 61))
@@ -136,6 +139,17 @@ def test_four_ranks_on_shakespeare_loss_falls(tmp_path):
     assert len(summary["sample"]) == 21  # the one-byte prompt and 20 new bytes
     assert "--- sample" in outputs[0] and "--- sample" not in outputs[1]
     assert (job / "checkpoints" / "latest").read_text() == "step_00000060"
+    for rank in range(4):  # train.profile.steps=3-4: a Chrome trace per rank, collectives in it
+        trace = json.loads((job / "profile" / f"trace_rank{rank}.json").read_text())
+        ops = [event.get("name") for event in trace["traceEvents"] if event.get("ph") == "X"]
+        collectives = {"c10d::allreduce_", "c10d::_reduce_scatter_base_", "c10d::_allgather_base_"}
+        assert collectives <= set(ops)
+        assert ops.count("Optimizer.step#AdamW.step") == 2  # steps 3 and 4, no more
+    profiles = read_profiles(job)  # report's table: collectives against the rest, per rank
+    assert [p.rank for p in profiles] == [0, 1, 2, 3]
+    for found in profiles:
+        assert 0 < found.comm_s < found.window_s and not found.on_gpu, found
+        assert found.comm_s + found.compute_s == pytest.approx(found.window_s)
 
 
 @pytest.mark.slow
