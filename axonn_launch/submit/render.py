@@ -321,10 +321,7 @@ class InPlace:
         return f"--nodes={self.nodes} --ntasks={self.tasks}"
 
 
-RESTART_COMMENT = (
-    "# a failed step whose class resumes runs again on the nodes the job still holds"
-    " (recovery.in_job_restarts)"
-)
+RESTART_COMMENT = "# restarts in place (recovery.in_job_restarts)"
 
 
 def restart_in_place(script: str, restarts: InPlace) -> str:
@@ -338,14 +335,10 @@ def restart_in_place(script: str, restarts: InPlace) -> str:
         for word in (restarts.python, "-m", "axonn_launch.restart", restarts.job_dir)
     )
     lines[at : at + 1] = [
-        RESTART_COMMENT,
-        f"axonn_step=({restarts.first_step()})",
-        "while :; do",
+        f"axonn_step=({restarts.first_step()}); while :; do  {RESTART_COMMENT}",
         lines[at].replace("srun ", 'srun "${axonn_step[@]}" ', 1),
-        "axonn_rc=$?",
-        '[ "$axonn_rc" = 0 ] || [ -n "${axonn_signalled:-}" ] && exit "$axonn_rc"',
-        f'axonn_next="$({decide} "$axonn_rc")" || exit "$axonn_rc"',
-        'read -r -a axonn_step <<<"$axonn_next"',
-        "done",
+        'axonn_rc=$?; [ "$axonn_rc" = 0 ] || [ -n "${axonn_signalled:-}" ] && exit "$axonn_rc"',
+        f'axonn_next="$({decide} "$axonn_rc")" || exit "$axonn_rc"'
+        '; read -r -a axonn_step <<<"$axonn_next"; done',
     ]
     return "\n".join(lines)

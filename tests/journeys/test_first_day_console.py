@@ -15,8 +15,11 @@ import pytest
 from axonn_launch.submit import local
 from tests.conftest import run_launcher
 
-# startup (3), training, the GEMM tuning summary, step 1, step 2, the sample, done: 9
+# startup (4), training, the GEMM tuning summary, step 1, step 2, the sample, done: 10; and,
+# when the sample is predicted to take over SILENT_S (train/run.py, on a loaded machine), the
+# line that announces it
 MAX_INFO_LINES = 10
+ANNOUNCED = "tokens from the trained model: about"
 
 
 def run_copied(command: str, cwd) -> subprocess.CompletedProcess:
@@ -33,7 +36,7 @@ def test_the_default_run_is_quiet_starts_visibly_and_says_what_is_next(tmp_path)
     job_dir_at = next(i for i, ln in enumerate(lines) if ln.startswith("job dir    "))
     assert lines[job_dir_at + 1].startswith("starting 4 ranks (rank 0 logs here")
 
-    info = [ln for ln in lines if " INFO axonn_launch." in ln]
+    info = [ln for ln in lines if " INFO axonn_launch." in ln and ANNOUNCED not in ln]
     assert 0 < len(info) <= MAX_INFO_LINES, "\n".join(info)
     gemm_logger = "axonn_launch.train.parallel.gemm"
     assert not any(gemm_logger in ln for ln in lines), "a GEMM line on the console"

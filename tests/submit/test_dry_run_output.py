@@ -25,7 +25,8 @@ def test_a_site_dry_run_prints_the_summary_and_the_script_in_80_lines(tmp_path):
     out = proc.stdout
     assert out.startswith("job        gpt_80b-perlmutter\n")
     assert "\n--- batch script ---\n#!/bin/bash\n" in out and "#SBATCH --nodes=8\n" in out
-    assert out.rstrip().splitlines()[-1].startswith("srun ")  # the whole script
+    # the whole script: its srun line in the loop of the restarts in place, to its end
+    assert out.rstrip().endswith("; done") and "\nsrun " in out
     assert "sources:" not in out and CONFIG_HEAD not in out
     assert "config     the job dir's config.yaml (show_config=true prints it" in out
     assert "\n  sources:\n" in saved  # the job dir keeps the whole resolved config

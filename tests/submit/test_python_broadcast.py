@@ -37,7 +37,7 @@ def test_frontier_broadcasts_from_16_nodes_to_the_nvme(tmp_path):
     assert "--ntasks-per-node=1" in setup[-2]
     # this checkout's package is not in the venv (an editable install): packed and put first
     assert f"tar -C {REPO} -cf /mnt/bb/" in setup[-4] and "export PYTHONPATH=/mnt/bb/" in setup[-1]
-    srun = lines[-1]
+    (srun,) = [line for line in lines if line.startswith("srun ")]  # in the restart loop
     assert srun.startswith("srun ") and "/env/bin/python -u -m submitit" in srun
     tasks_python = srun.split(" -u -m ")[0].rsplit(" ", 1)[-1]
     assert tasks_python.startswith("/mnt/bb/") and f"export AXONN_PYTHON_FROM={venv}" in script
