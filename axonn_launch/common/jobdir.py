@@ -37,6 +37,14 @@ SLURM_STDERR = "log.err"
 SUBMISSION = "submission.sh"
 SITE_SUBMISSION = "site_submission.sh"
 RECOVERY_SCRIPT = "recovery.sh"
+PACK_SUBMISSION = "pack_submission.pkl"  # a packed point's job, until its pack runs it
+# in a sweep dir: its packs (submit/pack.py), each packs/<n>/ with its script, plan and log,
+# and packs/pending/<num>.json for each point that waits to be packed
+PACKS = "packs"
+PACK_PENDING = "pending"
+PACK_SCRIPT = "pack.sh"
+PACK_PLAN = "plan.json"
+PACK_LOG = "pack_%j.log"  # Slurm fills in %j
 PREFLIGHT = "preflight.json"
 PREFLIGHT_EXPECTED = "preflight_expected.json"
 METRICS = "metrics.jsonl"
@@ -57,6 +65,11 @@ TENSORBOARD = "tensorboard"  # in the run's root dir: every attempt's events (tr
 TRACKER = "tracker.json"  # in the run's root dir: its W&B run id
 WANDB = "wandb"  # in the run's root dir: W&B's own folder (offline runs)
 WANDB_OFFLINE_RUNS = "offline-run-*"  # in it: one folder per attempt (wandb's naming)
+# what ran (records/provenance.py): the package as submitted (code_snapshot), first on
+# every attempt's PYTHONPATH; the checkout's uncommitted changes; the installed distributions
+CODE = "code"
+CODE_DIFF = "code.diff"
+PIP_FREEZE = "pip_freeze.txt"
 PROFILE = "profile"  # train.profile.steps's traces (train/health/profile.py)
 PROFILE_TRACE = "trace_rank{rank}.json"
 NCCL_LOG = "nccl_rank{rank}.log"
@@ -86,6 +99,7 @@ class JobPaths:
     submission = property(lambda self: self.folder / SUBMISSION)
     site_submission = property(lambda self: self.folder / SITE_SUBMISSION)
     recovery_script = property(lambda self: self.folder / RECOVERY_SCRIPT)
+    pack_submission = property(lambda self: self.folder / PACK_SUBMISSION)
     preflight = property(lambda self: self.folder / PREFLIGHT)
     preflight_expected = property(lambda self: self.folder / PREFLIGHT_EXPECTED)
     metrics = property(lambda self: self.folder / METRICS)
@@ -104,6 +118,9 @@ class JobPaths:
     tracker = property(lambda self: self.folder / TRACKER)
     wandb = property(lambda self: self.folder / WANDB)
     profile = property(lambda self: self.folder / PROFILE)
+    code = property(lambda self: self.folder / CODE)
+    code_diff = property(lambda self: self.folder / CODE_DIFF)
+    pip_freeze = property(lambda self: self.folder / PIP_FREEZE)
     job_lock = property(lambda self: self.folder / JOB_LOCK)
     recovery_log = property(lambda self: self.logs / RECOVERY_LOG)
     hang_request = property(lambda self: self.heartbeats / HANG_REQUEST)
@@ -260,6 +277,7 @@ JOB_RECORD_SCHEMA = {  # job.json (submit/pipeline.py's job_record, and what is 
     "slow_nodes": Field((list, NONE)),
     "preflight": Field((dict, NONE)),
     "ended_by": Field((dict, NONE)),
+    "provenance": Field((dict, NONE)),  # which code ran (records/provenance.py)
 }
 SUMMARY_SCHEMA = {  # summary.json (train/loop.py's summarize)
     "steps": Field((int,)),  # a generation job's summary has none

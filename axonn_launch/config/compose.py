@@ -70,6 +70,14 @@ class RecoveryConfig:
 
 
 @dataclass(frozen=True)
+class SweepConfig:
+    """How a multirun's points use the scheduler (``submit/pack.py``)."""
+
+    pack: str = "off"  # off | auto | <nodes>: points share allocations of that many nodes
+    pack_time_min: int | None = None  # a pack's time limit; None: the machine's for its nodes
+
+
+@dataclass(frozen=True)
 class LaunchConfig:
     name: str
     machine: MachineProfile
@@ -88,6 +96,10 @@ class LaunchConfig:
     # check GEMM speed, bandwidth and network plugin in the allocation before training
     # (train/health/preflight.py); None = the machine's default: on for Slurm machines
     preflight: bool | None = None
+    # copy the package into the job dir at submission, and have every attempt import that
+    # copy (records/provenance.py); None = on for Slurm machines. Off on this computer: a
+    # local job's supervisor has imported the installed package before the job is composed
+    code_snapshot: bool | None = None
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     memorization: MemorizationConfig = field(default_factory=MemorizationConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)  # curves (common/tracking.py)
@@ -97,6 +109,7 @@ class LaunchConfig:
     # auto: inside a held Slurm allocation (salloc), run as its step; new: submit a new job
     # (submit/allocation.py)
     allocation: str = "auto"
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
 
 ALLOCATIONS = ("auto", "new")
@@ -105,7 +118,7 @@ ALLOCATIONS = ("auto", "new")
 UNNAMED_KEYS = (
     "machine", "model", "name", "dry_run", "wait", "nodes", "objective", "preflight", "study",
     "scale", "rehearse", "recovery", "force", "resume", "show_config",
-    "allocation", "metrics",
+    "allocation", "metrics", "sweep", "code_snapshot",
 )  # fmt: skip
 NAME_MAX = 80
 
@@ -202,6 +215,11 @@ def to_launch_config(cfg: Any) -> LaunchConfig:
     cfg = build(LaunchConfig, raw, "")
     if cfg.allocation not in ALLOCATIONS:
         raise ConfigError(f"allocation={cfg.allocation!r}: valid: {', '.join(ALLOCATIONS)}")
+    if cfg.code_snapshot and cfg.machine.scheduler != "slurm":
+        raise ConfigError(
+            f"code_snapshot=true: machine={cfg.machine.name} runs the installed package;"
+            " valid there: false (a snapshot is for Slurm machines)"
+        )
     return dataclasses.replace(cfg, model=model_of_source(cfg.model, cfg.generate))
 
 

@@ -49,7 +49,7 @@ from axonn_launch.common.jobdir import (
     record_problems,
     update_record,
 )
-from axonn_launch.records import failures, firstfail, goodput
+from axonn_launch.records import failures, firstfail, goodput, provenance
 from axonn_launch.records.failures import Diagnosis, Evidence
 
 DEFAULT_ROOT = "jobs"
@@ -109,7 +109,8 @@ class JobStatus:
     # the newest straggler report's ranks (stragglers.json): rank, node, ratio, ...
     stragglers: list[dict] = field(default_factory=list)
     straggler_step: int | None = None  # the step of that report
-    # "UNREADABLE <record>: <why>" for each record that failed its schema (common/jobdir.py)
+    # "UNREADABLE <record>: <why>" for each record that failed its schema (common/jobdir.py),
+    # and a warning when the installed code differs from the job's (records/provenance.py)
     problems: list[str] = field(default_factory=list)
     # when each restart in place of this attempt's job began (submit/in_job.py), in order
     restarts_in_place: list[float] = field(default_factory=list)
@@ -882,7 +883,7 @@ def job_status(
         allocations=allocations_of(record, info),
         restarts_in_place=restarts_of(record),
         detail=dict(diagnosis.detail) if diagnosis else {},
-        problems=record_problems(job_dir),
+        problems=record_problems(job_dir) + provenance.code_warnings(job_dir, record),
         **stragglers,
     )
 
@@ -1001,6 +1002,25 @@ def unreadable_row(job_dir: Path, why: str) -> JobStatus:
     )  # fmt: skip
 
 
+def packed_info(record: dict, info: SchedulerInfo | None) -> SchedulerInfo | None:
+    """A packed sweep point's own state (``submit/pack.py``): its pack's job runs several
+    points, so once the pack started it, the point's state, times and exit status are what
+    the pack's run recorded in its job.json; the pack's own while queued, or if the pack
+    ended before the point did."""
+    point = record.get("pack")
+    if not isinstance(point, dict) or "started" not in point:
+        return info
+    nodes = ",".join(point.get("nodes") or [])
+    if "ended" not in point:
+        ongoing = info is None or info.times is None
+        return SchedulerInfo("RUNNING", "", nodes) if ongoing else info
+    code = int(point.get("exit_code", 1))
+    start = float(point["started"])
+    times = (float(record.get("submitted_at") or start), start, float(point["ended"]))
+    state = "COMPLETED" if code == 0 else "FAILED"
+    return SchedulerInfo(state, f"{code}:0", nodes, times, (times,))
+
+
 def collect(paths: list[str]) -> list[JobStatus]:
     """Status of every job under ``paths``, with one scheduler query for all of them. A job
     dir whose job.json fails its schema is an UNREADABLE row (``unreadable_row``)."""
@@ -1018,7 +1038,7 @@ def collect(paths: list[str]) -> list[JobStatus]:
         if isinstance(record, str):
             rows.append(unreadable_row(job_dir, record))
             continue
-        info = infos.get(last_job_id(record))
+        info = packed_info(record, infos.get(last_job_id(record)))
         preflight = preflight_of(job_dir, record)  # read once per job
         row = job_status(job_dir, record, info, preflight)
         settled = settled_status(record, info, row)

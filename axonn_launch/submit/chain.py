@@ -33,7 +33,7 @@ from axonn_launch.common.jobdir import (
     write_record_file,
 )
 from axonn_launch.config.compose import ConfigError, LaunchConfig, RecoveryConfig, build
-from axonn_launch.records import failures
+from axonn_launch.records import failures, provenance
 from axonn_launch.records.status import (
     RUN_DONE,
     RUN_RECOVERING,
@@ -171,6 +171,8 @@ def recovery_script(cfg: LaunchConfig, job_dir: Path) -> str:
     lines = ["#!/bin/bash"]
     lines += [f"#SBATCH --{k}={shlex.quote(v)}" for k, v in options.items() if v]
     command = [sys.executable, "-m", "axonn_launch.recover", str(job_dir)]
+    if provenance.snapshot_on(cfg):  # the next attempt is launched from the run's code
+        lines.append(provenance.import_first(paths.code))
     lines.append("exec " + " ".join(shlex.quote(word) for word in command))
     return "\n".join(lines) + "\n"
 

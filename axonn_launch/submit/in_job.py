@@ -14,7 +14,7 @@ from pathlib import Path
 
 from axonn_launch.config.compose import ConfigError, LaunchConfig
 from axonn_launch.config.resolve import Resolved
-from axonn_launch.submit import chain, render
+from axonn_launch.submit import chain, pack, render
 
 RECORD_KEY = "in_job"  # job.json: the settings, and each step's nodes, start and log offsets
 
@@ -30,8 +30,9 @@ def enabled(cfg: LaunchConfig) -> bool:
 
 
 def spares(cfg: LaunchConfig) -> int:
-    """The nodes the job asks for beyond its grid's."""
-    return cfg.recovery.spare_nodes if enabled(cfg) else 0
+    """The nodes the job asks for beyond its grid's (a packed point: none, its pack holds
+    the nodes)."""
+    return cfg.recovery.spare_nodes if enabled(cfg) and not pack.packed(cfg) else 0
 
 
 def check(cfg: LaunchConfig) -> None:
@@ -49,11 +50,15 @@ def check(cfg: LaunchConfig) -> None:
 def in_place(
     cfg: LaunchConfig, resolved: Resolved, job_dir: Path, python: str
 ) -> render.InPlace | None:
-    """The batch script's restart loop for this job, or None when it has none."""
-    if not enabled(cfg):
+    """The batch script's restart loop for this job, or None when it has none. A packed
+    point always has one: its first step's nodes are its pack's choice."""
+    packed = pack.packed(cfg)
+    if not enabled(cfg) and not packed:
         return None
     tasks = resolved.nodes * resolved.tasks_per_node
-    return render.InPlace(python=python, job_dir=str(job_dir), nodes=resolved.nodes, tasks=tasks)
+    variable = pack.NODES_VARIABLE if packed else ""
+    return render.InPlace(python=python, job_dir=str(job_dir), nodes=resolved.nodes,
+                          tasks=tasks, nodes_variable=variable)  # fmt: skip
 
 
 def job_parameters(cfg: LaunchConfig, params: dict) -> dict:
@@ -67,10 +72,11 @@ def job_parameters(cfg: LaunchConfig, params: dict) -> dict:
 
 def record_fields(cfg: LaunchConfig, resolved: Resolved) -> dict:
     """What job.json keeps for the decisions: the limit, the grid's nodes and the policy."""
-    if not enabled(cfg):
+    if not enabled(cfg) and not pack.packed(cfg):
         return {}
     policy = {name: chain.policy_of(cfg.recovery, name) for name in chain.DEFAULT_POLICY}
-    settings = {"limit": cfg.recovery.in_job_restarts, "spare_nodes": spares(cfg),
+    limit = cfg.recovery.in_job_restarts if enabled(cfg) else 0
+    settings = {"limit": limit, "spare_nodes": spares(cfg),
                 "nodes": resolved.nodes, "tasks_per_node": resolved.tasks_per_node,
                 "policy": policy, "steps": []}  # fmt: skip
     return {RECORD_KEY: settings}

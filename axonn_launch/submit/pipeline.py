@@ -29,7 +29,7 @@ from axonn_launch.common.jobdir import (
 from axonn_launch.common.spec import JobSpec, RuntimeConfig
 from axonn_launch.config.compose import LaunchConfig
 from axonn_launch.config.resolve import Resolved, check_job_dir, container_warnings
-from axonn_launch.records import failures, firstfail
+from axonn_launch.records import failures, firstfail, provenance
 from axonn_launch.submit import (
     allocation,
     chain,
@@ -38,6 +38,7 @@ from axonn_launch.submit import (
     duplicates,
     in_job,
     local,
+    pack,
     rehearse,
     render,
     slurm,
@@ -101,6 +102,7 @@ def launch(
     checked = rehearse.to_resolve(cfg)  # the config ``resolved`` is of
     warnings = checks_before_writing(checked, job_dir)  # raise ConfigError: nothing written
     held = allocation.check_fits(checked, resolved.nodes, resolved.tasks_per_node)
+    pack.check(checked, resolved.nodes)
     to_run = rehearse.as_run(checked, rehearsal) if rehearsal else checked
     if held:  # a step of the held allocation: it never chains a recovery job
         to_run = replace(to_run, recovery=replace(to_run.recovery, mode="off"))
@@ -199,6 +201,10 @@ def write_and_start(
             batch_script(site_cfg, resolved, job_dir, None)
         )
     record = {**job_record(cfg, resolved, job_dir, command_line), **record_extra}
+    # what runs: versions, revision, the installed distributions, the snapshot it imports
+    record["provenance"] = provenance.record(
+        job_dir, snapshot=provenance.snapshot_on(cfg), dry_run=cfg.dry_run
+    )
     if rehearsal:
         record.update(rehearsal.record())
     report = summary(cfg, resolved, job_dir)
@@ -212,9 +218,34 @@ def write_and_start(
         command = local_command_text(cfg, resolved, job_dir)
         print(dry_run_text(cfg, config_yaml, script, command), file=out)
         write_record(job_dir, record, status="dry_run")
+        if pack.packed(cfg):
+            register_packed(run, job_dir, script)
         return Outcome("dry_run", str(job_dir), nodes=resolved.nodes)
+    if pack.packed(cfg):
+        return wait_for_pack(run, job_dir, record, script, out=out)
     start = run_in_allocation if run.held else STARTERS[cfg.machine.scheduler]
     return start(run, job_dir, record, out=out)
+
+
+def register_packed(run: Launch, job_dir: Path, script: str) -> None:
+    """A packed sweep's point joins the sweep's pending points (``submit/pack.py``)."""
+    resolved = run.resolved
+    point = pack.point_of(run.cfg, job_dir, resolved.nodes, resolved.tasks_per_node,
+                          script, run.batch.params)  # fmt: skip
+    pack.register(point, pack.sweep_point()[0])
+
+
+def wait_for_pack(run: Launch, job_dir: Path, record: dict, script: str, *, out) -> Outcome:
+    """A packed point: its job pickled for its pack's run (``submit/pack_job.py``), then it
+    waits to be packed and submitted when the sweep has seen every point."""
+    from submitit.core.utils import DelayedSubmission
+
+    job = TrainJob(str(job_dir), run.cfg.machine.task_env)
+    DelayedSubmission(job).dump(JobPaths(job_dir).pack_submission)
+    write_record(job_dir, record, status="packed")
+    register_packed(run, job_dir, script)
+    print(f"packed: submitted in a pack at the end of the sweep; job dir {job_dir}", file=out)
+    return Outcome("packed", str(job_dir), nodes=run.resolved.nodes)
 
 
 def resolved_yaml(config: dict, resolved: Resolved) -> str:
@@ -302,6 +333,7 @@ def slurm_batch(
         tasks_per_node=resolved.tasks_per_node,
         job_name=cfg.name,
         copy=copy,
+        code=str(JobPaths(job_dir).code) if provenance.snapshot_on(cfg) else "",
     )
     if rehearsal is None:
         params = in_job.job_parameters(cfg, chain.attempt_parameters(cfg, params))

@@ -15,7 +15,7 @@ import getpass
 import hashlib
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -24,6 +24,7 @@ from submitit.slurm.slurm import _make_sbatch_string
 from axonn_launch.common.machine import MachineProfile
 from axonn_launch.common.slurmtext import SUBMITIT_TAGS, escape_percent
 from axonn_launch.config.resolve import placeholder
+from axonn_launch.records.provenance import import_first
 
 # srun arguments every job gets: stop all ranks when one dies (a hung collective otherwise
 # waits until the time limit).
@@ -127,8 +128,10 @@ def slurm_parameters(
     tasks_per_node: int,
     job_name: str,
     copy: PythonCopy | None = None,
+    code: str = "",
 ) -> dict[str, Any]:
-    """submitit ``update_parameters`` keywords for one job."""
+    """submitit ``update_parameters`` keywords for one job; ``code``: the job's snapshot of
+    the package, which its tasks import (``setup_lines``)."""
     slurm = machine.slurm
     params: dict[str, Any] = {
         "job_name": job_name,
@@ -137,7 +140,7 @@ def slurm_parameters(
         "cpus_per_task": slurm.cpus_per_task,
         "time": slurm.limit_min(nodes),
         "signal_delay_s": slurm.signal_delay_s,
-        "setup": setup_lines(machine=machine, nodes=nodes, copy=copy),
+        "setup": setup_lines(machine=machine, nodes=nodes, copy=copy, code=code),
         "srun_args": [*COMMON_SRUN_ARGS, *slurm.srun_args],
         # no ``--wckey=submitit`` (submitit's default), which a site that enforces wckeys
         # may refuse; a profile that needs one sets ``slurm.extra_sbatch.wckey``
@@ -177,10 +180,15 @@ SRUN_START = 'export AXONN_SRUN_START="$(date +%s.%N)"'
 
 
 def setup_lines(
-    *, machine: MachineProfile, nodes: int, copy: PythonCopy | None = None
+    *, machine: MachineProfile, nodes: int, copy: PythonCopy | None = None, code: str = ""
 ) -> list[str]:
     """Shell lines run in the batch script before srun: modules, site set-up, environment,
-    the node-local copy of the tasks' Python, and the start time of srun."""
+    the node-local copy of the tasks' Python, and the start time of srun. ``code``: the
+    folder holding the job's snapshot of the package (``code_snapshot``), put first on
+    ``PYTHONPATH`` for everything after (the tasks, ``axonn_launch.restart``); a node-local
+    copy carries it in place of the checkout (records/provenance.py)."""
+    if copy and code:
+        copy = replace(copy, package=code)
     commands = []
     if machine.modules:
         commands.append(shlex.join(["module", "load", *machine.modules]))
@@ -195,6 +203,8 @@ def setup_lines(
     if copy:
         env["AXONN_PYTHON_FROM"] = copy.source
     lines.extend(f"export {key}={shlex.quote(str(value))}" for key, value in sorted(env.items()))
+    if code and not copy:  # on srun's start line: a dry run prints the script, in 80 lines
+        return [*lines, f"{import_first(code)} {SRUN_START.removeprefix('export ')}"]
     return [*lines, SRUN_START]
 
 
@@ -316,9 +326,13 @@ class InPlace:
     job_dir: str
     nodes: int
     tasks: int
+    # a packed sweep's point: its first step runs on the nodes its pack names in this
+    # variable (submit/pack_job.py)
+    nodes_variable: str = ""
 
     def first_step(self) -> str:
-        return f"--nodes={self.nodes} --ntasks={self.tasks}"
+        shape = f"--nodes={self.nodes} --ntasks={self.tasks}"
+        return f'{shape} "--nodelist=${self.nodes_variable}"' if self.nodes_variable else shape
 
 
 RESTART_COMMENT = "# restarts in place (recovery.in_job_restarts)"

@@ -38,6 +38,7 @@ from axonn_launch.records.status import (
 )
 from axonn_launch.submit import chain
 from axonn_launch.submit.in_job import RECORD_KEY
+from axonn_launch.submit.pack import NODES_VARIABLE
 from axonn_launch.submit.recovery import DOWN_STATES, limit_reached
 
 RESUMING = (chain.RESUME, chain.RESUME_EXCLUDE)
@@ -96,7 +97,9 @@ def ended_step(
         last = steps[-1]
         return EndedStep(job_id, exit_status, tuple(last["nodes"]), tasks_per_node,
                          float(last["started"]), dict(last.get("offsets") or {}))  # fmt: skip
-    first = slurmtext.expand_nodelist(environ.get("SLURM_JOB_NODELIST", ""))
+    first = slurmtext.expand_nodelist(
+        environ.get(NODES_VARIABLE) or environ.get("SLURM_JOB_NODELIST", "")
+    )  # a packed point's first step ran on the nodes its pack gave it
     nodes = tuple(first[: int(settings["nodes"])])
     return EndedStep(job_id, exit_status, nodes, tasks_per_node, attempt_start(record))
 
@@ -129,11 +132,14 @@ def attempt_of(job_dir: Path, ended: EndedStep, diagnosis: failures.Diagnosis, a
 
 def held_nodes(job_id: str, environ: dict[str, str]) -> tuple[str, ...]:
     """The nodes the job holds now and that are up (a job with ``--no-kill`` loses a
-    failed node from its allocation; a node may still be listed while going down)."""
+    failed node from its allocation; a node may still be listed while going down). A
+    packed point holds only the nodes its pack gave it."""
     text = command_output(["squeue", "-h", "-j", job_id, "-o", "%N"]) or ""
     held = slurmtext.expand_nodelist(text.strip()) or slurmtext.expand_nodelist(
         environ.get("SLURM_JOB_NODELIST", "")
     )
+    own = slurmtext.expand_nodelist(environ.get(NODES_VARIABLE, ""))
+    held = [n for n in held if n in own] if own else held
     states = command_output(["sinfo", "-h", "-N", "-n", ",".join(held), "-o", "%N|%t"]) or ""
     down = {
         name

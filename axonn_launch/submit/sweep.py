@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 from axonn_launch.common.jobdir import read_record_or_empty, read_summary
 from axonn_launch.config.compose import ConfigError, LaunchConfig
 from axonn_launch.records.status import RunResults, run_results
+from axonn_launch.submit import pack
 from axonn_launch.submit.pipeline import Outcome
 from axonn_launch.submit.summary import command_path, plural
 
@@ -156,6 +157,7 @@ class SweepSummary(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
+        pack.submit_packs(sweep_dir.resolve(), out=sys.stdout)  # a packed sweep's points
         rows = read_points(sweep_dir)
         table = format_table(rows)
         print(f"{table}\n{next_line(rows, sweep_dir)}")

@@ -35,8 +35,10 @@ def test_frontier_broadcasts_from_16_nodes_to_the_nvme(tmp_path):
     setup = [ln for ln in lines if ln.startswith("axonn_setup ")]
     assert f"tar -C {venv} -cf /mnt/bb/" in setup[-4] and "sbcast -f /mnt/bb/" in setup[-3]
     assert "--ntasks-per-node=1" in setup[-2]
-    # this checkout's package is not in the venv (an editable install): packed and put first
-    assert f"tar -C {REPO} -cf /mnt/bb/" in setup[-4] and "export PYTHONPATH=/mnt/bb/" in setup[-1]
+    # the job's snapshot of the package (code_snapshot) is packed and put first; without
+    # one, this checkout's (tests/submit/test_code_snapshot.py)
+    code = job_dir / "code"
+    assert f"tar -C {code} -cf /mnt/bb/" in setup[-4] and "export PYTHONPATH=/mnt/bb/" in setup[-1]
     (srun,) = [line for line in lines if line.startswith("srun ")]  # in the restart loop
     assert srun.startswith("srun ") and "/env/bin/python -u -m submitit" in srun
     tasks_python = srun.split(" -u -m ")[0].rsplit(" ", 1)[-1]

@@ -1,0 +1,133 @@
+"""Planning packed sweeps (``submit/pack.py``): points into allocations within their width
+and time limit, the width ``sweep.pack=auto`` picks over a site's time bins, and the login
+node's one-line refusals. The packed sweep itself runs in tests/slurm/test_packed_sweep.py."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from axonn_launch.common.machine import SlurmSettings
+from axonn_launch.config.compose import ConfigError, load
+from axonn_launch.submit import allocation
+from axonn_launch.submit.pack import Pack, Point, auto_width, check, plan, shared_header
+from tests.conftest import run_launcher
+
+FRONTIER_BINS = [[91, 120], [183, 360], [9472, 720]]  # conf/machine/frontier.yaml
+
+
+def points(*shapes: tuple[int, int]) -> list[Point]:
+    return [
+        Point(num=n, job_dir=f"/j/{n}", nodes=nodes, tasks_per_node=8, minutes=minutes, header=())
+        for n, (nodes, minutes) in enumerate(shapes)
+    ]
+
+
+def nums(pack: Pack) -> list[int]:
+    return sorted(p.num for p in pack.points)
+
+
+def check_fits(packs: list[Pack], width: int, limit: int, count: int) -> None:
+    """Every point once; no pack over its nodes at any moment, nor past its minutes."""
+    assert sorted(n for pack in packs for n in nums(pack)) == list(range(count))
+    for pack in packs:
+        assert pack.nodes <= width and pack.minutes <= limit
+        placed = list(zip(pack.starts, pack.points))
+        for start, point in placed:
+            assert start + point.minutes <= pack.minutes
+            used = sum(p.nodes for s, p in placed if s <= start < s + p.minutes)
+            assert used <= pack.nodes, (start, used, pack)
+
+
+def test_six_one_node_points_fill_a_four_node_pack_then_a_second_of_two():
+    packs = plan(points(*[(1, 10)] * 6), width=4, limit=10)
+    assert [(p.nodes, p.minutes, nums(p)) for p in packs] == [
+        (4, 10, [0, 1, 2, 3]),
+        (2, 10, [4, 5]),
+    ]
+
+
+def test_a_longer_pack_starts_later_points_as_earlier_ones_end():
+    (pack,) = plan(points(*[(1, 10)] * 6), width=4, limit=20)
+    assert (pack.nodes, pack.minutes) == (4, 20)
+    assert sorted(pack.starts) == [0, 0, 0, 0, 10, 10]
+
+
+def test_mixed_sizes_are_placed_largest_first_and_each_pack_shrinks_to_its_use():
+    packs = plan(points((2, 10), (1, 10), (2, 10), (1, 10), (1, 10)), width=4, limit=10)
+    assert [(p.nodes, nums(p)) for p in packs] == [(4, [0, 2]), (3, [1, 3, 4])]
+
+
+def test_random_sweeps_never_overfill_a_pack():
+    rng = random.Random(7)
+    for _ in range(200):
+        shapes = [
+            (rng.choice([1, 2, 4]), rng.choice([5, 10, 30])) for _ in range(rng.randint(1, 12))
+        ]
+        width, limit = rng.choice([4, 6, 8]), rng.choice([30, 60])
+        check_fits(plan(points(*shapes), width, limit), width, limit, len(shapes))
+
+
+def test_a_point_larger_than_the_pack_is_refused():
+    with pytest.raises(ValueError, match="point 0 does not fit a pack of 2 x 10"):
+        plan(points((4, 10)), width=2, limit=10)
+
+
+def test_auto_packs_200_frontier_points_into_one_allocation_of_the_fewest_nodes():
+    """200 points of 16 nodes for 2 h each: with the 12 h bin from 184 nodes on, six waves
+    fit one allocation; 34 points at once (544 nodes) is the narrowest that holds all 200
+    (33 at once hold 198)."""
+    bins = SlurmSettings(time_min=None, time_bins=FRONTIER_BINS)
+    sweep = points(*[(16, 120)] * 200)
+    width, limit = auto_width(sweep, bins.limit_min)
+    assert (width, limit) == (544, 720)
+    (pack,) = plan(sweep, width, limit)
+    assert (pack.nodes, pack.minutes) == (544, 720)
+    assert len(plan(sweep, 528, 720)) == 2
+
+
+def test_the_shared_header_leaves_out_what_a_pack_sets_itself():
+    script = "\n".join([
+        "#!/bin/bash", "#SBATCH --nodes=2", "#SBATCH --time=10", "#SBATCH --partition=wide",
+        "#SBATCH --job-name=a", "#SBATCH --output=/x/%j.out", "#SBATCH --no-kill",
+        "#SBATCH --exclude=n1", "srun true",
+    ])  # fmt: skip
+    assert shared_header(script) == ("#SBATCH --partition=wide", "#SBATCH --exclude=n1")
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["machine=slurm_local", "sweep.pack=two"],
+         "sweep.pack='two': valid: off, auto, or a node count >= 1"),
+        (["machine=slurm_local", "sweep.pack=1", "grid.x=4"],
+         "sweep.pack=1: this point needs 2 nodes; valid: a pack of 2 nodes or more, auto, or off"),
+        (["machine=slurm_local", "sweep.pack=4", "sweep.pack_time_min=5"],
+         "sweep.pack_time_min=5: a pack must hold a point's whole time limit (10 min,"
+         " machine.slurm.time_min); valid: 10 or more, or null"),
+        (["machine=slurm_local", "sweep.pack=4", "wait=true"],
+         "sweep.pack=4 with wait=true: packed points start when the whole sweep is planned;"
+         " drop wait=true (jobs status <sweep dir> follows them)"),
+    ],
+)  # fmt: skip
+def test_the_login_node_refuses_a_pack_that_cannot_run_in_one_line(monkeypatch, args, line):
+    monkeypatch.setattr(allocation, "sweeping", lambda: True)  # as in a multirun's point
+    cfg = load(args)
+    nodes = 2 if "grid.x=4" in args else 1  # slurm_local: 2 tasks per node
+    with pytest.raises(ConfigError) as error:
+        check(cfg, nodes)
+    assert str(error.value) == line
+
+
+def test_a_packed_sweep_on_a_machine_without_slurm_is_refused_and_nothing_is_packed(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = run_launcher(
+        ["-m", "sweep.pack=4", "train.seed=1,2", "dry_run=true", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1
+    line = ("sweep.pack=4: machine=local has no Slurm allocation to pack points into; valid:"
+            " off, or a Slurm machine")  # fmt: skip
+    assert line in proc.stdout + proc.stderr
+    assert not (sweep_dir / "packs").exists()
