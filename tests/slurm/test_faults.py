@@ -5,13 +5,12 @@ was never interrupted.
 
 Every job is a 2-rank, one-node ``gpt_tiny`` run of 16 steps with a checkpoint every 4.
 The jobs of all scenarios are submitted together by one fixture and run side by side;
-then every scenario but the node failure is driven at once (the ``wave`` fixture: fault,
-``jobs status``, resubmission and the resumed job's end, each scenario in a thread), and
-each test raises what its scenario's checks raised. The node failure comes after, alone.
-(A node lost under a 2-node job, and the run coming back on the other node with a
-resharded grid, is tests/slurm/test_recovery.py's, by the recovery chain itself.) External
-faults (kill -9, scancel, node stop) act while the job sleeps after step 9
-(``pause``), so the latest checkpoint is step 8.
+then every scenario is driven at once (the ``wave`` fixture: fault, ``jobs status``,
+resubmission and the resumed job's end, each scenario in a thread), and each test raises
+what its scenario's checks raised. A lost node (``node_failure``, its node left out of the
+next attempt) is tests/slurm/test_recovery.py's, by the recovery chain itself, and
+tests/slurm/test_restart_in_place.py's, inside the job. External faults (kill -9, scancel)
+act while the job sleeps after step 9 (``pause``), so the latest checkpoint is step 8.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_server import run_module
-from tests.conftest import REPO, run_launcher
+from tests.conftest import run_launcher
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -46,7 +45,6 @@ TRAIN = [
     "force=true",  # the reference and the faulted runs share one config, side by side
 ]
 PAUSED = "pause@step9:600"
-NODE_SH = REPO / "machines" / "slurm_local" / "node.sh"
 ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CONFIGURING", "")
 
 SCENARIOS = {
@@ -460,31 +458,3 @@ def test_time_limit_stops_at_a_checkpoint_then_resubmits(wave):
 @pytest.mark.timeout(WAVE_TIMEOUT_S)
 def test_time_limit_requeues_itself(wave):
     outcome(wave, "requeue")
-
-
-# --- a node failure, after the wave (a stopped node ends every job on it) -----------------
-
-
-def test_node_failure(slurm_cluster, reference, tmp_path):
-    """Alone on its node (exclusive), so stopping the node ends no other job. Over 60 s:
-    slurmd's DOWN comes after SlurmdTimeout, then a resubmitted job runs to its end."""
-    job_dir = tmp_path / "node"
-    result = run_launcher(
-        [*TRAIN, "+machine.slurm.exclusive=true", f"hydra.run.dir={job_dir}"],
-        cwd=tmp_path,
-        env={"AXONN_FAULT": PAUSED, "SBATCH_NO_REQUEUE": "1"},  # Slurm would requeue it itself
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    job = Job("node", job_dir, json.loads((job_dir / "job.json").read_text())["job_ids"][0])
-    wait_until(lambda: paused_at_step_9(job), 300, "node job to pause after step 9")
-    node = sacct_state(job.job_id)[1]
-    subprocess.run(["bash", str(NODE_SH), "stop", node], check=True, timeout=60)
-    try:
-        assert wait_ended(job.job_id, timeout_s=120) == "NODE_FAIL"
-    finally:
-        subprocess.run(["bash", str(NODE_SH), "start", node], check=True, timeout=120)
-    row = status_of(job_dir)
-    assert row["failure"] == "node_failure" and row["bad_nodes"] == [node], row
-    new_dir = resubmit_and_finish(job, reference, resumed_step=8)
-    assert f"--exclude={node}" in (new_dir / "submission.sh").read_text()

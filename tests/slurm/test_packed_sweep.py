@@ -1,9 +1,9 @@
 """A packed sweep (``sweep.pack``, ``submit/pack.py``) on the real local cluster's ``wide``
-partition: six points of one node each (x2, seeds 1-6) share one allocation of four nodes,
-the last two starting as earlier ones end. One point's rank is killed mid-training: that
+partition: six points of one node each (x2, seeds 1-6) share one allocation of three nodes,
+the last three starting as earlier ones end. One point's rank is killed mid-training: that
 point restarts in place on its own node while the others train on undisturbed. Every
 point's loss equals the same point run alone (machine=local, the same sweep, trained while
-the pack runs). Over 60 s: two waves of points slowed to 1 s per step (so that the kill
+the pack runs). About 50 s: two waves of points slowed to 1 s per step (so that the kill
 lands mid-training) and the six local runs beside the second.
 """
 
@@ -28,8 +28,9 @@ TRAIN = [
     "grid.x=2", "train.steps=8", "train.sample_tokens=0", "train.checkpoint_every=2",
     "preflight=false", "train.gemm_tuning=false", "force=true",
 ]  # fmt: skip
-PACKED = ["machine=slurm_local", "machine.slurm.partition=wide", "sweep.pack=4",
-          "sweep.pack_time_min=20"]  # fmt: skip
+# n2 left out: tests/slurm/test_recovery.py (another worker) sets it DOWN
+PACKED = ["machine=slurm_local", "machine.slurm.partition=wide", "sweep.pack=3",
+          "sweep.pack_time_min=20", "+machine.slurm.extra_sbatch.exclude=n2"]  # fmt: skip
 SLOW = "slow@step2:1"  # every rank sleeps 1 s in each step from step 2 (the loss is unchanged)
 
 
@@ -80,16 +81,16 @@ def sweep(slurm_cluster, tmp_path_factory) -> dict:
             "console": launched.stdout}  # fmt: skip
 
 
-def test_six_points_run_in_one_allocation_of_four_nodes(sweep):
+def test_six_points_run_in_one_allocation_of_three_nodes(sweep):
     calls = (sweep["shim"] / "calls.log").read_text().splitlines()
     assert len(calls) == 1 and calls[0].endswith("pack.sh"), calls  # no job per point
     assert sweep["state"] == "COMPLETED"
     assert (
-        f"pack 0: job {sweep['job_id']}, 4 nodes x 20 min, points 0,1,2,3,4,5" in sweep["console"]
+        f"pack 0: job {sweep['job_id']}, 3 nodes x 20 min, points 0,1,2,3,4,5" in sweep["console"]
     )
     starts = sorted(read_record(d)["pack"]["started"] for d in sweep["points"].values())
     first_end = min(read_record(d)["pack"]["ended"] for d in sweep["points"].values())
-    assert starts[3] < first_end <= starts[4]  # four at once; the fifth once one has ended
+    assert starts[2] < first_end <= starts[3]  # three at once; the fourth once one has ended
 
 
 def test_every_point_ends_at_the_loss_of_the_same_point_run_alone(sweep):
