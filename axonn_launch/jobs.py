@@ -23,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from axonn_launch.common.jobdir import JobPaths, RecordError, read_record, run_root
-from axonn_launch.records import failures, goodput
+from axonn_launch.records import curves, failures, goodput
 from axonn_launch.records import logs as job_logs
 from axonn_launch.records.status import (
     DEFAULT_ROOT,
@@ -33,6 +33,7 @@ from axonn_launch.records.status import (
     NotAJobPath,
     collect,
     finished_by_itself,
+    pack_lines,
     runs,
     straggler_line,
 )
@@ -88,6 +89,11 @@ def status_main(args: argparse.Namespace) -> int:
     rows = collect(args.paths or [DEFAULT_ROOT])
     if not args.attempts:
         rows = runs(rows)  # a run that recovered itself is one row (--attempts: the chain)
+    for row in rows:  # an ended run's goodput goes beside its curves, once
+        if row.goodput and row.step:
+            said = curves.log_goodput(Path(row.run_dir or row.job_dir), row.goodput, row.step)
+            if said:
+                print(f"warning: {said}", file=sys.stderr)
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=2))
         return 0
@@ -96,6 +102,8 @@ def status_main(args: argparse.Namespace) -> int:
         who = shown_dir(row.job_dir) if row.state == UNREADABLE_STATE else row.job_id
         for note in notes(row):
             print(f"  {who or Path(row.job_dir).name}: {note}")
+    for line in pack_lines(args.paths or [DEFAULT_ROOT], rows):  # a packed sweep's packs
+        print(line)
     return 0
 
 
@@ -113,6 +121,8 @@ def notes(row: JobStatus) -> list[str]:
         lines.append(f"{row.reason} (action: {row.action})")
     elif row.failure == failures.COMPLETED:
         lines += after_training_notes(row)
+    if row.expected_start:
+        lines.append(row.expected_start)
     if row.stop_reason and row.stop_reason not in row.reason:  # not said twice
         lines.append(f"run stopped: {row.stop_reason}")
     if row.excluded:

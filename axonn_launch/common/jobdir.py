@@ -45,6 +45,7 @@ PACK_PENDING = "pending"
 PACK_SCRIPT = "pack.sh"
 PACK_PLAN = "plan.json"
 PACK_LOG = "pack_%j.log"  # Slurm fills in %j
+ARRAY_LOG = "array_%A_%a.log"  # a job array's (sweep.pack=array): Slurm fills in %A, %a
 PREFLIGHT = "preflight.json"
 PREFLIGHT_EXPECTED = "preflight_expected.json"
 METRICS = "metrics.jsonl"
@@ -62,6 +63,7 @@ STACKS = "stacks"
 STRAGGLERS = "stragglers.json"
 SKIPPED_STEPS = "skipped_steps.json"
 TENSORBOARD = "tensorboard"  # in the run's root dir: every attempt's events (train/sinks.py)
+GOODPUT_LOGGED = "goodput.json"  # in tensorboard/: the goodput it holds (records/curves.py)
 TRACKER = "tracker.json"  # in the run's root dir: its W&B run id
 WANDB = "wandb"  # in the run's root dir: W&B's own folder (offline runs)
 WANDB_OFFLINE_RUNS = "offline-run-*"  # in it: one folder per attempt (wandb's naming)
@@ -72,6 +74,8 @@ CODE_DIFF = "code.diff"
 PIP_FREEZE = "pip_freeze.txt"
 PROFILE = "profile"  # train.profile.steps's traces (train/health/profile.py)
 PROFILE_TRACE = "trace_rank{rank}.json"
+PROFILE_MEMORY = "memory_rank{rank}.json"  # train.profile.memory: RSS, PSS (and CUDA peaks)
+PROFILE_SNAPSHOT = "memory_rank{rank}{when}.pickle"  # CUDA's snapshot (pytorch.org/memory_viz)
 NCCL_LOG = "nccl_rank{rank}.log"
 RANK_LOG = "rank_{rank}.log"
 RANK_RECORD = "rank_{rank}.json"  # a rank's heartbeat, and its failure record
@@ -116,6 +120,7 @@ class JobPaths:
     skipped_steps = property(lambda self: self.folder / SKIPPED_STEPS)
     tensorboard = property(lambda self: self.folder / TENSORBOARD)
     tracker = property(lambda self: self.folder / TRACKER)
+    goodput_logged = property(lambda self: self.folder / TENSORBOARD / GOODPUT_LOGGED)
     wandb = property(lambda self: self.folder / WANDB)
     profile = property(lambda self: self.folder / PROFILE)
     code = property(lambda self: self.folder / CODE)
@@ -148,6 +153,13 @@ class JobPaths:
 
     def profile_trace(self, rank: int | str) -> Path:
         return self.profile / PROFILE_TRACE.format(rank=rank)
+
+    def profile_memory(self, rank: int | str) -> Path:
+        return self.profile / PROFILE_MEMORY.format(rank=rank)
+
+    def profile_snapshot(self, rank: int | str, when: str = "") -> Path:
+        """A rank's CUDA memory snapshot; ``when="_oom"``: the one an OOM error dumped."""
+        return self.profile / PROFILE_SNAPSHOT.format(rank=rank, when=when)
 
     def nccl_log(self, rank: int | str) -> Path:
         return self.logs / NCCL_LOG.format(rank=rank)

@@ -60,12 +60,20 @@ class ProfileConfig:
     trace per rank in the job dir (``train/health/profile.py``); "" = off."""
 
     steps: str = ""
+    # over the same window: a CUDA memory snapshot per rank on GPUs (also dumped on an
+    # out-of-memory error), each rank's RSS and PSS on CPUs (train/health/profile.py)
+    memory: bool = False
 
     def __post_init__(self) -> None:
         if self.steps and self.window() is None:
             raise ValueError(
                 f"train.profile.steps={self.steps!r}: expected a-b, steps 1 <= a <= b"
                 " (e.g. 3-4), or a single step, or '' (off)"
+            )
+        if self.memory and not self.steps:
+            raise ValueError(
+                "train.profile.memory=true: records over a window; set train.profile.steps=a-b"
+                " too (e.g. 3-4), or train.profile.memory=false"
             )
 
     def window(self) -> tuple[int, int] | None:

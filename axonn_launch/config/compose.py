@@ -75,6 +75,7 @@ class SweepConfig:
 
     pack: str = "off"  # off | auto | <nodes>: points share allocations of that many nodes
     pack_time_min: int | None = None  # a pack's time limit; None: the machine's for its nodes
+    array_limit: int = 0  # sweep.pack=array: tasks running at once (--array=...%N); 0: any
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ class Allocation:
     submit: float
     start: float
     end: float
+    nodes: int = 0  # the nodes it held, as charged (0: unknown)
 
 
 @dataclass
@@ -53,6 +54,9 @@ class Goodput:
     lost_steps: int = 0
     stalled_s: float = 0.0  # the part of lost_s that no rank made progress in
     ttr_s: list[float] = field(default_factory=list)
+    # what the sites charge (Frontier, Perlmutter and Alps bill node-hours): each
+    # allocation's nodes times its time, queue left out
+    node_hours: float = 0.0
 
     @property
     def goodput(self) -> float:
@@ -185,6 +189,7 @@ def split_attempt(
     """Add one allocation, cut into parts, to ``result``."""
     stalls = stalls or Stalls()
     result.allocated_s += attempt.end - attempt.start
+    result.node_hours += attempt.nodes * (attempt.end - attempt.start) / 3600
     cursor = attempt.start
     for n, event in enumerate(events):
         start = min(max(event["start"], cursor), attempt.end)
@@ -227,7 +232,12 @@ def describe(found: dict) -> str:
         + (lost_words(found) if name == "lost" else "")
         for name in PARTS
     )
-    line = f"goodput {found['goodput']:.0%} of {duration(found['allocated_s'])} allocated: {parts}"
+    charged = found.get("node_hours") or 0.0
+    hours = f" ({charged:.3g} node-hours)" if charged else ""
+    line = (
+        f"goodput {found['goodput']:.0%} of {duration(found['allocated_s'])} allocated{hours}:"
+        f" {parts}"
+    )
     line += f"; queued {duration(found['queue_s'])}"
     if found["ttr_s"]:
         ttr = ", ".join(duration(t) for t in found["ttr_s"])

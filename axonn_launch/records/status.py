@@ -17,6 +17,7 @@ import os
 import pickle
 import re
 import subprocess
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -26,6 +27,8 @@ from axonn_launch.common.jobdir import (
     CHECKPOINTS,
     HYDRA,
     LOGS,
+    PACK_PLAN,
+    PACKS,
     PREFLIGHT,
     RANK_LOG,
     RECORD,
@@ -114,6 +117,9 @@ class JobStatus:
     problems: list[str] = field(default_factory=list)
     # when each restart in place of this attempt's job began (submit/in_job.py), in order
     restarts_in_place: list[float] = field(default_factory=list)
+    charged_nodes: int = 0  # the nodes its allocation held (spares too), from the scheduler
+    # a pending attempt's start as Slurm estimates it (squeue --start), or why there is none
+    expected_start: str = ""
 
     @property
     def allocations_held(self) -> int:
@@ -206,7 +212,7 @@ def goodput_of(group: list[JobStatus]) -> dict:
     if any(len(r.allocation) != 3 for r in attempts):
         return {}
     allocations = [
-        goodput.Allocation(Path(r.job_dir), *times)
+        goodput.Allocation(Path(r.job_dir), *times, nodes=r.charged_nodes or r.nodes)
         for r in attempts
         for times in (r.allocations or [r.allocation])
     ]
@@ -241,6 +247,30 @@ def find_job_dirs(paths: list[str]) -> list[Path]:
             raise NotAJobPath(f"{path}: {what}; {JOB_DIR_HINT}")
         found += here
     return sorted(set(found))
+
+
+def pack_lines(paths: list[str], rows: list[JobStatus]) -> list[str]:
+    """One line per pack of the packed sweeps under ``paths`` (``submit/pack.py``): its job,
+    size and points, with how many of them ended in each class so far."""
+    by_dir = {str(Path(r.job_dir).resolve()): r for r in rows}
+    lines = []
+    for path in paths:
+        folder = Path(path) / PACKS
+        found = [p for p in folder.glob("*") if p.name.isdigit() and (p / PACK_PLAN).is_file()]
+        for pack in sorted(found, key=lambda p: int(p.name)):
+            plan = json.loads((pack / PACK_PLAN).read_text())
+            points = plan.get("points") or []
+            shown = [by_dir.get(str(Path(p["job_dir"]).resolve())) for p in points]
+            classes = Counter(r.failure or r.state.lower() for r in shown if r)
+            counted = ", ".join(f"{n} {word}" for word, n in sorted(classes.items()))
+            nums = ",".join(str(p["num"]) for p in points)
+            job = f"job {plan['job_id']}" if plan.get("job_id") else "not submitted"
+            size = (f"{len(points)} array tasks" if plan.get("array")
+                    else f"{plan['nodes']} nodes x {plan['minutes']} min")  # fmt: skip
+            word = "array" if plan.get("array") else "pack"
+            lines.append(f"{word} {pack.name}: {job}, {size}, points {nums}:"
+                         f" {counted or 'no status yet'}")  # fmt: skip
+    return lines
 
 
 def _walk(path: Path, found: list[Path]) -> None:
@@ -388,6 +418,33 @@ def sacct_infos(text: str) -> dict[str, SchedulerInfo]:
             newest.state, newest.exit_code, newest.nodelist, newest.times, allocations
         )
     return infos
+
+
+def expected_starts(job_ids: list[str]) -> dict[str, str]:
+    """For each pending Slurm job, when Slurm expects it to start and why it waits
+    (``squeue --start``: its scheduler's estimate, N/A before one is made); one call."""
+    if not job_ids:
+        return {}
+    command = ["squeue", "-h", "--start", "-j", ",".join(sorted(job_ids)), "-o", "%i|%S|%r"]
+    found = {}
+    for line in (command_output(command) or "").splitlines():
+        job, _, rest = line.strip().partition("|")
+        when, _, why = rest.partition("|")
+        if job:
+            found[job] = start_words(when.strip(), why.strip())
+    return found
+
+
+def start_words(when: str, why: str) -> str:
+    """``pending: Slurm expects it to start at 2026-12-06 05:10:00 (squeue --start); it
+    waits for: Priority``."""
+    known = re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d", when) is not None  # else N/A, Unknown
+    said = (
+        f"pending: Slurm expects it to start at {when.replace('T', ' ')} (squeue --start)"
+        if known
+        else "pending: Slurm has no start estimate yet (squeue --start)"
+    )
+    return f"{said}; it waits for: {why}" if why and why != "None" else said
 
 
 def squeue_states(job_ids: list[str]) -> dict[str, SchedulerInfo]:
@@ -882,6 +939,7 @@ def job_status(
         allocation=allocation_of(record, info),
         allocations=allocations_of(record, info),
         restarts_in_place=restarts_of(record),
+        charged_nodes=len(slurmtext.expand_nodelist(info.nodelist)) if info else 0,
         detail=dict(diagnosis.detail) if diagnosis else {},
         problems=record_problems(job_dir) + provenance.code_warnings(job_dir, record),
         **stragglers,
@@ -1033,6 +1091,7 @@ def collect(paths: list[str]) -> list[JobStatus]:
         except OSError as error:  # unreadable (permissions), or gone since the walk
             records.append((job_dir, f"{RECORD}: {error.strerror or error}"))
     infos = scheduler_states([last_job_id(r) for _, r in records if isinstance(r, dict)])
+    starts = expected_starts([j for j, i in infos.items() if i.state.startswith("PENDING")])
     rows = []
     for job_dir, record in records:
         if isinstance(record, str):
@@ -1041,6 +1100,7 @@ def collect(paths: list[str]) -> list[JobStatus]:
         info = packed_info(record, infos.get(last_job_id(record)))
         preflight = preflight_of(job_dir, record)  # read once per job
         row = job_status(job_dir, record, info, preflight)
+        row.expected_start = starts.get(row.job_id, "")
         settled = settled_status(record, info, row)
         if settled:  # job.json tells the truth from now on
             with contextlib.suppress(OSError, ValueError):

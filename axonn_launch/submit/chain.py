@@ -180,9 +180,20 @@ def recovery_script(cfg: LaunchConfig, job_dir: Path) -> str:
 def submit_recovery_job(cfg: LaunchConfig, job_dir: Path, job_id: str) -> str:
     """Submit the recovery job of attempt ``job_id``; its Slurm id ('' when sbatch said no,
     which is recorded: the attempt still runs, it only lacks its recovery)."""
+    write_recovery_script(cfg, job_dir)
+    return sbatch_recovery(job_dir, job_id)
+
+
+def write_recovery_script(cfg: LaunchConfig, job_dir: Path) -> None:
     paths = JobPaths(job_dir)
     paths.logs.mkdir(parents=True, exist_ok=True)
     paths.recovery_script.write_text(recovery_script(cfg, job_dir))
+
+
+def sbatch_recovery(job_dir: Path, job_id: str) -> str:
+    """Submit the job dir's recovery script, to start if job ``job_id`` fails; its id, or
+    '' (recorded as ``recovery_error``) when sbatch said no."""
+    paths = JobPaths(job_dir)
     command = ["sbatch", "--parsable", f"--dependency=afternotok:{job_id}",
                "--kill-on-invalid-dep=yes", str(paths.recovery_script)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=False)

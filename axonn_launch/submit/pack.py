@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from axonn_launch.common.jobdir import (
+    ARRAY_LOG,
     PACK_LOG,
     PACK_PENDING,
     PACK_PLAN,
@@ -30,7 +31,7 @@ from axonn_launch.common.jobdir import (
 )
 from axonn_launch.common.machine import SlurmSettings
 from axonn_launch.config.compose import ConfigError, LaunchConfig
-from axonn_launch.submit import allocation
+from axonn_launch.submit import allocation, chain
 
 NODES_VARIABLE = "AXONN_PACK_NODES"  # a packed point's nodes: its script's srun --nodelist
 # the #SBATCH options a pack sets itself; a point's others are shared by its pack
@@ -41,15 +42,21 @@ PACK_OWN = ("nodes", "time", "job-name", "output", "error", "signal", "requeue",
 # --- the point's side ----------------------------------------------------------------------
 
 
+ARRAY = -1  # sweep.pack=array's width: each point a task of a job array, on its own nodes
+
+
 def width_of(cfg: LaunchConfig) -> int | None:
-    """``sweep.pack`` as nodes: None for off, 0 for auto (one line for a bad value)."""
+    """``sweep.pack`` as nodes: None for off, 0 for auto, ``ARRAY`` for array (one line
+    for a bad value)."""
     pack = str(cfg.sweep.pack).strip().lower()
     if pack in ("off", "false"):
         return None
-    if pack == "auto":
-        return 0
+    if pack in ("auto", "array"):
+        return 0 if pack == "auto" else ARRAY
     if not pack.isdigit() or int(pack) < 1:
-        raise ConfigError(f"sweep.pack={cfg.sweep.pack!r}: valid: off, auto, or a node count >= 1")
+        raise ConfigError(
+            f"sweep.pack={cfg.sweep.pack!r}: valid: off, auto, array, or a node count >= 1"
+        )
     return int(pack)
 
 
@@ -77,6 +84,10 @@ def check(cfg: LaunchConfig, nodes: int) -> None:
             f"sweep.pack={cfg.sweep.pack} with wait=true: packed points start when the whole"
             " sweep is planned; drop wait=true (jobs status <sweep dir> follows them)"
         )
+    if cfg.sweep.array_limit < 0:
+        raise ConfigError(f"sweep.array_limit={cfg.sweep.array_limit}: valid: 0 (no limit) or more")
+    if width == ARRAY:  # each task holds its point's own nodes and time limit
+        return
     if width and nodes > width:
         raise ConfigError(
             f"sweep.pack={width}: this point needs {nodes} nodes; valid: a pack of {nodes}"
@@ -106,6 +117,7 @@ class Point:
     limits: dict = field(default_factory=dict)  # pack_time_min, time_min, time_bins
     params: dict = field(default_factory=dict)  # submitit's parameters (the step's shape)
     dry_run: bool = False
+    recovery: bool = False  # an array task: its recovery job is chained (recovery.sh)
 
     @staticmethod
     def of(entry: dict) -> Point:
@@ -125,16 +137,16 @@ class Point:
 
 
 def point_of(cfg: LaunchConfig, job_dir: Path, nodes: int, tasks_per_node: int,
-             script: str, params: dict) -> Point:  # fmt: skip
+             script: str, params: dict, *, recovery: bool = False) -> Point:  # fmt: skip
     """The packed point of ``cfg``'s launch: its shape, shared options and limits."""
     _, num = sweep_point()
-    slurm = cfg.machine.slurm
+    slurm, width = cfg.machine.slurm, width_of(cfg) or 0
     limits = {"pack_time_min": cfg.sweep.pack_time_min, "time_min": slurm.time_min,
-              "time_bins": slurm.time_bins}  # fmt: skip
+              "time_bins": slurm.time_bins, "array_limit": cfg.sweep.array_limit}  # fmt: skip
+    header = array_header(script) if width == ARRAY else shared_header(script)
     return Point(num=num, job_dir=str(job_dir), nodes=nodes, tasks_per_node=tasks_per_node,
-                 minutes=slurm.limit_min(nodes), header=shared_header(script),
-                 width=width_of(cfg) or 0, limits=limits, params=params,
-                 dry_run=cfg.dry_run)  # fmt: skip
+                 minutes=slurm.limit_min(nodes), header=header, width=width, limits=limits,
+                 params=params, dry_run=cfg.dry_run, recovery=recovery)  # fmt: skip
 
 
 def shared_header(script: str) -> tuple[str, ...]:
@@ -146,6 +158,20 @@ def shared_header(script: str) -> tuple[str, ...]:
         if line.startswith("#SBATCH --") and option not in PACK_OWN:
             kept.append(line)
     return tuple(kept)
+
+
+ARRAY_OWN = ("job-name", "output", "error")  # what an array sets itself for its tasks
+
+
+def array_header(script: str) -> tuple[str, ...]:
+    """A point's ``#SBATCH`` lines that its job array keeps: all but its name and logs. So
+    only points of one shape (nodes, time, ...) share an array."""
+    return tuple(
+        line
+        for line in script.split("\n")
+        if line.startswith("#SBATCH --")
+        and line.removeprefix("#SBATCH --").partition("=")[0] not in ARRAY_OWN
+    )
 
 
 def sweep_point() -> tuple[Path, int]:
@@ -287,6 +313,11 @@ def submit_packs(sweep_dir: Path, *, out) -> list[str]:
     lines, count = [], 0
     for group in groups(pending(sweep_dir)):
         first = group[0]
+        if first.width == ARRAY:
+            folder = sweep_dir / PACKS / str(count)
+            count += 1
+            lines.append(submit_array(group, folder, sweep_dir.name, dry_run=first.dry_run))
+            continue
         width = first.width
         limit = first.pack_limit(width) if width else 0
         if not width:
@@ -317,6 +348,8 @@ def submit_pack(pack: Pack, folder: Path, sweep_name: str, *, dry_run: bool) -> 
             update_record(Path(point.job_dir), status="refused", error=why)
         return f"pack {folder.name}: sbatch refused it: {why} ({shape})"
     job_id = found.group(1)
+    plan_path = folder / PACK_PLAN
+    plan_path.write_text(json.dumps({**plan_record(pack), "job_id": job_id}, indent=2) + "\n")
     for point in pack.points:
         record_submitted(point, job_id, folder)
     return f"pack {folder.name}: job {job_id}, {shape}"
@@ -338,3 +371,48 @@ def record_submitted(point: Point, job_id: str, folder: Path) -> None:
         entry = json.loads(row.read_text())
         entry.update(status="submitted", job_id=job_id)
         row.write_text(json.dumps(entry, indent=2))
+
+
+# --- job arrays (sweep.pack=array) -------------------------------------------------------------
+
+
+def array_script(points: list[Point], folder: Path, name: str) -> str:
+    """A job array of ``points`` (one shape): task i runs point i on the task's own nodes
+    (``axonn_launch.pack``), at most ``sweep.array_limit`` at once."""
+    limit = int(points[0].limits.get("array_limit") or 0)
+    tasks = f"0-{len(points) - 1}" + (f"%{limit}" if limit else "")
+    own = [f"--job-name={shlex.quote(name)}", f"--array={tasks}",
+           f"--output={shlex.quote(str(folder / ARRAY_LOG))}"]  # fmt: skip
+    command = shlex.join([sys.executable, "-m", "axonn_launch.pack", str(folder)])
+    lines = ["#!/bin/bash", *points[0].header, *(f"#SBATCH {o}" for o in own)]
+    return "\n".join([*lines, f"exec {command}", ""])
+
+
+def submit_array(points: list[Point], folder: Path, sweep_name: str, *, dry_run: bool) -> str:
+    """Submit ``points`` as one job array; each point's job id is its task's ``<id>_<i>``,
+    with its recovery job chained to it as to a job of its own."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / PACK_SCRIPT
+    script.write_text(array_script(points, folder, f"array-{sweep_name}-{folder.name}"))
+    record = {"array": True, "points": [asdict(p) for p in points]}
+    (folder / PACK_PLAN).write_text(json.dumps(record, indent=2) + "\n")
+    shape = f"{len(points)} tasks of {points[0].nodes} node(s), points " + ",".join(
+        str(p.num) for p in points
+    )
+    if dry_run:
+        return f"array {folder.name}: {shape} (dry run: {script})"
+    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
+    found = re.search(r"(\d+)(?:;\S*)?\s*$", done.stdout)
+    if done.returncode or not found:
+        why = (done.stderr.strip().splitlines() or ["sbatch failed"])[-1]
+        for point in points:
+            update_record(Path(point.job_dir), status="refused", error=why)
+        return f"array {folder.name}: sbatch refused it: {why} ({shape})"
+    job_id = found.group(1)
+    (folder / PACK_PLAN).write_text(json.dumps({**record, "job_id": job_id}, indent=2) + "\n")
+    for task, point in enumerate(points):
+        record_submitted(point, f"{job_id}_{task}", folder)
+        if point.recovery:
+            recovery = chain.sbatch_recovery(Path(point.job_dir), f"{job_id}_{task}")
+            update_record(Path(point.job_dir), recovery_job=recovery)
+    return f"array {folder.name}: job {job_id}, {shape}"

@@ -40,6 +40,8 @@ def run_pack(folder: Path, environ: dict[str, str] | None = None) -> int:
     environ = dict(os.environ if environ is None else environ)
     job_id = environ.get("SLURM_JOB_ID", "")
     plan = json.loads((folder / PACK_PLAN).read_text())
+    if plan.get("array"):
+        return run_array_task(plan, environ)
     queue = [Point.of(entry) for entry in plan["points"]]
     free = list(slurmtext.expand_nodelist(environ.get("SLURM_JOB_NODELIST", "")))
     running: list[Running] = []
@@ -60,6 +62,45 @@ def run_pack(folder: Path, environ: dict[str, str] | None = None) -> int:
             time.sleep(POLL_S)
     print(f"axonn_launch: pack ended: {failed} point(s) failed", file=sys.stderr, flush=True)
     return 1 if failed else 0
+
+
+def run_array_task(plan: dict, environ: dict[str, str]) -> int:
+    """A job array's task (``sweep.pack=array``): its point on all of the task's nodes; the
+    point's exit status is the task's. The point's Slurm folder is named by the task's own
+    job id (its srun's ``%j``); ``<array id>_<task>``, the id job.json and sacct know it by,
+    links to it."""
+    task = int(environ["SLURM_ARRAY_TASK_ID"])
+    point = Point.of(plan["points"][task])
+    job_id = environ["SLURM_JOB_ID"]
+    nodes = slurmtext.expand_nodelist(environ.get("SLURM_JOB_NODELIST", ""))
+    link_array_task(point, job_id, f"{environ['SLURM_ARRAY_JOB_ID']}_{task}", len(nodes))
+    running = start(point, tuple(nodes), job_id, environ)
+    with Relay([running]):
+        running.process.wait()
+    return finish(running, job_id) and running.process.returncode
+
+
+def link_array_task(point: Point, job_id: str, task_id: str, nodes: int) -> None:
+    """Where an array task's files are found by both of its names: srun names its logs by
+    the task's own job id (``%j``), submitit its pickles by ``<array id>_<task>``, the id
+    job.json and ``jobs status`` know the task by. ``slurm/<array id>_<task>`` links to the
+    task's folder, and in it each log links to its name by the array id (dangling until
+    srun writes it); the job's pickle is written under both names."""
+    from submitit.core.utils import JobPaths as SubmititPaths
+
+    paths = JobPaths(point.job_dir)
+    folder, link = paths.slurm_job(job_id), paths.slurm_job(task_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    if not link.exists():
+        link.symlink_to(job_id)
+    for rank in range(nodes * point.tasks_per_node):
+        own = SubmititPaths(paths.slurm_job(), job_id=job_id, task_id=rank)
+        named = SubmititPaths(paths.slurm_job(), job_id=task_id, task_id=rank)
+        for real, alias in ((own.stdout, named.stdout), (own.stderr, named.stderr)):
+            if not alias.is_symlink():
+                alias.symlink_to(real.name)
+    pickle = SubmititPaths(paths.slurm_job(), job_id=task_id, task_id=0).submitted_pickle
+    pickle.write_bytes(paths.pack_submission.read_bytes())
 
 
 def start(point: Point, nodes: tuple[str, ...], job_id: str, environ: dict[str, str]) -> Running:

@@ -227,23 +227,27 @@ def write_and_start(
     return start(run, job_dir, record, out=out)
 
 
-def register_packed(run: Launch, job_dir: Path, script: str) -> None:
+def register_packed(run: Launch, job_dir: Path, script: str, recovery: bool = False) -> None:
     """A packed sweep's point joins the sweep's pending points (``submit/pack.py``)."""
     resolved = run.resolved
     point = pack.point_of(run.cfg, job_dir, resolved.nodes, resolved.tasks_per_node,
-                          script, run.batch.params)  # fmt: skip
+                          script, run.batch.params, recovery=recovery)  # fmt: skip
     pack.register(point, pack.sweep_point()[0])
 
 
 def wait_for_pack(run: Launch, job_dir: Path, record: dict, script: str, *, out) -> Outcome:
     """A packed point: its job pickled for its pack's run (``submit/pack_job.py``), then it
-    waits to be packed and submitted when the sweep has seen every point."""
+    waits to be packed and submitted when the sweep has seen every point. A job array's
+    task is a job of its own: its recovery job is written now, chained once submitted."""
     from submitit.core.utils import DelayedSubmission
 
-    job = TrainJob(str(job_dir), run.cfg.machine.task_env)
+    chained = pack.width_of(run.cfg) == pack.ARRAY and chain.enabled(run.cfg)
+    if chained:
+        chain.write_recovery_script(run.cfg, job_dir)
+    job = TrainJob(str(job_dir), run.cfg.machine.task_env, chained=chained)
     DelayedSubmission(job).dump(JobPaths(job_dir).pack_submission)
     write_record(job_dir, record, status="packed")
-    register_packed(run, job_dir, script)
+    register_packed(run, job_dir, script, recovery=chained)
     print(f"packed: submitted in a pack at the end of the sweep; job dir {job_dir}", file=out)
     return Outcome("packed", str(job_dir), nodes=run.resolved.nodes)
 

@@ -182,8 +182,11 @@ class MetricsLogger:
         log.info(summary_line(summary, self.per))
         self.sinks.close(summary)
 
-    def close_sinks(self) -> None:
-        """A failed run's sinks closed (an unfinished W&B run marked failed)."""
+    def close_sinks(self, error: BaseException | None = None) -> None:
+        """A failed run's sinks closed (an unfinished W&B run marked failed), and an open
+        profile window's memory snapshot dumped if it ran out of memory."""
+        if self.profile is not None and error is not None:
+            self.profile.failed(error)
         self.sinks.close(None)
 
     def close_bar(self) -> None:

@@ -188,8 +188,8 @@ def train_model(
     ctx.save = lambda step: save(spec, env, step, model, optimizer, loader, checkpointer)
     try:
         summary = run_loop(model, ctx, checkpointer, env)
-    except BaseException:
-        ctx.logger.close_sinks()
+    except BaseException as error:
+        ctx.logger.close_sinks(error)
         raise
     if fallback is not None:  # the newest checkpoint was damaged: which step, and why
         summary["checkpoint_fallback"] = fallback

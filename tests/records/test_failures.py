@@ -385,7 +385,8 @@ def by_name(rows: list[status.JobStatus]) -> dict[str, status.JobStatus]:
 def test_status_with_sacct_one_call_for_all_jobs(job_root, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", fake_tools(tmp_path, sacct=SACCT)["PATH"])
     rows = by_name(status.collect([str(job_root)]))
-    assert (tmp_path / "calls").read_text().split() == ["sacct"]
+    # one sacct call for all jobs, and one squeue --start for the pending ones' estimate
+    assert (tmp_path / "calls").read_text().split() == ["sacct", "squeue"]
     expected = {
         "done": ("COMPLETED", failures.COMPLETED, 20),
         "oom": ("FAILED", failures.GPU_OOM, 3),
@@ -401,7 +402,10 @@ def test_status_with_sacct_one_call_for_all_jobs(job_root, tmp_path, monkeypatch
 def test_status_without_accounting_uses_squeue_results_and_logs(job_root, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", fake_tools(tmp_path, sacct=None, squeue="103|PENDING|")["PATH"])
     rows = by_name(status.collect([str(job_root)]))
-    assert (tmp_path / "calls").read_text().split() == ["sacct", "squeue"]
+    assert (tmp_path / "calls").read_text().split() == ["sacct", "squeue", "squeue"]  # --start
+    assert (
+        rows["queued"].expected_start == "pending: Slurm has no start estimate yet (squeue --start)"
+    )
     assert {n: r.failure for n, r in rows.items()} == {
         "done": failures.COMPLETED,  # all result pickles say success
         "oom": failures.GPU_OOM,  # the error pickle's traceback
@@ -651,3 +655,18 @@ def test_rank_killed_while_saving_leaves_a_loadable_latest_checkpoint(tmp_path):
         checked += 1
     assert unloadable == []
     assert checked == len(points) >= 10
+
+
+@pytest.mark.parametrize(
+    ("when", "why", "line"),
+    [
+        ("2026-12-06T05:10:00", "Priority",
+         "pending: Slurm expects it to start at 2026-12-06 05:10:00 (squeue --start);"
+         " it waits for: Priority"),
+        ("N/A", "Resources",
+         "pending: Slurm has no start estimate yet (squeue --start); it waits for: Resources"),
+        ("PENDING", "None", "pending: Slurm has no start estimate yet (squeue --start)"),
+    ],
+)  # fmt: skip
+def test_a_pending_job_s_start_is_slurm_s_estimate_or_said_to_be_unknown(when, why, line):
+    assert status.start_words(when, why) == line

@@ -165,3 +165,31 @@ def test_every_allocation_of_a_requeued_job_counts(tmp_path):
     kept_submit = Allocation(folder, first[0], *second[1:])  # a Slurm that keeps the submit
     again = of_run([Allocation(folder, *first), kept_submit], True)
     assert again.queue_s == found.queue_s and again.allocated_s == found.allocated_s
+
+
+def test_node_hours_count_each_allocation_s_nodes_and_time_not_the_queue(tmp_path):
+    """A 4-node attempt of 1 h 30 min, then a shrunk 2-node one of 30 min after 10 min in
+    the queue: 4 x 1.5 + 2 x 0.5 = 7 node-hours, beside the allocated time."""
+    one = attempt(tmp_path / "a1", [("step", 1, 60, 120)])
+    two = attempt(tmp_path / "a2", [("step", 2, 6060, 6120)])
+    found = of_run(
+        [Allocation(one, 0, 0, 5400, nodes=4), Allocation(two, 5400, 6000, 7800, nodes=2)], True
+    ).as_dict()
+    assert found["node_hours"] == pytest.approx(7.0)
+    assert describe(found).startswith("goodput 2% of 2.0 h allocated (7 node-hours): ")
+
+
+def test_an_ended_run_s_goodput_is_written_beside_its_curves_once_per_last_step(tmp_path):
+    from axonn_launch.records.curves import log_goodput
+    from tests.train.tracker_files import tb_series
+
+    (tmp_path / "tensorboard").mkdir()
+    found = {"goodput": 0.5, "useful_s": 10.0, "queue_s": 3.0, "node_hours": 0.25}
+    assert log_goodput(tmp_path, found, 8) == ""
+    assert log_goodput(tmp_path, {**found, "goodput": 0.9}, 8) == ""  # held already: no write
+    assert tb_series(tmp_path / "tensorboard", "goodput/goodput") == [(8, 0.5)]
+    assert log_goodput(tmp_path, {**found, "goodput": 0.75}, 12) == ""  # extended since
+    assert tb_series(tmp_path / "tensorboard", "goodput/goodput") == [(8, 0.5), (12, 0.75)]
+    assert tb_series(tmp_path / "tensorboard", "goodput/node_hours") == [(8, 0.25), (12, 0.25)]
+    assert log_goodput(tmp_path / "no_curves", found, 8) == ""  # a run without the sink
+    assert not (tmp_path / "no_curves").exists()

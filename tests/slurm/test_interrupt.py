@@ -7,8 +7,8 @@ a Ctrl-C sends (``os.killpg``), the launcher and whatever sacct or squeue it run
   the job keeps running: squeue and the printed ``jobs status`` say so. The printed
   ``jobs stop`` then cancels it.
 - A job held in the queue (``--begin`` an hour from now): its pending line (squeue's reason,
-  the time waited) comes at once; a second Ctrl-C within the window stops it, in one more
-  line, through ``jobs stop``.
+  the time waited) comes at once, and ``jobs status`` gives Slurm's expected start; a
+  second Ctrl-C within the window stops it, in one more line, through ``jobs stop``.
 
 Both launches run side by side. Cost on the shared 2-core machine: about 25 s, most of it
 the running job's start and the two detach windows (``SECOND_CTRL_C_S``) overlapping.
@@ -99,6 +99,10 @@ def test_ctrl_c_detaches_from_a_running_job_and_twice_stops_a_pending_one(slurm_
         pending = [ln for ln in held.lines() if "pending" in ln]
         assert pending == [f"job {ids[1]} pending (BeginTime): {pending[0].split(': ')[1]}"]
         assert pending[0].endswith("in the queue so far"), pending
+        # jobs status says when Slurm expects it to start (squeue --start: its --begin)
+        shown = held.copied(f"{shlex.quote(sys.executable)} -m axonn_launch.jobs status ./job")
+        start = [ln for ln in shown.stdout.splitlines() if "pending: Slurm expects" in ln]
+        assert len(start) == 1 and start[0].endswith("it waits for: BeginTime"), shown.stdout
 
         wait_until(lambda: squeue_state(ids[0]) == "RUNNING", 300, "job running", 0.5)
         before = len(running.lines())

@@ -1,10 +1,11 @@
 """A packed sweep (``sweep.pack``, ``submit/pack.py``) on the real local cluster's ``wide``
-partition: six points of one node each (x2, seeds 1-6) share one allocation of three nodes,
-the last three starting as earlier ones end. One point's rank is killed mid-training: that
+partition: six points of one node each (x2, seeds 1-6) share one allocation of four nodes,
+the last two starting as earlier ones end. One point's rank is killed mid-training: that
 point restarts in place on its own node while the others train on undisturbed. Every
 point's loss equals the same point run alone (machine=local, the same sweep, trained while
 the pack runs). About 50 s: two waves of points slowed to 1 s per step (so that the kill
-lands mid-training) and the six local runs beside the second.
+lands mid-training) and the six local runs beside the second. Then ``sweep.pack=array``:
+three of those points as one job array, two tasks at once (about 15 s more).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ TRAIN = [
     "grid.x=2", "train.steps=8", "train.sample_tokens=0", "train.checkpoint_every=2",
     "preflight=false", "train.gemm_tuning=false", "force=true",
 ]  # fmt: skip
-# n2 left out: tests/slurm/test_recovery.py (another worker) sets it DOWN
-PACKED = ["machine=slurm_local", "machine.slurm.partition=wide", "sweep.pack=3",
-          "sweep.pack_time_min=20", "+machine.slurm.extra_sbatch.exclude=n2"]  # fmt: skip
+# All four nodes: n2 may be DOWN for a while (tests/slurm/test_recovery.py, on another
+# worker, takes its own exclusive job's node down); the pack then waits for it
+PACKED = ["machine=slurm_local", "machine.slurm.partition=wide", "sweep.pack=4",
+          "sweep.pack_time_min=20"]  # fmt: skip
 SLOW = "slow@step2:1"  # every rank sleeps 1 s in each step from step 2 (the loss is unchanged)
 
 
@@ -81,16 +83,16 @@ def sweep(slurm_cluster, tmp_path_factory) -> dict:
             "console": launched.stdout}  # fmt: skip
 
 
-def test_six_points_run_in_one_allocation_of_three_nodes(sweep):
+def test_six_points_run_in_one_allocation_of_four_nodes(sweep):
     calls = (sweep["shim"] / "calls.log").read_text().splitlines()
     assert len(calls) == 1 and calls[0].endswith("pack.sh"), calls  # no job per point
     assert sweep["state"] == "COMPLETED"
     assert (
-        f"pack 0: job {sweep['job_id']}, 3 nodes x 20 min, points 0,1,2,3,4,5" in sweep["console"]
+        f"pack 0: job {sweep['job_id']}, 4 nodes x 20 min, points 0,1,2,3,4,5" in sweep["console"]
     )
     starts = sorted(read_record(d)["pack"]["started"] for d in sweep["points"].values())
     first_end = min(read_record(d)["pack"]["ended"] for d in sweep["points"].values())
-    assert starts[2] < first_end <= starts[3]  # three at once; the fourth once one has ended
+    assert starts[3] < first_end <= starts[4]  # four at once; the fifth once one has ended
 
 
 def test_every_point_ends_at_the_loss_of_the_same_point_run_alone(sweep):
@@ -116,3 +118,46 @@ def test_jobs_status_of_the_sweep_shows_every_point_completed(sweep):
     assert {r["job_id"] for r in rows} == {sweep["job_id"]}
     (killed,) = [r for r in rows if r["job_dir"] == str(sweep["points"][1])]
     assert killed["attempts"] == 2, killed
+    text = jobs_cli("status", str(sweep["dir"]), cwd=sweep["dir"].parent).stdout
+    pack = f"pack 0: job {sweep['job_id']}, 4 nodes x 20 min, points 0,1,2,3,4,5: 6 completed"
+    assert pack in text, text
+
+
+# --- sweep.pack=array: points of one shape as one job array ---------------------------------
+
+ARRAY = ["machine=slurm_local", "sweep.pack=array", "sweep.array_limit=2"]
+
+
+@pytest.fixture(scope="module")
+def array(sweep, tmp_path_factory) -> dict:
+    """Seeds 1-3 as one job array, two tasks at once, each chained to its recovery job;
+    compared with the same points run alone (``sweep``'s local runs of seeds 1-6)."""
+    root = tmp_path_factory.mktemp("array")
+    shim = sbatch_logger(root / "bin")
+    sweep_dir = root / "sweep"
+    launched = run_launcher(
+        ["-m", *TRAIN, *ARRAY, "train.seed=1,2,3", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=root, path_prefix=str(shim), timeout=300,
+    )  # fmt: skip
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-2000:]
+    dirs = point_dirs(sweep_dir)
+    wait_until(lambda: all(ended(d) for d in dirs.values()), 300, "every task to end")
+    return {"dir": sweep_dir, "points": dirs, "shim": shim, "local": sweep["local"],
+            "console": launched.stdout}  # fmt: skip
+
+
+def test_a_job_array_runs_each_point_as_its_own_task_at_the_point_s_loss(array):
+    calls = (array["shim"] / "calls.log").read_text().splitlines()
+    assert len(calls) == 4 and calls[0].endswith("pack.sh"), calls  # the array, 3 recoveries
+    job_id = read_record(array["points"][0])["job_ids"][0].split("_")[0]
+    for num, job_dir in array["points"].items():
+        record = read_record(job_dir)
+        assert record["job_ids"] == [f"{job_id}_{num}"] and record["status"] == "completed"
+        assert f"--dependency=afternotok:{job_id}_{num} " in calls[1 + num], calls
+        assert final_loss(job_dir) == final_loss(array["local"][num]), num
+    times = sorted((read_record(d)["pack"]["started"], read_record(d)["pack"]["ended"])
+                   for d in array["points"].values())  # fmt: skip
+    assert times[2][0] >= min(end for _, end in times[:2])  # %2: the third waits for a slot
+    assert f"array 0: job {job_id}, 3 tasks of 1 node(s), points 0,1,2" in array["console"]
+    text = jobs_cli("status", str(array["dir"]), cwd=array["dir"].parent).stdout
+    assert f"array 0: job {job_id}, 3 array tasks, points 0,1,2: 3 completed" in text, text

@@ -90,6 +90,12 @@ def test_a_killed_rank_of_a_detached_run_is_resumed_to_the_uninterrupted_loss(tm
     found = run["goodput"]  # local: from the launch to the supervisor's end, per attempt
     assert sum(found[f"{p}_s"] for p in PARTS) == pytest.approx(found["allocated_s"]), found
     assert found["useful_s"] > 0 and found["recovery_s"] > 0 and len(found["ttr_s"]) == 1
+    # jobs status put the ended run's goodput beside its curves, at its last step
+    assert tb_series(root / "tensorboard", "goodput/goodput") == [(8, as_float32(found["goodput"]))]
+    assert tb_series(root / "tensorboard", "goodput/recovery_s") == [
+        (8, as_float32(found["recovery_s"]))
+    ]
+    assert found["node_hours"] == pytest.approx(found["allocated_s"] / 3600)  # one node
     check_one_series(root, attempts, resumed=last["resumed_from"])
     failed = subprocess.run([sys.executable, "-m", "axonn_launch.jobs", "logs", str(root),
                              "--failed"], capture_output=True, text=True, timeout=60)  # fmt: skip

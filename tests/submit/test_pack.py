@@ -11,7 +11,16 @@ import pytest
 from axonn_launch.common.machine import SlurmSettings
 from axonn_launch.config.compose import ConfigError, load
 from axonn_launch.submit import allocation
-from axonn_launch.submit.pack import Pack, Point, auto_width, check, plan, shared_header
+from axonn_launch.submit.pack import (
+    Pack,
+    Point,
+    array_header,
+    array_script,
+    auto_width,
+    check,
+    plan,
+    shared_header,
+)
 from tests.conftest import run_launcher
 
 FRONTIER_BINS = [[91, 120], [183, 360], [9472, 720]]  # conf/machine/frontier.yaml
@@ -96,11 +105,26 @@ def test_the_shared_header_leaves_out_what_a_pack_sets_itself():
     assert shared_header(script) == ("#SBATCH --partition=wide", "#SBATCH --exclude=n1")
 
 
+def test_a_job_array_keeps_its_points_shape_and_runs_at_most_its_limit_at_once(tmp_path):
+    lines = ["#!/bin/bash", "#SBATCH --nodes=2", "#SBATCH --time=10", "#SBATCH --job-name=a",
+             "#SBATCH --output=/x/%j.out", "srun true"]  # fmt: skip
+    script = "\n".join(lines)
+    header = array_header(script)
+    assert header == ("#SBATCH --nodes=2", "#SBATCH --time=10")  # one shape per array
+    three = [Point(num=n, job_dir=f"/j/{n}", nodes=2, tasks_per_node=4, minutes=10,
+                   header=header, limits={"array_limit": 2}) for n in range(3)]  # fmt: skip
+    text = array_script(three, tmp_path, "array-s-0")
+    assert "#SBATCH --array=0-2%2\n" in text and "#SBATCH --nodes=2\n" in text
+    assert text.rstrip().endswith(f"-m axonn_launch.pack {tmp_path}")
+
+
 @pytest.mark.parametrize(
     ("args", "line"),
     [
         (["machine=slurm_local", "sweep.pack=two"],
-         "sweep.pack='two': valid: off, auto, or a node count >= 1"),
+         "sweep.pack='two': valid: off, auto, array, or a node count >= 1"),
+        (["machine=slurm_local", "sweep.pack=array", "sweep.array_limit=-1"],
+         "sweep.array_limit=-1: valid: 0 (no limit) or more"),
         (["machine=slurm_local", "sweep.pack=1", "grid.x=4"],
          "sweep.pack=1: this point needs 2 nodes; valid: a pack of 2 nodes or more, auto, or off"),
         (["machine=slurm_local", "sweep.pack=4", "sweep.pack_time_min=5"],

@@ -124,7 +124,7 @@ def metrics(job_dir: Path) -> list[dict]:
 def test_four_ranks_on_shakespeare_loss_falls(tmp_path):
     job = tmp_path / "job"
     write_job(job, Grid(x=2, z=2), steps=60, warmup_steps=10, micro_batch=16, sample_tokens=20,
-              profile=ProfileConfig(steps="3-4"))  # fmt: skip
+              profile=ProfileConfig(steps="3-4", memory=True))  # fmt: skip
     outputs = launch(job, 4, "axonn_launch.train")
     rows = metrics(job)
     assert [r["step"] for r in rows] == list(range(1, 61))
@@ -145,6 +145,10 @@ def test_four_ranks_on_shakespeare_loss_falls(tmp_path):
         collectives = {"c10d::allreduce_", "c10d::_reduce_scatter_base_", "c10d::_allgather_base_"}
         assert collectives <= set(ops)
         assert ops.count("Optimizer.step#AdamW.step") == 2  # steps 3 and 4, no more
+        # train.profile.memory=true on CPU ranks: each rank's own RSS and PSS at the window's end
+        memory = json.loads((job / "profile" / f"memory_rank{rank}.json").read_text())
+        assert memory["rank"] == rank and "snapshot" not in memory  # a CUDA snapshot on GPUs only
+        assert 0 < memory["pss_bytes"] <= memory["rss_bytes"] and memory["peak_rss_bytes"] > 0
     profiles = read_profiles(job)  # report's table: collectives against the rest, per rank
     assert [p.rank for p in profiles] == [0, 1, 2, 3]
     for found in profiles:

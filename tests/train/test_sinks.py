@@ -19,7 +19,7 @@ from axonn_launch import jobs
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import JobSpec, RuntimeConfig, TrainConfig
-from axonn_launch.common.tracking import MetricsConfig
+from axonn_launch.common.tracking import MetricsConfig, ProfileConfig
 from axonn_launch.config.compose import ConfigError, build
 from axonn_launch.train.sinks import Sinks, WandbSink, open_sinks
 from tests.train.tracker_files import as_float32, tb_series, wandb_history
@@ -145,3 +145,14 @@ def test_the_job_refuses_what_the_login_node_refuses_in_the_same_words(tmp_path,
     with pytest.raises(ValueError) as job:
         JobSpec.from_json(json.dumps(spec))
     assert str(job.value) == str(login.value) and "\n" not in str(login.value)
+
+
+def test_a_memory_profile_without_its_window_is_refused_in_one_line():
+    """The login node (config/compose.py's ``build``) and the job (the dataclass itself)
+    read train.profile alike: memory records over the steps' window, so it needs one."""
+    with pytest.raises(ConfigError) as login:
+        build(ProfileConfig, {"memory": True}, "train.profile")
+    assert str(login.value) == (
+        "train.profile.memory=true: records over a window; set train.profile.steps=a-b too"
+        " (e.g. 3-4), or train.profile.memory=false"
+    )
