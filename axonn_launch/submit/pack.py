@@ -340,19 +340,27 @@ def submit_pack(pack: Pack, folder: Path, sweep_name: str, *, dry_run: bool) -> 
     shape = f"{pack.nodes} nodes x {pack.minutes} min, points {nums}"
     if dry_run:
         return f"pack {folder.name}: {shape} (dry run: {script})"
-    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
-    found = re.search(r"(\d+)(?:;\S*)?\s*$", done.stdout)
-    if done.returncode or not found:
-        why = (done.stderr.strip().splitlines() or ["sbatch failed"])[-1]
-        for point in pack.points:
-            update_record(Path(point.job_dir), status="refused", error=why)
+    job_id, why = sbatch(script, pack.points)
+    if why:
         return f"pack {folder.name}: sbatch refused it: {why} ({shape})"
-    job_id = found.group(1)
     plan_path = folder / PACK_PLAN
     plan_path.write_text(json.dumps({**plan_record(pack), "job_id": job_id}, indent=2) + "\n")
     for point in pack.points:
         record_submitted(point, job_id, folder)
     return f"pack {folder.name}: job {job_id}, {shape}"
+
+
+def sbatch(script: Path, points: tuple[Point, ...] | list[Point]) -> tuple[str, str]:
+    """Submit ``script``: (its job id, ''), or ('', sbatch's last line) with its points'
+    job.json saying refused."""
+    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
+    found = re.search(r"(\d+)(?:;\S*)?\s*$", done.stdout)  # --parsable: <id>[;<cluster>]
+    if done.returncode == 0 and found:
+        return found.group(1), ""
+    why = (done.stderr.strip().splitlines() or ["sbatch failed"])[-1]
+    for point in points:
+        update_record(Path(point.job_dir), status="refused", error=why)
+    return "", why
 
 
 def plan_record(pack: Pack) -> dict:
@@ -401,14 +409,9 @@ def submit_array(points: list[Point], folder: Path, sweep_name: str, *, dry_run:
     )
     if dry_run:
         return f"array {folder.name}: {shape} (dry run: {script})"
-    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
-    found = re.search(r"(\d+)(?:;\S*)?\s*$", done.stdout)
-    if done.returncode or not found:
-        why = (done.stderr.strip().splitlines() or ["sbatch failed"])[-1]
-        for point in points:
-            update_record(Path(point.job_dir), status="refused", error=why)
+    job_id, why = sbatch(script, points)
+    if why:
         return f"array {folder.name}: sbatch refused it: {why} ({shape})"
-    job_id = found.group(1)
     (folder / PACK_PLAN).write_text(json.dumps({**record, "job_id": job_id}, indent=2) + "\n")
     for task, point in enumerate(points):
         record_submitted(point, f"{job_id}_{task}", folder)

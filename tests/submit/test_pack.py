@@ -4,7 +4,9 @@ node's one-line refusals. The packed sweep itself runs in tests/slurm/test_packe
 
 from __future__ import annotations
 
+import os
 import random
+from pathlib import Path
 
 import pytest
 
@@ -26,9 +28,11 @@ from tests.conftest import run_launcher
 FRONTIER_BINS = [[91, 120], [183, 360], [9472, 720]]  # conf/machine/frontier.yaml
 
 
-def points(*shapes: tuple[int, int]) -> list[Point]:
+def points(*shapes: tuple[int, int], root: str = "/j") -> list[Point]:
     return [
-        Point(num=n, job_dir=f"/j/{n}", nodes=nodes, tasks_per_node=8, minutes=minutes, header=())
+        Point(
+            num=n, job_dir=f"{root}/{n}", nodes=nodes, tasks_per_node=8, minutes=minutes, header=()
+        )
         for n, (nodes, minutes) in enumerate(shapes)
     ]
 
@@ -155,3 +159,24 @@ def test_a_packed_sweep_on_a_machine_without_slurm_is_refused_and_nothing_is_pac
             " off, or a Slurm machine")  # fmt: skip
     assert line in proc.stdout + proc.stderr
     assert not (sweep_dir / "packs").exists()
+
+
+def test_a_pack_sbatch_refuses_leaves_each_point_refused_with_its_line(tmp_path, monkeypatch):
+    from axonn_launch.common.jobdir import read_record, write_record_file
+    from axonn_launch.submit.pack import submit_pack
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: invalid partition' >&2\nexit 1\n")
+    (fake / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    two = points((1, 10), (1, 10), root=str(tmp_path / "j"))
+    for point in two:
+        Path(point.job_dir).mkdir(parents=True)
+        write_record_file(point.job_dir, {"job_ids": [], "status": "packed"})
+    (pack,) = plan(two, width=2, limit=10)
+    line = submit_pack(pack, tmp_path / "packs" / "0", "s", dry_run=False)
+    assert line == ("pack 0: sbatch refused it: sbatch: error: invalid partition"
+                    " (2 nodes x 10 min, points 0,1)")  # fmt: skip
+    for point in two:
+        assert read_record(point.job_dir)["status"] == "refused"
