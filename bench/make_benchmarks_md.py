@@ -26,6 +26,7 @@ ORDER = [
     ("bench_status.md", "Failures"),
     ("bench_recovery.md", "Failures"),
     ("bench_in_place.md", "Failures"),
+    ("bench_pack.md", "Sweeps"),
     ("bench_watchdog.md", "Failures"),
     ("bench_sinks.md", "Curves"),
     ("bench_generation.md", "Generation"),
