@@ -20,14 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from axonn_launch.common.jobdir import JobPaths, read_summary
+from axonn_launch.common.jobdir import JobPaths, read_summary, run_root
 from axonn_launch.records import goodput, profile
 from axonn_launch.records.status import (
     DRY_RUN_WORDS,
     collect,
     dry_run_problem,
     run_results,
-    run_root_of,
     runs,
 )
 from axonn_launch.submit.chain import attempts_of
@@ -281,7 +280,7 @@ def profile_section(job_dir: Path) -> list[str]:
 def goodput_section(job_dir: Path) -> list[str]:
     """Where the run's allocated time went, over all its attempts (records/goodput.py);
     nothing while an attempt has not ended."""
-    root = run_root_of(job_dir, read_json(JobPaths(job_dir).record))
+    root = run_root(job_dir, read_json(JobPaths(job_dir).record))
     found = runs(collect([str(a) for a in attempts_of(root)]))[0].goodput
     if not found:
         return []

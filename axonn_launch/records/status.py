@@ -50,6 +50,7 @@ from axonn_launch.common.jobdir import (
     read_stragglers,
     read_summary,
     record_problems,
+    run_root,
     update_record,
 )
 from axonn_launch.records import failures, firstfail, goodput, provenance
@@ -131,12 +132,6 @@ RUN_RUNNING, RUN_WAITING, RUN_RECOVERING, RUN_DONE, RUN_STOPPED = (
     "running", "waiting", "recovering", "done", "stopped",
 )  # fmt: skip
 RUN_DRY_RUN, RUN_REFUSED = "dry run", "refused"  # runs that never started
-
-
-def run_root_of(job_dir: Path, record: dict) -> Path:
-    """The run's first attempt: where its chain is recorded (``submit/chain.py``)."""
-    lineage = record.get("lineage") or []
-    return Path(lineage[0]["job_dir"]) if lineage else Path(job_dir)
 
 
 def run_state(root: Path, root_record: dict | None = None) -> str:
@@ -908,7 +903,7 @@ def job_status(
     metrics = last_metrics(job_dir)
     results = run_results(job_dir, metrics)
     grid = record.get("grid") or {}
-    root = run_root_of(job_dir, record)
+    root = run_root(job_dir, record)
     run_now = run_state(root, record if root == Path(job_dir) else None)
     stragglers = stragglers_of(job_dir)
     return JobStatus(

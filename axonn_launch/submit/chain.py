@@ -29,6 +29,7 @@ from axonn_launch.common.jobdir import (
     read_record,
     read_record_or_empty,
     record_lock,
+    run_root,
     update_record,
     write_record_file,
 )
@@ -40,7 +41,6 @@ from axonn_launch.records.status import (
     RUN_RUNNING,
     RUN_STOPPED,
     USER_STOP,
-    run_root_of,
     run_state,
 )
 from axonn_launch.submit import local
@@ -273,7 +273,7 @@ def stop(job_dir: Path) -> str:
     then cancel its newest attempt's jobs and recovery job, once Slurm has confirmed that
     each is that attempt's (``check_ours``; NotOurJob before anything is written)."""
     job_dir = Path(job_dir).resolve()
-    root = run_root_of(job_dir, read_record(job_dir))
+    root = run_root(job_dir, read_record(job_dir))
     settings = settings_of(read_record(root))
     newest = attempts_of(root)[-1]
     wanted = slurm_jobs_of(read_record_or_empty(newest))

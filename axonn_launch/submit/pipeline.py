@@ -24,6 +24,7 @@ from axonn_launch.common.jobdir import (
     read_record_or_empty,
     record_lock,
     remove_interrupted_saves,
+    run_root,
     write_record_file,
 )
 from axonn_launch.common.spec import JobSpec, RuntimeConfig
@@ -495,7 +496,7 @@ def run_local(
     if code:
         report_first_failure(job_dir)
     message = f"exit code {code}"
-    root = chain.run_root_of(job_dir, record)
+    root = run_root(job_dir, record)
     if status == "failed" and chain.enabled(cfg) and chain.chain_of(root):
         state = follow_local_run(job_dir, root)
         status, message = ("completed" if state == chain.DONE else "failed"), f"run {state}"

@@ -26,11 +26,12 @@ from axonn_launch.common.jobdir import (
     read_record,
     read_record_or_empty,
     read_stragglers,
+    run_root,
     skipped_steps,
 )
 from axonn_launch.config.compose import RecoveryConfig
 from axonn_launch.records import failures
-from axonn_launch.records.status import JobStatus, collect, command_output, run_root_of
+from axonn_launch.records.status import JobStatus, collect, command_output
 from axonn_launch.submit.chain import (
     DONE,
     RECOVERING,
@@ -221,7 +222,7 @@ def recover(job_dir: Path, out=sys.stdout) -> str:
     job_dir = Path(job_dir).resolve()
     record = read_record(job_dir)
     settings = settings_of(record)
-    root = run_root_of(job_dir, record)
+    root = run_root(job_dir, record)
     chain_record = chain_of(root)
     if chain_record.get("state") == STOPPED:
         return f"{root}: stopped ({chain_record.get('stop', {}).get('reason', 'jobs stop')})"

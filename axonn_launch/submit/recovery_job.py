@@ -8,8 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from axonn_launch.common.jobdir import read_record
-from axonn_launch.records.status import run_root_of
+from axonn_launch.common.jobdir import read_record, run_root
 from axonn_launch.submit.chain import STOPPED, set_chain, settings_of
 from axonn_launch.submit.recovery import recover
 
@@ -32,7 +31,7 @@ def stop_after_error(job_dir: Path, exc: Exception) -> str:
     why = f"the recovery step failed: {type(exc).__name__}: {exc}".splitlines()[0]
     try:
         record = read_record(job_dir)
-        root = run_root_of(job_dir.resolve(), record)
+        root = run_root(job_dir.resolve(), record)
         set_chain(root, settings_of(read_record(root)), state=STOPPED,
                   stop={"reason": why, "class": str(record.get("failure", ""))})  # fmt: skip
     except (OSError, ValueError) as error:

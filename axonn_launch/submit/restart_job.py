@@ -23,6 +23,7 @@ from axonn_launch.common.jobdir import (
     checkpointed_step,
     read_record,
     record_lock,
+    run_root,
     write_record_file,
 )
 from axonn_launch.records import failures
@@ -32,7 +33,6 @@ from axonn_launch.records.status import (
     command_output,
     last_metrics,
     log_sizes,
-    run_root_of,
     slurm_task_files,
     step_evidence,
 )
@@ -67,7 +67,7 @@ def decide(job_dir: Path, exit_status: int, environ: dict[str, str] | None = Non
     ended = ended_step(job_dir, record, settings, exit_status, environ)
     diagnosis = failures.classify(step_evidence(job_dir, ended))
     action = dict(settings.get("policy") or {}).get(diagnosis.failure, chain.STOP)
-    root = run_root_of(job_dir, record)
+    root = run_root(job_dir, record)
     why = stop_reason(root, settings, diagnosis.failure, action)
     attempt = attempt_of(job_dir, ended, diagnosis, action)
     history = [*chain.chain_of(root).get("attempts", []), attempt]

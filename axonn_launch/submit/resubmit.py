@@ -27,6 +27,7 @@ from axonn_launch.common.jobdir import (
     read_record,
     read_record_or_empty,
     read_step_meta,
+    run_root,
     update_record,
 )
 from axonn_launch.config.compose import split_argv
@@ -35,7 +36,6 @@ from axonn_launch.records.status import (
     DRY_RUN_STATE,
     JobStatus,
     command_output,
-    run_root_of,
     saved_config,
 )
 from axonn_launch.submit import chain
@@ -331,7 +331,7 @@ def schedule_line(given: list[str]) -> str:
 def continue_chain(job_dir: Path, record: dict, current: Path, done: bool = False) -> None:
     """A run that recovers itself goes on with its extension: running again, its newest
     attempt ``current`` (it was done; ``done``: the extension was not submitted)."""
-    root = run_root_of(job_dir, record)
+    root = run_root(job_dir, record)
     root_record = read_record_or_empty(root)
     if root_record.get("chain") or "recovery" in root_record:
         state = chain.DONE if done else chain.RUNNING

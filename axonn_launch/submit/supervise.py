@@ -27,6 +27,7 @@ from axonn_launch.common.jobdir import (
     read_record_or_empty,
     record_failure,
     record_lock,
+    run_root,
     write_record_file,
 )
 from axonn_launch.common.proctitle import rename_argument
@@ -244,10 +245,9 @@ def recover_run(job_dir: Path, job_id: str, stop: StopRequest) -> None:
 def stop_run(job_dir: Path, record: dict, why: str) -> str:
     """Mark the run stopped; an attempt the recovery step started gets SIGTERM (its
     supervisor stops its ranks). The line to say."""
-    from axonn_launch.records.status import run_root_of
     from axonn_launch.submit import chain
 
-    root = run_root_of(job_dir, record)
+    root = run_root(job_dir, record)
     stop = {"reason": why, "class": str(record.get("failure", ""))}
     chain.set_chain(root, chain.settings_of(record), state=chain.STOPPED, stop=stop)
     newest = chain.attempts_of(root)[-1]
