@@ -85,12 +85,8 @@ def live_job(job_dir: Path) -> str | None:
     if holder:
         return holder
     job_id = last_job_id(read_record_or_empty(job_dir))
-    if job_id.startswith("local-"):
-        return (
-            f"local job {job_id} (its supervisor runs)"
-            if local.live_supervisors([job_dir])
-            else None
-        )
+    if job_id.startswith("local-"):  # between the launcher's letting go and its supervisor's hold
+        return dirlock.local_holder(job_id) if local.live_supervisors([job_dir]) else None
     ids = [i for i in dict.fromkeys([job_id, dirlock.recorded_job_id(job_dir)]) if i]
     slurm_ids = [i for i in ids if not i.startswith("local-")]
     queued = squeue_states(slurm_ids) if slurm_ids else {}

@@ -31,6 +31,12 @@ def here() -> str:
     return f"pid {os.getpid()} on {socket.gethostname()}"
 
 
+def local_holder(job_id: str) -> str:
+    """How a local job is named as the holder of its dir: ``local-<pid>`` is its supervisor,
+    which runs on this host."""
+    return f"local job {job_id} (pid {job_id.removeprefix('local-')} on {socket.gethostname()})"
+
+
 def _open(job_dir: Path, create: bool) -> IO[str] | None:
     """The lock file, open for reading and writing (created when ``create``); None when it
     is missing and not to be created. Other errors (a read-only dir) are raised."""
@@ -142,5 +148,5 @@ def hold(job_dir: Path, job_id: str) -> IO[str] | None:
             return None
         time.sleep(HOLD_POLL_S)
     with contextlib.suppress(OSError):
-        _write(handle, f"local job {job_id} ({here()})", job_id)
+        _write(handle, local_holder(job_id), job_id)
     return handle
