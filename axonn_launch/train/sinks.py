@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import uuid
 from dataclasses import asdict
 from pathlib import Path
@@ -111,6 +112,10 @@ class WandbSink:
                  attempt: int, start_step: int, config: dict) -> None:  # fmt: skip
         import wandb
 
+        # a wandb-core service named by an inherited WANDB_SERVICE (a parent that ran wandb)
+        # outlives a killed attempt and keeps its run id open: the next attempt could not
+        # resume it. This process starts its own, which ends with it.
+        os.environ.pop("WANDB_SERVICE", None)
         self.tracker = Tracker(root)
         self.tracker.started(attempt, start_step)
         self.run = wandb.init(
