@@ -17,6 +17,7 @@ import os
 import pickle
 import re
 import subprocess
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -759,6 +760,8 @@ def diagnose(
     if diagnosis.failure in (failures.COLLECTIVE_FAILURE, failures.UNKNOWN):
         ev = evidence(job_dir, record, info, every_task=True)
         diagnosis = failures.classify(ev)
+    if diagnosis.failure == failures.UNKNOWN:  # no word left: could it write one?
+        diagnosis = unwritable_job_dir(job_dir) or diagnosis
     if last_job_id(record).startswith("local-") and diagnosis.bad_nodes:
         diagnosis = replace(diagnosis, bad_nodes=())  # one computer: nothing to leave out
     if diagnosis.failure not in (failures.COMPLETED, failures.RUNNING):
@@ -820,6 +823,23 @@ def storage_reason(job_dir: Path, diagnosis: Diagnosis) -> str:
     else:
         room += ", the next checkpoint's size is unknown (no complete checkpoint yet)"
     return f"{where} was {over} ({said}): {room}; free space, then relaunch to resume"
+
+
+def unwritable_job_dir(job_dir: Path) -> Diagnosis | None:
+    """A storage class when no file can be made in the job dir now: a job whose file
+    system turned read-only (or full) leaves no log line, no failure record and no final
+    job.json, and the file system's refusal is the only evidence. None when a file can be
+    made (the probe is removed at once), or the refusal is not the file system's."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=job_dir)
+    except OSError as error:
+        failure = failures.storage_failure(error)
+        said = f"[Errno {error.errno}] {error.strerror}: {job_dir}"
+        return Diagnosis(failure, f"a new file in the job dir: {said}") if failure else None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return None
 
 
 def errno_words(line: str) -> str:
@@ -973,13 +993,13 @@ def stragglers_of(job_dir: Path) -> dict:
 
 
 def straggler_line(row: JobStatus) -> str:
-    """``stragglers at step 300: rank 3 (n2) 2.4x the median step, ...`` ("" without)."""
+    """``stragglers at step 300: rank 3 (n2) 2.4x the median own work, ...`` ("" without)."""
     if not row.stragglers:
         return ""
     named = []
     for found in row.stragglers[:8]:
         ratio = found.get("ratio")
-        times = f" {ratio:.1f}x the median step" if isinstance(ratio, (int, float)) else ""
+        times = f" {ratio:.1f}x the median own work" if isinstance(ratio, (int, float)) else ""
         named.append(f"rank {found.get('rank')} ({found.get('node', '?')}){times}")
     more = f", {len(row.stragglers) - 8} more" if len(row.stragglers) > 8 else ""
     at = f" at step {row.straggler_step}" if row.straggler_step is not None else ""

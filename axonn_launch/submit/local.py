@@ -195,6 +195,7 @@ class WarmStart:
         self.gone = False
         self.reported = 0  # lines read from the zygote: a waiter wakes when this changes
         self.threads = 0  # the zygote's threads once its imports were done (1 expected)
+        self.refused = ""  # its one line when it would not fork (more than one thread)
         self.reader = threading.Thread(target=self.read_reports, daemon=True)
         self.reader.start()
 
@@ -208,6 +209,8 @@ class WarmStart:
                     self.pids[int(values[0])] = int(values[1])
                 elif word == "ended":
                     self.codes[int(values[0])] = int(values[1])
+                elif word == "refused":
+                    self.refused = line.split(" ", 1)[1].strip()
                 self.reported += 1
                 self.changed.notify_all()
         with self.changed:
@@ -235,7 +238,8 @@ class WarmStart:
         process's); returns once each has its pid. A zygote started before its job was
         known (``BLANK`` for its job dir) names ``job_dir`` from then on. None when the
         zygote ended first (it could not import the job side: each rank then starts
-        afresh, and fails on its own, in its own log) or a stop was asked for while it was
+        afresh, and fails on its own, in its own log; or it refused to fork with more than
+        one thread, said in one line naming them) or a stop was asked for while it was
         still importing (it is killed: fresh ranks then meet the stop at once)."""
         ranks = [
             {"rank": r, "env": env, **output_of(log)}
@@ -252,6 +256,8 @@ class WarmStart:
                 self.changed.wait(timeout=POLL_S * 5)
         if len(self.pids) < len(envs):
             self.close(kill=True)
+            if self.refused:
+                print(f"supervisor: {self.refused}", file=sys.stderr, flush=True)
             return None
         return [ForkedRank(self, self.pids[rank]) for rank in range(len(envs))]
 

@@ -11,6 +11,7 @@ How the loss is weighted and how every rank agrees: ``docs/job-side.md``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -27,6 +28,7 @@ from axonn_launch.train.health.monitor import StepMonitor
 from axonn_launch.train.metrics import MetricsLogger, StepStats, memory_gib
 from axonn_launch.train.models.gpt import clip_grad_norm_, finish_gradients
 from axonn_launch.train.models.optim import autocast, compute_dtype
+from axonn_launch.train.parallel.comm import WaitClock
 from axonn_launch.train.parallel.gemm import GemmTuner
 from axonn_launch.train.parallel.groups import Groups
 
@@ -211,14 +213,18 @@ def periodic_checkpoint(step: int, train: TrainConfig) -> bool:
 Batch = list[MicroBatch]
 
 
-def counted_labels(batches: Batch, groups: Groups, device: torch.device) -> torch.Tensor:
+def counted_labels(
+    batches: Batch, groups: Groups, device: torch.device, waits: WaitClock | None = None
+) -> torch.Tensor:
     """Labels that count in the loss over all micro-batches and ranks of one step (the
-    x*y plane members hold the same rows, so the sum runs over z and data)."""
+    x*y plane members hold the same rows, so the sum runs over z and data); the time
+    blocked in those sums goes on ``waits``."""
     count = sum((batch.targets != IGNORE_INDEX).sum() for batch in batches)
     total = torch.as_tensor(count, dtype=torch.float32, device=device).reshape(())
     for axis in ("z", "data"):
         if groups.size(axis) > 1:
-            dist.all_reduce(total, group=groups.group(axis))
+            with waits.span(total) if waits else contextlib.nullcontext():
+                dist.all_reduce(total, group=groups.group(axis))
     return total.clamp(min=1)
 
 
@@ -228,7 +234,7 @@ def run_micro_steps(
     """Forward and backward of every micro-batch of one step; returns this rank's share
     of the step's loss (the loss is the sum of the shares of one x*y plane member per
     z and data index)."""
-    normalizer = counted_labels(batches, groups, device)
+    normalizer = counted_labels(batches, groups, device, model.comm.waits)
     total = torch.zeros((), device=device)
     for inputs, targets, examples in batches:
         with autocast(device, dtype):

@@ -302,6 +302,7 @@ def step_monitor(spec: JobSpec, env: DistEnv, model: GPT, watchdog: Watchdog | N
         job_dir=spec.job_dir,
         checkpoint_bytes_per_node=checkpoint_bytes_per_node(model, env),
         rank=env.rank,
+        waits=model.comm.waits,
     )
 
 

@@ -18,6 +18,8 @@ import json
 import os
 import signal
 import sys
+import threading
+from pathlib import Path
 
 from axonn_launch.common.asmain import fork_as_main
 from axonn_launch.common.proctitle import rename_argument
@@ -26,6 +28,7 @@ PR_SET_NAME = 15
 PR_SET_PDEATHSIG = 1
 RANK_NAME = "axonn-rank-{rank}"  # the process name of a forked rank (15 bytes at most)
 ZYGOTE_NAME = "axonn-zygote"
+TASKS = "/proc/self/task"  # one entry per thread of this process (Linux)
 # What a rank imports on its way to its first step: imported once, here, before the fork
 # (not a module a rank runs as __main__: runpy warns when that is imported already).
 PRELOAD = (
@@ -148,6 +151,41 @@ def wait_all(pids: set[int], fd: int) -> None:
             report(fd, f"ended {pid} {os.waitstatus_to_exitcode(status)}")
 
 
+def other_threads() -> list[str]:
+    """Every thread of this process but the calling one, named: a Python thread as
+    ``<name> (ident <ident>, tid <tid>)``, a native one (a library's pool) as
+    ``<comm> (tid <tid>)`` (``/proc/self/task``, where Linux lists them all)."""
+    me = threading.get_native_id()
+    python = {t.native_id: t for t in threading.enumerate() if t.native_id != me}
+    tids = [int(t) for t in os.listdir(TASKS)] if os.path.isdir(TASKS) else list(python)
+    named = []
+    for tid in sorted(set(tids) | set(python)):
+        if tid == me:
+            continue
+        found = python.get(tid)
+        named.append(
+            f"{found.name} (ident {found.ident}, tid {tid})" if found else native_name(tid)
+        )
+    return named
+
+
+def native_name(tid: int) -> str:
+    try:
+        comm = Path(f"{TASKS}/{tid}/comm").read_text().strip()
+    except OSError:
+        comm = "a thread that ended"
+    return f"{comm} (tid {tid})"
+
+
+def refusal(threads: list[str]) -> str:
+    """The one line of a zygote that will not fork: which threads it has besides its own."""
+    named = ", ".join(threads)
+    return (
+        f"warm start refused: the zygote has {len(threads) + 1} threads, not 1 ({named});"
+        " forking would copy them mid-work: starting each rank afresh"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     fd = int(argv[1])
@@ -159,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     if not line.strip():
         return 0  # the supervisor ended, or abandoned the job before the ranks started
     order = json.loads(line)
+    threads = other_threads()
+    if threads:  # a fork copies no thread but this one: the others' locks stay held
+        report(fd, f"refused {refusal(threads)}")
+        return 0
     name_job(argv[0], order.get("job_dir"))
     closing = [fd]
     pids = set()

@@ -54,7 +54,17 @@ GPT_CPU = ModelSpec("gpt_cpu", n_layer=2, d_model=64, n_head=4, vocab_size=256, 
 H200_PEAK_TFLOPS = 989.0
 H200_MEMORY_GBPS = 4800.0
 FP32_REL = 1e-5  # the issue's fp32 tolerance
-BF16_REL = 2e-2  # tests/train/parallel/test_bf16_grids.py's per-step tolerance
+BF16_REL = 2e-2  # the loss: tests/train/parallel/test_bf16_grids.py's per-step tolerance
+# The gradients of one bf16 step against the fp32 reference, as one relative norm
+# ||g_bf16 - g_fp32|| / ||g_fp32|| over every parameter. bf16 keeps 8 significant bits:
+# unit roundoff u = 2^-8 (torch.finfo(torch.bfloat16).eps / 2). Autocast rounds every
+# GEMM's operands to bf16 (fp32 accumulation and master weights), forward and backward, so
+# each gradient carries a few u of independent roundings: measured on CPU autocast, 3.7e-3
+# (gpt_tiny) and 3.9e-3 (llama_tiny), about 1 u. The bound is 8 u = 2^-5 = 3.1e-2: room
+# for GPU kernels that round more (attention's probabilities in bf16 before P.V, fused
+# kernels' bf16 outputs), while a wrong gradient (a lost scale, a missed reduction, a
+# stale cast) is off by O(1).
+BF16_GRAD_REL = 8 * 2.0**-8
 
 
 class StageStop(RuntimeError):
@@ -298,17 +308,16 @@ def step_against_cpu(ctx: Context, spec: ModelSpec) -> dict:
     x, y = tokens[:, :-1], tokens[:, 1:]
     ref_loss, ref_grads = loss_and_grads(spec, torch.device("cpu"), torch.float32, x, y)
     out = {}
-    for label, dtype, tol in (
-        ("fp32", torch.float32, FP32_REL),
-        ("bf16", torch.bfloat16, BF16_REL),
+    for label, dtype, tol, grad_tol in (
+        ("fp32", torch.float32, FP32_REL, FP32_REL),
+        ("bf16", torch.bfloat16, BF16_REL, BF16_GRAD_REL),  # --cpu: CPU autocast's bf16
     ):
-        if ctx.cpu and dtype == torch.bfloat16:
-            dtype = torch.float32  # the --cpu run checks the path, not bf16 on a CPU
         loss, grads = loss_and_grads(spec, ctx.device, dtype, x, y)
         loss_rel = abs(loss - ref_loss) / abs(ref_loss)
         grad_rel = float((grads - ref_grads).norm() / ref_grads.norm())
         out[label] = {"loss_rel": loss_rel, "grad_rel": grad_rel, "tolerance": tol,
-                      "ok": loss_rel <= tol and (label == "bf16" or grad_rel <= tol)}  # fmt: skip
+                      "grad_tolerance": grad_tol,
+                      "ok": loss_rel <= tol and grad_rel <= grad_tol}  # fmt: skip
     return out
 
 

@@ -1,7 +1,8 @@
 """The warm start of local jobs (``train/zygote.py``, ``submit/local.py``): ranks forked from
 one process that imported the job side train exactly as ranks that each start Python
 afresh (``AXONN_RANK_START=exec``), each is a process of its own with its own name and log,
-and the process they fork from had one thread when it forked.
+and the process they fork from had one thread when it forked: one with more refuses to fork,
+in one line naming them, and the ranks start afresh.
 
 The run of each kind is made once (module fixtures) and read by every test.
 """
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -75,6 +78,7 @@ def test_a_forked_rank_gets_its_exit_code_and_its_log(tmp_path):
     ``axonn-rank-<N>``, and kills one.)"""
     warm = local.WarmStart(tmp_path, env={**os.environ})
     ranks = local.start_ranks(job_dir=tmp_path, world_size=2, warm=warm)
+    assert all(isinstance(r, local.ForkedRank) for r in ranks)  # forked: no refusal
     codes = [rank.wait(timeout=120) for rank in ranks]
     warm.close()
     assert codes == [1, 1] and [r.returncode for r in ranks] == [1, 1]
@@ -104,6 +108,45 @@ def test_ranks_start_afresh_when_the_zygote_cannot_import(tmp_path):
     assert [p.wait(timeout=120) for p in procs] == [1, 1]
     assert warm.process.poll() is not None
     assert "this torch is broken" in (tmp_path / "logs" / "rank_1.log").read_text()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS starts no pool on one core")
+def test_a_zygote_with_a_second_thread_refuses_to_fork_in_one_line(tmp_path, capsys):
+    """A user's ``OPENBLAS_NUM_THREADS=2`` (the supervisor sets 1 only when it is unset):
+    numpy's OpenBLAS starts a worker thread in the zygote as torch imports it, a native
+    thread that no test hook makes. The zygote does not fork over it: one line names it
+    (its tid and name), and the rank starts afresh, which also honours the user's setting
+    (here it fails on its own, code 1: the job dir has no spec.json). One rank: each
+    fresh one imports torch."""
+    extra = {"OPENBLAS_NUM_THREADS": "2"}
+    warm = local.WarmStart(tmp_path, env={**os.environ, **extra})
+    (proc,) = local.start_ranks(job_dir=tmp_path, world_size=1, env=extra, warm=warm)
+    assert isinstance(proc, subprocess.Popen)  # the fresh way
+    assert proc.wait(timeout=120) == 1
+    assert warm.process.poll() is not None and warm.pids == {}  # it forked nothing
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("supervisor: warm start refused: the zygote has 2 threads, not 1 ("), (
+        line
+    )
+    assert re.search(r"\(\S+ \(tid \d+\)\)", line), line  # the pool's thread, by name and tid
+    assert line.endswith("starting each rank afresh"), line
+
+
+def test_the_refusal_names_a_python_thread_by_name_and_ident():
+    """A thread started with ``threading`` (a library's helper, a sink's writer) is named
+    as Python knows it: its name and ident, with its tid."""
+    from axonn_launch.train import zygote
+
+    release = threading.Event()
+    worker = threading.Thread(target=release.wait, name="a-sink-writer")
+    worker.start()
+    try:
+        named = zygote.other_threads()
+    finally:
+        release.set()
+        worker.join()
+    assert f"a-sink-writer (ident {worker.ident}, tid {worker.native_id})" in named, named
+    assert f"a-sink-writer (ident {worker.ident}" not in " ".join(zygote.other_threads())
 
 
 # --- the early start: the supervisor and its zygote start before the launcher composes -----

@@ -213,6 +213,7 @@ class Checkpointer:
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
+        _fsync_dir(self.root)
         self.faults.hit("rename")
         _atomic_write_text(self.root / LATEST, name)
         _prune(self.root, self.keep)
@@ -255,6 +256,18 @@ def _atomic_write_text(path: Path, text: str) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(part, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make the renames in directory ``path`` durable: a file system that stops
+    committing (ext4 turning read-only on an error, a crash) would otherwise come back
+    without them (``latest`` lost, a resume from step 0 beside a complete checkpoint)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def remove_stale_saves(root: Path) -> None:

@@ -1,21 +1,27 @@
-"""What the training loop tells the watchdog, and the ranks' compute times.
+"""What the training loop tells the watchdog, and the ranks' own work per step.
 
 ``StepMonitor`` is the loop's one handle on both: it moves the watchdog
 (``train/health/watchdog.py``) through each step's sections with the step's deadline, lowers
 the collectives' timeout once start-up is over, and every ``train.stragglers.every``
-steps gathers each rank's compute time per step and names the stragglers (rank 0 logs
-them, writes ``stragglers.json`` and adds them to the next metrics row and the summary).
+steps gathers each rank's own work per step and names the ranks that are slow in two
+exchanges in a row (rank 0 logs them, writes ``stragglers.json`` and adds them to the
+next metrics row and the summary).
 
-A rank's compute time of a step runs from the step's start until it enters the
-step-boundary all-reduce, so the time it waits there for slower peers is left out. On a
-GPU it is read from CUDA events recorded at those two points (no synchronization in the
-step; the events are read at the exchange), on a CPU from the wall clock.
+A rank's own work in a step is the time from the step's start until it enters the
+step-boundary all-reduce, less the time it spent blocked in any collective on the way
+(every tensor-parallel, z and data collective and every wait on an asynchronous handle:
+``Comm.waits``, ``train/parallel/comm.py``). A slow rank keeps its peers waiting inside
+those collectives, so their spans grow with its own, but their own work does not: the
+slow rank shows little blocked time and a long own work, its peers the reverse. On a GPU
+both the step's span and the blocked spans are read from CUDA events (no synchronization
+in the step; the events are read at the exchange), on a CPU from the wall clock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import statistics
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -30,29 +36,35 @@ from axonn_launch.train.health.watchdog import (
     checkpoint_deadline,
     collective_timeout,
     eval_deadline,
+    persistent,
     step_deadline,
     straggler_line,
     straggler_report,
     write_stragglers,
 )
+from axonn_launch.train.parallel.comm import WaitClock
 from axonn_launch.train.parallel.groups import Groups
 
 log = logging.getLogger(__name__)
 
 
-class ComputeClock:
-    """Each step's compute seconds since the last ``take`` (see the module docstring)."""
+class WorkClock:
+    """Each step's own work and blocked seconds since the last ``take`` (see the module
+    docstring); ``waits`` is the comm layer's clock of time blocked in collectives."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, waits: WaitClock | None = None) -> None:
         self.cuda = device.type == "cuda"
-        self.pending: list = []  # (start, end) pairs: perf_counter floats or CUDA events
+        self.waits = waits if waits is not None else WaitClock()
+        self.pending: list = []  # (start, end, Waited): perf_counter floats or CUDA events
         self.start: object = None
+        self.first = True  # the next take holds the attempt's first step
 
     def begin(self) -> None:
+        self.waits.cut()  # what was blocked outside a step (evaluation, saves) is not its
         self.start = self.now()
 
     def end(self) -> None:
-        self.pending.append((self.start, self.now()))
+        self.pending.append((self.start, self.now(), self.waits.cut()))
 
     def now(self) -> object:
         if not self.cuda:
@@ -61,11 +73,19 @@ class ComputeClock:
         event.record()
         return event
 
-    def take(self) -> list[float]:
-        pairs, self.pending = self.pending, []
-        if self.cuda:
-            return [start.elapsed_time(end) / 1000 for start, end in pairs]
-        return [end - start for start, end in pairs]
+    def take(self) -> list[tuple[float, float]]:
+        """``(own work, blocked)`` seconds of each step since the last ``take``; the first
+        step of the attempt is left out (allocations, lazy start-up, GEMM tuning)."""
+        steps, self.pending = self.pending, []
+        if self.first and len(steps) > 1:
+            steps = steps[1:]
+        self.first = False
+        found = []
+        for start, end, waited in steps:
+            span = start.elapsed_time(end) / 1000 if self.cuda else end - start
+            blocked = waited.seconds()
+            found.append((max(span - blocked, 0.0), blocked))
+        return found
 
 
 class StepMonitor:
@@ -79,9 +99,10 @@ class StepMonitor:
         job_dir: str = "",
         checkpoint_bytes_per_node: float = 0.0,
         rank: int = 0,
+        waits: WaitClock | None = None,
     ) -> None:
         self.watchdog, self.stragglers, self.groups = watchdog, stragglers, groups
-        self.clock = ComputeClock(device)
+        self.clock = WorkClock(device, waits)
         self.device = device
         self.job_dir, self.rank = job_dir, rank
         self.checkpoint_bytes = checkpoint_bytes_per_node
@@ -89,6 +110,7 @@ class StepMonitor:
         self.timeouts_lowered = False
         self.nodes: list[str] | None = None
         self.reports: list[dict] = []  # the exchanges that named someone
+        self.suspects: set[int] = set()  # ranks over the bar at the last exchange
 
     # the watchdog's sections
 
@@ -148,19 +170,22 @@ class StepMonitor:
     # stragglers
 
     def exchange(self, step: int, logger) -> None:
-        """Collective over the world: every rank's mean compute seconds per step since
-        the last exchange; rank 0 names the stragglers."""
-        times = self.clock.take()
-        mine = sum(times) / len(times) if times else 0.0
+        """Collective over the world: every rank's median own work and blocked seconds
+        per step since the last exchange (a median, so that one step in which the
+        operating system paused a rank does not name it); rank 0 names the stragglers."""
+        steps = self.clock.take() or [(0.0, 0.0)]
+        mine = [statistics.median(w for w, _ in steps), statistics.median(b for _, b in steps)]
         world = dist.get_world_size() if dist.is_initialized() else 1
         if world == 1:
             return
         if self.nodes is None:
             self.nodes = [""] * world
             dist.all_gather_object(self.nodes, node_name(), group=self.groups.world)
-        gathered = [torch.zeros(1, device=self.device) for _ in range(world)]
-        dist.all_gather(gathered, torch.tensor([mine], device=self.device), self.groups.world)
-        report = straggler_report([float(t) for t in gathered], self.nodes, self.stragglers, step)
+        gathered = [torch.zeros(2, device=self.device) for _ in range(world)]
+        dist.all_gather(gathered, torch.tensor(mine, device=self.device), self.groups.world)
+        work, blocked = ([float(t[i]) for t in gathered] for i in (0, 1))
+        report = straggler_report(work, self.nodes, self.stragglers, step, blocked=blocked)
+        report, self.suspects = persistent(report, self.suspects)
         if report["stragglers"] and self.rank == 0:
             self.reports.append(report)
             log.warning(straggler_line(report))

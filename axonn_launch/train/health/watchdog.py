@@ -336,31 +336,61 @@ def straggler_scores(times: list[float]) -> tuple[float, list[tuple[float, float
     return statistics.median(times), scored
 
 
-def straggler_report(times: list[float], nodes: list[str], cfg: StragglerConfig, step: int) -> dict:
-    """``{"step", "median_s", "stragglers": [...]}`` for the ranks' compute seconds per
-    step ``times`` (index = rank); a straggler scores over ``threshold`` and takes at
-    least ``min_ratio`` times the median."""
+def straggler_report(
+    times: list[float],
+    nodes: list[str],
+    cfg: StragglerConfig,
+    step: int,
+    *,
+    blocked: list[float] | None = None,
+) -> dict:
+    """``{"step", "median_s", "median_blocked_s", "stragglers": [...]}`` for the ranks' own
+    work seconds per step ``times`` and blocked seconds per step ``blocked`` (index =
+    rank); a straggler's own work scores over ``threshold`` and takes at least
+    ``min_ratio`` times the median. Its blocked time is reported beside it: the slow rank
+    waits least, its peers most (``train/health/monitor.py``)."""
+    waits = blocked if blocked is not None else [0.0] * len(times)
     median, scored = straggler_scores(times)
     named = [
         {
             "rank": rank,
             "node": nodes[rank],
             "compute_s": round(t, 6),
+            "blocked_s": round(waits[rank], 6),
             "ratio": round(t / reference, 2) if reference > 0 else None,
             "score": round(score, 1),
         }
         for rank, (t, (reference, score)) in enumerate(zip(times, scored, strict=True))
         if score > cfg.threshold and t >= cfg.min_ratio * reference
     ]
-    return {"step": step, "median_s": round(median, 6), "stragglers": named}
+    return {
+        "step": step,
+        "median_s": round(median, 6),
+        "median_blocked_s": round(statistics.median(waits), 6) if waits else 0.0,
+        "stragglers": named,
+    }
+
+
+def persistent(report: dict, suspects: set[int]) -> tuple[dict, set[int]]:
+    """``report`` naming only the ranks that were over the bar at the previous exchange
+    too (``suspects``), and this exchange's ranks over the bar: a rank is named when it
+    is slow in two windows in a row, so that a window in which the operating system
+    happened to pause it (or start-up) names nobody."""
+    over = {s["rank"] for s in report["stragglers"]}
+    kept = [s for s in report["stragglers"] if s["rank"] in suspects]
+    return report | {"stragglers": kept}, over
 
 
 def straggler_line(report: dict) -> str:
     named = ", ".join(
-        f"rank {s['rank']} ({s['node']}) {s['compute_s']:.3f} s/step, {s['ratio']}x"
+        f"rank {s['rank']} ({s['node']}) {s['compute_s']:.3f} s/step of own work,"
+        f" {s['ratio']}x, blocked {s.get('blocked_s', 0.0):.3f} s"
         for s in report["stragglers"]
     )
-    return f"stragglers at step {report['step']}: {named} (median {report['median_s']:.3f} s)"
+    return (
+        f"stragglers at step {report['step']}: {named} (median own work"
+        f" {report['median_s']:.3f} s, blocked {report.get('median_blocked_s', 0.0):.3f} s)"
+    )
 
 
 def write_stragglers(job_dir: str | Path, report: dict) -> None:

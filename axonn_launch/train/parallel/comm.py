@@ -2,7 +2,10 @@
 
 A ``Comm`` wraps the grid's ``Groups``: collectives are addressed by axis name and
 skipped over a group of size one. A ``Recorder`` logs each collective so tests can count
-them. ``resolve_wire`` is the one place where the wire dtypes' "auto" is decided.
+them. ``resolve_wire`` is the one place where the wire dtypes' "auto" is decided. A
+``WaitClock`` adds up the time this rank spends blocked in collectives (every call and
+every wait on a handle), which the straggler measure subtracts from the step
+(``train/health/monitor.py``).
 
 Record conventions, wire dtypes and gloo's reduce-scatter fallback: ``docs/job-side.md``
 ("train/parallel/comm.py").
@@ -10,6 +13,7 @@ Record conventions, wire dtypes and gloo's reduce-scatter fallback: ``docs/job-s
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -107,16 +111,77 @@ class Recorder:
         self.records.clear()
 
 
-class Handle:
-    """A collective in flight; ``wait()`` completes it and any copy-out it needs."""
+class WaitClock:
+    """The seconds this rank spent blocked in collectives since the last ``take``.
 
-    def __init__(self, work=None, finish: Callable[[], None] | None = None) -> None:
+    On a CPU a span is the host's wall time inside the call (gloo blocks the caller until
+    the collective is done, or until ``wait()`` returns for an asynchronous one). On a GPU
+    a span is read from two CUDA events recorded on the current stream around the call:
+    NCCL/RCCL return at once and make that stream wait, so the events' distance is the
+    time the stream, not the host, was held up (read later, from ``cut``'s ``Waited``: no
+    synchronization in the step).
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0  # host spans since the last cut
+        self.events: list = []  # (start, end) CUDA event pairs
+
+    @contextmanager
+    def span(self, tensor: torch.Tensor | None = None) -> Iterator[None]:
+        if tensor is not None and tensor.is_cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.events.append((start, end))
+            return
+        began = time.perf_counter()
+        yield
+        self.seconds += time.perf_counter() - began
+
+    def cut(self) -> Waited:
+        """The blocked time since the last ``cut``, to be read once its events are done."""
+        waited = Waited(self.seconds, self.events)
+        self.seconds, self.events = 0.0, []
+        return waited
+
+
+@dataclass(frozen=True)
+class Waited:
+    """Blocked time: host seconds and CUDA event pairs (read by ``seconds()`` once the
+    stream has passed them, e.g. after the step-boundary all-reduce's result is read)."""
+
+    host: float = 0.0
+    events: list = field(default_factory=list)
+
+    def seconds(self) -> float:
+        return self.host + sum(start.elapsed_time(end) for start, end in self.events) / 1000
+
+
+class Handle:
+    """A collective in flight; ``wait()`` completes it and any copy-out it needs, on
+    ``clock`` (the time blocked in it)."""
+
+    def __init__(
+        self,
+        work=None,
+        finish: Callable[[], None] | None = None,
+        *,
+        clock: WaitClock | None = None,
+        tensor: torch.Tensor | None = None,
+    ) -> None:
         self._work = work
         self._finish = finish
+        self._clock, self._tensor = clock, tensor
 
     def wait(self) -> None:
         if self._work is not None:
-            self._work.wait()
+            if self._clock is None:
+                self._work.wait()
+            else:
+                with self._clock.span(self._tensor):
+                    self._work.wait()
             self._work = None
         if self._finish is not None:
             self._finish()
@@ -143,6 +208,22 @@ class Comm:
         self.groups = groups
         self.recorder = recorder
         self._rs_fallback = reduce_scatter_fallback
+        self.waits = WaitClock()
+
+    def _issue(
+        self,
+        launch: Callable[[], object],
+        tensor: torch.Tensor,
+        async_op: bool,
+        finish: Callable[[], None] | None = None,
+    ) -> Handle:
+        """Start a collective: a synchronous one is timed as blocked here, an asynchronous
+        one when its handle is waited on."""
+        if async_op:
+            return Handle(launch(), finish, clock=self.waits, tensor=tensor)
+        with self.waits.span(tensor):
+            work = launch()
+        return Handle(work, finish)
 
     @contextmanager
     def recording(self, recorder: Recorder | None = None) -> Iterator[Recorder]:
@@ -178,10 +259,12 @@ class Comm:
         self._record("all_reduce" if op == "sum" else f"all_reduce_{op}", axis, tensor.numel(),
                      tensor.dtype, tag)  # fmt: skip
         reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
-        work = dist.all_reduce(
-            tensor, op=reduce_op, group=self.groups.group(axis), async_op=async_op
+        group = self.groups.group(axis)
+        return self._issue(
+            lambda: dist.all_reduce(tensor, op=reduce_op, group=group, async_op=async_op),
+            tensor,
+            async_op,
         )
-        return Handle(work)
 
     def all_reduce_in(
         self, tensor: torch.Tensor, group: dist.ProcessGroup | None, *, axis: str, tag: str = ""
@@ -194,7 +277,8 @@ class Comm:
         if self.recorder is not None:
             self.recorder.add(CommRecord("all_reduce", axis, size, tensor.numel(), tensor.dtype,
                                          tag))  # fmt: skip
-        dist.all_reduce(tensor, group=group)
+        with self.waits.span(tensor):
+            dist.all_reduce(tensor, group=group)
 
     def all_reduce_as(
         self, tensor: torch.Tensor, axis: str, dtype: torch.dtype, *, tag: str = "",
@@ -233,8 +317,8 @@ class Comm:
         out = shard.new_empty((p * shard.shape[0], *shard.shape[1:]))
         self._record("all_gather", axis, out.numel(), shard.dtype, tag)
         group = self.groups.group(group_name or axis)
-        work = _all_gather_single(out, shard, group=group, async_op=async_op)
-        return out, Handle(work)
+        launch = lambda: _all_gather_single(out, shard, group=group, async_op=async_op)  # noqa: E731
+        return out, self._issue(launch, out, async_op)
 
     def reduce_scatter(
         self,
@@ -258,11 +342,11 @@ class Comm:
         group = self.groups.group(axis)
         out = full.new_empty((full.shape[0] // p, *full.shape[1:]))
         if not self._use_rs_fallback(group):
-            work = _reduce_scatter_single(out, full, group=group, async_op=async_op)
-            return out, Handle(work)
-        work = dist.all_reduce(full, group=group, async_op=async_op)
+            launch = lambda: _reduce_scatter_single(out, full, group=group, async_op=async_op)  # noqa: E731
+            return out, self._issue(launch, out, async_op)
         chunk = full.chunk(p, dim=0)[self.index(axis)]
-        handle = Handle(work, finish=lambda: out.copy_(chunk))
+        launch = lambda: dist.all_reduce(full, group=group, async_op=async_op)  # noqa: E731
+        handle = self._issue(launch, full, async_op, finish=lambda: out.copy_(chunk))
         if not async_op:
             handle.wait()
         return out, handle
