@@ -8,8 +8,9 @@ The jobs of all scenarios are submitted together by one fixture and run side by 
 then every scenario is driven at once (the ``wave`` fixture: fault, ``jobs status``,
 resubmission and the resumed job's end, each scenario in a thread), and each test raises
 what its scenario's checks raised. A lost node (``node_failure``, its node left out of the
-next attempt) is tests/slurm/test_recovery.py's, by the recovery chain itself, and
-tests/slurm/test_restart_in_place.py's, inside the job. External faults (kill -9, scancel)
+next attempt) is tests/slurm/test_recovery.py's, a node whose slurmd stops for real
+(``node.sh stop``), healed by the recovery chain, and tests/slurm/test_restart_in_place.py's,
+a node set DOWN, healed inside the job (tests/README.md). External faults (kill -9, scancel)
 act while the job sleeps after step 9 (``pause``), so the latest checkpoint is step 8.
 """
 
