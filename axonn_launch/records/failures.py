@@ -31,7 +31,7 @@ from __future__ import annotations
 import errno
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -336,13 +336,19 @@ class Diagnosis:
 
     @property
     def action(self) -> str:
-        return ACTIONS[self.failure]
+        return excluding_only_named(ACTIONS[self.failure], self.bad_nodes)
 
     @property
     def in_own_words(self) -> bool:
         """The reason is the diagnosing record's own (a hang, a non-finite step, a rank the
         OOM killer killed), which ``jobs status`` shows as it is."""
         return self.failure in DIAGNOSED_CLASSES or (self.failure == HOST_OOM and bool(self.detail))
+
+
+def excluding_only_named(action: str, nodes: Sequence[str]) -> str:
+    """A resume that would leave out no node is a plain resume (a hang whose watchdogs
+    named no rank, docs/recovery.md)."""
+    return RESUME if action == RESUME_EXCLUDING and not nodes else action
 
 
 def chain_action(failure: str, policy: Mapping[str, str] | None = None) -> str:
@@ -636,7 +642,7 @@ def _with_nodes(diagnosis: Diagnosis, ev: Evidence) -> Diagnosis:
     hang's or a non-finite step's log line says)."""
     if diagnosis.failure == NON_FINITE:
         return replace(diagnosis, detail=_non_finite_said(diagnosis.reason))
-    if diagnosis.action != RESUME_EXCLUDING:
+    if ACTIONS[diagnosis.failure] != RESUME_EXCLUDING:
         return diagnosis
     if diagnosis.failure == HANG:
         detail = _hang_said(ev)

@@ -379,13 +379,33 @@ def slow_nodes_of(preflight: dict | None) -> list[str]:
 # --- the scheduler's view ------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class SchedulerView:
+    """What Slurm said of the jobs: their states, and why it could not be asked at all
+    (``unreachable``: neither sacct nor squeue answered; '' when one did)."""
+
+    infos: dict[str, SchedulerInfo] = field(default_factory=dict)
+    unreachable: str = ""
+
+
 def scheduler_states(job_ids: list[str]) -> dict[str, SchedulerInfo]:
     """State of every Slurm job in ``job_ids``: one sacct call, or squeue without accounting."""
+    return scheduler_view(job_ids).infos
+
+
+def scheduler_view(job_ids: list[str]) -> SchedulerView:
+    """The states of the Slurm jobs in ``job_ids``: one sacct call, or squeue without
+    accounting; when neither answers, no state at all and why (never an empty queue)."""
     ids = sorted({j for j in job_ids if j and not j.startswith("local-")})
     if not ids:
-        return {}
-    states = sacct_states(ids)
-    return states if states is not None else squeue_states(ids)
+        return SchedulerView()
+    out, sacct_said = command_result([*slurmtext.sacct_command(ids), "--duplicates"])
+    if out is not None:
+        return SchedulerView(sacct_infos(out))
+    queued, squeue_said = command_result(slurmtext.squeue_command())
+    if queued is None:
+        return SchedulerView({}, f"squeue: {squeue_said}; sacct: {sacct_said}")
+    return SchedulerView(squeue_infos(queued, ids))
 
 
 def sacct_states(job_ids: list[str]) -> dict[str, SchedulerInfo] | None:
@@ -445,17 +465,30 @@ def start_words(when: str, why: str) -> str:
 
 def squeue_states(job_ids: list[str]) -> dict[str, SchedulerInfo]:
     """Queued and running jobs only; a job squeue does not list has ended."""
-    rows = slurmtext.parse_squeue(command_output(slurmtext.squeue_command()) or "")
-    wanted = set(job_ids)
+    return squeue_infos(command_output(slurmtext.squeue_command()) or "", job_ids)
+
+
+def squeue_infos(text: str, job_ids: list[str]) -> dict[str, SchedulerInfo]:
+    """The rows of ``squeue`` output ``text`` for ``job_ids``."""
+    rows, wanted = slurmtext.parse_squeue(text), set(job_ids)
     return {job: SchedulerInfo(r.state, "", r.nodelist) for job, r in rows.items() if job in wanted}
 
 
 def command_output(command: list[str]) -> str | None:
+    return command_result(command)[0]
+
+
+def command_result(command: list[str]) -> tuple[str | None, str]:
+    """(stdout, '') of a command that succeeded; (None, why) of one that did not run,
+    timed out or failed: its last line on stderr, or its exit code."""
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return None, str(error)
+    if proc.returncode == 0:
+        return proc.stdout, ""
+    said = proc.stderr.strip().splitlines()
+    return None, said[-1][:200] if said else f"exit code {proc.returncode}"
 
 
 # --- evidence from the job directory -------------------------------------------------------
@@ -978,9 +1011,10 @@ def action_of(
     named = [str(s.get("node", "")) for s in stragglers["stragglers"]]
     named = named if settings.get("exclude_stragglers") else []
     new = [n for n in named if NODE_NAME.fullmatch(n) and n not in diagnosis.bad_nodes]
-    if action == failures.RESUME and (slow_nodes_of(preflight) or new):
+    resumes = action in (failures.RESUME, failures.RESUME_EXCLUDING)
+    if resumes and (slow_nodes_of(preflight) or new):
         return failures.RESUME_EXCLUDING
-    return action
+    return failures.excluding_only_named(action, diagnosis.bad_nodes)
 
 
 def stragglers_of(job_dir: Path) -> dict:

@@ -100,6 +100,15 @@ def test_every_watchdog_record_counts_and_the_earliest_says_where():
     assert diagnosis.bad_nodes == ("n2", "n1")
 
 
+def test_a_hang_with_no_suspect_is_a_plain_resume_and_one_with_a_suspect_excludes_it():
+    """docs/recovery.md: a hang whose watchdogs named no rank resumes without leaving out
+    any node (the action printed says so, not ``resume_exclude``)."""
+    nobody = classify(evidence(hang_record(suspects=[])))
+    assert (nobody.failure, nobody.bad_nodes, nobody.action) == (failures.HANG, (), "resume")
+    named = classify(evidence(hang_record(suspects=[{"rank": 3, "node": "n2"}])))
+    assert (named.bad_nodes, named.action) == (("n2",), "resume_exclude")
+
+
 def test_storage_and_gpu_faults_still_come_first():
     disk = {"rank": 0, "host": "n1", "time": 90.0, "exception": "OSError: [Errno 28] No space"
             " left on device: '/scratch/job/checkpoints/.tmp_step_100/__0_0.distcp'"}  # fmt: skip
@@ -185,8 +194,9 @@ def test_status_shows_where_a_local_run_hung_and_leaves_out_no_node(tmp_path):
     suspect = [{"rank": 2, "node": "laptop"}]
     job_dir, record = local_job(tmp_path, hang_record(suspects=suspect, time=stamp))
     row = status.job_status(job_dir, record, None, None)
-    assert (row.failure, row.action) == (failures.HANG, failures.RESUME_EXCLUDING)
-    assert row.bad_nodes == []  # one computer: nothing to leave out
+    # one computer: nothing to leave out, so the action is a plain resume
+    assert (row.failure, row.action) == (failures.HANG, failures.RESUME)
+    assert row.bad_nodes == []
     assert "section compute of step 113" in row.reason and "rank 2 (laptop)" in row.reason
     assert row.reason.endswith(f"stacks in {STACKS}") and row.detail["suspects"] == suspect
 
