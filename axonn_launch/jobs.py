@@ -36,6 +36,7 @@ from axonn_launch.records.status import (
     pack_lines,
     runs,
     straggler_line,
+    unreachable_line,
 )
 from axonn_launch.submit import chain
 from axonn_launch.submit.resubmit import resubmit_one
@@ -86,17 +87,19 @@ def format_table(rows: list[JobStatus]) -> str:
 
 
 def status_main(args: argparse.Namespace) -> int:
-    rows = collect(args.paths or [DEFAULT_ROOT])
+    rows = collect(args.paths or [DEFAULT_ROOT], later_attempts=True)
     if not args.attempts:
         rows = runs(rows)  # a run that recovered itself is one row (--attempts: the chain)
-    for row in rows:  # an ended run's goodput goes beside its curves, once
-        if row.goodput and row.step:
-            said = curves.log_goodput(Path(row.run_dir or row.job_dir), row.goodput, row.step)
-            if said:
-                print(f"warning: {said}", file=sys.stderr)
+    for root in {r.run_dir for r in rows if r.run_state == chain.DONE}:
+        chain.settle_done(Path(root))  # chain.state says done from now on
+    for said in curves.log_ended_runs(rows):  # an ended run's goodput beside its curves, once
+        print(f"warning: {said}", file=sys.stderr)
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=2))
         return 0
+    said = unreachable_line(rows)
+    if said:
+        print(said)
     print(format_table(rows))
     for row in rows:
         who = shown_dir(row.job_dir) if row.state == UNREADABLE_STATE else row.job_id
@@ -112,7 +115,7 @@ def notes(row: JobStatus) -> list[str]:
     after a finished training, and its slow nodes."""
     if row.state == UNREADABLE_STATE:  # job.json failed its schema: that is all there is
         return list(row.problems)
-    lines = []
+    lines = [row.reason] if row.unreachable else []  # its last known state and age
     if row.resubmitted_as:
         lines.append(f"resubmitted as {row.resubmitted_as}")
         if row.failure in failures.DIAGNOSED_CLASSES and row.reason:  # what the ranks saw
@@ -171,7 +174,7 @@ def resubmit_main(args: argparse.Namespace) -> int:
         )
         return 2
     failed = 0
-    for status in collect(args.paths or [DEFAULT_ROOT]):
+    for status in collect(args.paths or [DEFAULT_ROOT], later_attempts=True):
         if status.state == UNREADABLE_STATE:  # nothing to act on: say so, go on
             failed += 1
             print(f"error {status.job_dir}: {status.reason}", flush=True)

@@ -7,7 +7,9 @@ Everything but ``top``, ``output`` and ``calibration`` is a Hydra override, comp
 launcher composes it: ``machine.hardware.*``, ``model.*`` and ``train.*`` can be changed
 too. ``calibration=`` is a file from ``axonn_launch.calibrate``. Below the table: the best
 grid's checkpoint interval (``train.checkpoint_every=auto``, Young/Daly) and expected goodput
-(``cost/expected_goodput.py``), also under ``checkpointing`` in ``output=json``.
+(``cost/expected_goodput.py``), also under ``checkpointing`` in ``output=json``; on a Slurm
+machine, the spare nodes' node-hours next to the goodput with and without them
+(``recovery.spare_nodes``, ``queue_wait_h=``), under ``spares``.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from axonn_launch.usage import help_page, run_tool, wants_help
 
 # --------------------------------------------------------------------------- CLI
 
-PLAN_KEYS = ("top", "output", "calibration")
+PLAN_KEYS = ("top", "output", "calibration", "queue_wait_h")
 
 
 def help_text() -> str:
@@ -74,6 +76,8 @@ KEYS = [
     ("top=K", "how many grids to print (default 5)"),
     ("output=table|json", "aligned columns (default) or JSON"),
     ("calibration=FILE", "measurements from python -m axonn_launch.calibrate"),
+    ("queue_wait_h=H", "hours a new job waits after a failure (default 1): what spares save"),
+    ("recovery.spare_nodes=K", "spare nodes whose node-hours and goodput plan shows"),
     ("train.KEY=VALUE", "any training key: global_batch, seq_len, micro_batch (pins it)"),
     ("machine.hardware.KEY=VALUE", "any hardware number, e.g. inter_node_gbps=50"),
     ("--debug", "show the traceback of an error"),
@@ -95,6 +99,17 @@ class PlanArgs:
     output: str  # table | json
     calibration: Calibration | None
     overrides: tuple[str, ...] = ()  # the Hydra overrides as given, for the launch command
+    spares: Spares | None = None  # None: the machine has no scheduler to hold spare nodes
+
+
+@dataclass(frozen=True)
+class Spares:
+    """What ``plan`` prices spare nodes with (``spare_lines``)."""
+
+    nodes: int  # recovery.spare_nodes, as composed (0: plan shows 1, as a what-if)
+    restarts: int  # recovery.in_job_restarts
+    queue_wait_s: float
+    queue_wait_given: bool
 
 
 def parse_args(argv: list[str]) -> PlanArgs:
@@ -130,7 +145,24 @@ def parse_args(argv: list[str]) -> PlanArgs:
         if own.get("calibration")
         else None,
         overrides=tuple(overrides),
+        spares=spares_of(cfg, own.get("queue_wait_h")),
     )
+
+
+def spares_of(cfg, queue_wait_h: str | None) -> Spares | None:
+    """Spare nodes as composed, on a machine whose scheduler can hold them (Slurm)."""
+    if cfg.machine.scheduler != "slurm":
+        return None
+    wait_s = expected_goodput.DEFAULT_QUEUE_WAIT_S
+    if queue_wait_h is not None:
+        try:
+            wait_s = float(queue_wait_h) * expected_goodput.HOUR_S
+        except ValueError:
+            wait_s = -1.0
+        if not wait_s >= 0:
+            raise PlanError(f"queue_wait_h={queue_wait_h!r}: must be a number of hours >= 0")
+    return Spares(nodes=cfg.recovery.spare_nodes, restarts=cfg.recovery.in_job_restarts,
+                  queue_wait_s=wait_s, queue_wait_given=queue_wait_h is not None)  # fmt: skip
 
 
 def read_calibration(path: str, base: Calibration | None = None) -> Calibration:
@@ -207,7 +239,8 @@ def plan_report(args: PlanArgs) -> tuple[str, bool]:
         return f"{header}\n{why}", False
     table = format_table(rows, hw.peak_tflops_per_gpu)
     lines = [header, table, job_start_line(args, rows[0].grid)]
-    lines += checkpoint_lines(checkpointing(args, rows[0], nodes), args.machine) + [legend(hw)]
+    ck = checkpointing(args, rows[0], nodes)
+    lines += checkpoint_lines(ck, args.machine) + spare_lines(args, ck) + [legend(hw)]
     lines += [calibration_note(args), *input_lines(args, rows[0])]
     lines += launch_lines(args, rows[0], nodes)
     return "\n".join(lines), True
@@ -429,6 +462,39 @@ def checkpoint_lines(
     ]
 
 
+def spare_cost(
+    args: PlanArgs, ck: expected_goodput.Checkpointing | None
+) -> expected_goodput.SpareCost | None:
+    """The spares' node-hours and goodput (``cost/expected_goodput.spare_cost``); None
+    without a scheduler to hold them or a failure rate. With none composed, for 1."""
+    if args.spares is None or ck is None:
+        return None
+    sp = args.spares
+    return expected_goodput.spare_cost(ck, max(1, sp.nodes), sp.restarts, sp.queue_wait_s)
+
+
+def spare_lines(args: PlanArgs, ck: expected_goodput.Checkpointing | None) -> list[str]:
+    """Two lines: the spares' node-hours next to the goodput with them and without, then
+    what that rests on."""
+    cost = spare_cost(args, ck)
+    if cost is None or args.spares is None:
+        return []
+    sp = args.spares
+    asked = (f"recovery.spare_nodes={sp.nodes}" if sp.nodes
+             else "recovery.spare_nodes=0; with 1")  # fmt: skip
+    wait = (f"queue_wait_h={sp.queue_wait_s / 3600:g}" if sp.queue_wait_given
+            else f"{sp.queue_wait_s / 3600:g} h, {UNCITED}: set queue_wait_h=")  # fmt: skip
+    return [
+        f"spares ({asked}): {cost.node_hours:,.4g} node-h idle over the run"
+        f" (+{cost.spares / cost.nodes:.0%} of the grid's nodes); goodput over the wall time"
+        f" {cost.goodput_with:.1%} with, {cost.goodput_without:.1%} without"
+        f" ({cost.wall_s_with / 3600:,.4g} h against {cost.wall_s_without / 3600:,.4g} h)",
+        f"  from: {cost.failures:.3g} node failures expected, {cost.in_place:.0%} of them"
+        f" restarted on a spare (recovery.in_job_restarts={sp.restarts}), the rest wait in"
+        f" the queue for a new job ({wait}) (cost/expected_goodput.py)",
+    ]
+
+
 def _why(args: PlanArgs, nodes: int) -> str:
     return why_nothing_fits(
         machine=args.machine,
@@ -465,6 +531,7 @@ def plan_json(args: PlanArgs, nodes: int, ranking: Ranking, rows: list[PlanRow],
         **({"range": _range_json(args, rows[0])} if rows else {}),
         **({"job_start": job_start_line(args, rows[0].grid)} if rows else {}),
         **({"checkpointing": _checkpointing_json(args, rows[0], nodes)} if rows else {}),
+        **({"spares": _spares_json(args, rows[0], nodes)} if rows else {}),
         **({"launch_command": launch_command(args, rows[0], nodes)} if rows else {}),
         **({"why_none": why} if why else {}),
     }
@@ -478,6 +545,14 @@ def _range_json(args: PlanArgs, row: PlanRow) -> dict[str, object]:
 def _checkpointing_json(args: PlanArgs, row: PlanRow, nodes: int) -> dict | None:
     ck = checkpointing(args, row, nodes)
     return None if ck is None else ck.as_dict()
+
+
+def _spares_json(args: PlanArgs, row: PlanRow, nodes: int) -> dict | None:
+    cost = spare_cost(args, checkpointing(args, row, nodes))
+    if cost is None or args.spares is None:
+        return None
+    return {**cost.as_dict(), "composed": args.spares.nodes,
+            "queue_wait_given": args.spares.queue_wait_given}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -159,3 +159,63 @@ def predict(
         every=auto_steps if every is None else every,
         auto=every is None,
     )
+
+
+# A new job's wait in the queue after a failure that ends the job: a default stated as one,
+# not a measurement (a new 1,024-node allocation can wait hours); plan's queue_wait_h=
+# changes it.
+DEFAULT_QUEUE_WAIT_S = HOUR_S
+
+
+@dataclass(frozen=True)
+class SpareCost:
+    """What ``spares`` idle nodes cost a run and the goodput they buy (``spare_cost``)."""
+
+    spares: int
+    nodes: int  # the grid's
+    failures: float  # node failures expected while the run trains
+    in_place: float  # the share of them a spare takes, restarted in the same job
+    queue_wait_s: float  # a new job's wait after a failure that ends the job
+    wall_s_with: float  # first start to the end, queue waits included
+    wall_s_without: float
+    goodput_with: float  # training time over that wall time
+    goodput_without: float
+
+    @property
+    def node_hours(self) -> float:
+        """The spares' node-hours: idle beside the grid for the whole run."""
+        return self.spares * self.wall_s_with / HOUR_S
+
+    def as_dict(self) -> dict:
+        return {"spare_nodes": self.spares, "spare_node_hours": self.node_hours,
+                "node_failures_expected": self.failures, "restarted_on_a_spare": self.in_place,
+                "queue_wait_s": self.queue_wait_s, "wall_s_with": self.wall_s_with,
+                "wall_s_without": self.wall_s_without, "goodput_with": self.goodput_with,
+                "goodput_without": self.goodput_without}  # fmt: skip
+
+
+def spare_cost(ck: Checkpointing, spares: int, restarts: int, queue_wait_s: float) -> SpareCost:
+    """The goodput of ``ck``'s job with ``spares`` nodes and without, over the run's wall
+    time with the queue waits (``expected_goodput`` with R + the wait for a failure that
+    ends the job). A failure restarts in place on a spare while one is left and a restart
+    in place is (``restarts``): of the run's expected failures, that many at most; without
+    spares every node failure ends the job and the next one waits in the queue."""
+    if spares < 0 or restarts < 0 or queue_wait_s < 0:
+        raise ValueError(f"spares={spares}, restarts={restarts}, queue_wait_s={queue_wait_s}:"
+                         " each must be >= 0")  # fmt: skip
+    train_s = ck.steps * ck.step_s
+    failures = train_s / ck.mtbf_s
+    covered = min(spares, restarts)
+    in_place = 1.0 if failures <= covered else covered / failures
+    restart_with = ck.restart_s + (1 - in_place) * queue_wait_s
+    with_spares = expected_goodput(ck.interval_s, ck.save_s, restart_with, ck.mtbf_s)
+    without = expected_goodput(ck.interval_s, ck.save_s, ck.restart_s + queue_wait_s, ck.mtbf_s)
+    return SpareCost(spares=spares, nodes=ck.nodes, failures=failures, in_place=in_place,
+                     queue_wait_s=queue_wait_s, wall_s_with=_wall(train_s, with_spares),
+                     wall_s_without=_wall(train_s, without), goodput_with=with_spares,
+                     goodput_without=without)  # fmt: skip
+
+
+def _wall(train_s: float, goodput: float) -> float:
+    """The wall time that trains ``train_s`` at ``goodput`` (inf when nothing trains)."""
+    return train_s / goodput if goodput > 0 else math.inf

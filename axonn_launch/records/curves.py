@@ -1,9 +1,11 @@
 """A run's goodput in its TensorBoard folder, beside its curves: once every attempt has
 ended, the parts of the allocated time (``records/goodput.py``), the queue, the node-hours
-and the goodput itself, at the run's last step, under ``goodput/``. ``jobs status`` writes
-them the first time it finds the run ended (the scheduler's times are known only then),
-and again if the run was extended since. Login-node code: tensorboard's own event writer,
-never torch; a failure to write is one line and never stops ``jobs status``.
+and the goodput itself, at the run's last step, under ``goodput/``. The job's own side
+writes them when the run ends (a local run's supervisor: ``submit/supervise.py``), and
+``jobs status`` the first time it finds the run ended without them (the scheduler's times
+are known only then), and again if the run was extended since. Login-node code:
+tensorboard's own event writer, never torch; a failure to write is one line and never
+stops the job's end or ``jobs status``.
 """
 
 from __future__ import annotations
@@ -14,8 +16,23 @@ from pathlib import Path
 
 from axonn_launch.common.jobdir import JobPaths
 from axonn_launch.records.goodput import PARTS
+from axonn_launch.records.status import JobStatus, collect, runs
 
 TAGS = ("goodput", *(f"{part}_s" for part in PARTS), "queue_s", "node_hours")
+
+
+def log_ended_runs(rows: list[JobStatus]) -> list[str]:
+    """Each ended run's goodput (``records/status.runs``' rows) into its TensorBoard
+    folder, once; the lines saying why one was not written."""
+    said = (log_goodput(Path(r.run_dir or r.job_dir), r.goodput, r.step) for r in rows
+            if r.goodput and r.step)  # fmt: skip
+    return [line for line in said if line]
+
+
+def log_run_at_end(attempt_dirs: list[Path]) -> list[str]:
+    """The job side, when its run ended: the goodput of the run whose attempts are
+    ``attempt_dirs`` (nothing while one of them has not ended)."""
+    return log_ended_runs(runs(collect([str(d) for d in attempt_dirs])))
 
 
 def log_goodput(root: Path, found: dict, step: int) -> str:

@@ -2,14 +2,20 @@
 run by a Slurm job's batch script after its training step failed and no signal caused it
 (``render.restart_in_place``): classify the step, act on its class by the chain's policy,
 leave out the failed nodes and take spares in their place, record the attempt in the run's
-chain, and print the next step's srun options. With no restart left, a class that does not
-resume, or too few nodes, the job ends as its step did and the chain takes over.
+chain, and print the next step's srun options. With no spare left and
+``recovery.on_fewer_nodes=shrink``, the grid shrinks in place: the chain's replanning
+(``recovery.fewer_nodes_overrides``, the planner's grid for the nodes left) is composed here
+and written into the job's spec.json, which the next step reads, resharding the checkpoint.
+With no restart left, a class that does not resume, or too few nodes for any grid, the job
+ends as its step did and the chain takes over.
 
 What each step records: ``docs/recovery.md`` ("in place").
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
@@ -20,6 +26,7 @@ from pathlib import Path
 from axonn_launch.common import slurmtext
 from axonn_launch.common.jobdir import (
     SLURM_RESULT,
+    JobPaths,
     checkpointed_step,
     read_record,
     record_lock,
@@ -39,7 +46,8 @@ from axonn_launch.records.status import (
 from axonn_launch.submit import chain
 from axonn_launch.submit.in_job import RECORD_KEY
 from axonn_launch.submit.pack import NODES_VARIABLE
-from axonn_launch.submit.recovery import DOWN_STATES, limit_reached
+from axonn_launch.submit.recovery import DOWN_STATES, fewer_nodes_overrides, limit_reached
+from axonn_launch.submit.resubmit import new_overrides, original_overrides
 
 RESUMING = (chain.RESUME, chain.RESUME_EXCLUDE)
 
@@ -51,6 +59,7 @@ class Decision:
     nodes: tuple[str, ...] = ()
     tasks: int = 0
     stop: str = ""
+    shrunk: dict | None = None  # the smaller grid the next step runs, with no spare left
 
     def srun_options(self) -> str:
         return f"--nodes={len(self.nodes)} --ntasks={self.tasks} --nodelist={','.join(self.nodes)}"
@@ -73,16 +82,56 @@ def decide(job_dir: Path, exit_status: int, environ: dict[str, str] | None = Non
     history = [*chain.chain_of(root).get("attempts", []), attempt]
     started = float(record.get("submitted_at") or time.time())
     why = why or limit_reached(chain.settings_of(record), history, started)
-    nodes: tuple[str, ...] = ()
+    decision = Decision(stop=why)
     if not why:
         bad = diagnosis.bad_nodes if action == chain.RESUME_EXCLUDE else ()
-        nodes, why = next_nodes(ended.nodes, held_nodes(ended.job_id, environ), bad, settings)
-    attempt["next_nodes"] = list(nodes)
-    record_attempt(root, record, attempt, why)
-    if why:
-        return Decision(stop=why)
-    start_next_step(job_dir, ended.job_id, nodes)
-    return Decision(nodes=nodes, tasks=len(nodes) * int(settings["tasks_per_node"]))
+        held = held_nodes(ended.job_id, environ)
+        nodes, why = next_nodes(ended.nodes, held, bad, settings)
+        tasks = len(nodes) * int(settings["tasks_per_node"])
+        decision = Decision(nodes=nodes, tasks=tasks, stop=why)
+        if why:
+            decision = fewer_nodes(job_dir, record, usable(ended.nodes, held, bad), why)
+    attempt["next_nodes"] = list(decision.nodes)
+    if decision.shrunk:
+        attempt["shrunk_to"] = decision.shrunk
+    record_attempt(root, record, attempt, decision.stop)
+    if not decision.stop:
+        start_next_step(job_dir, ended.job_id, decision)
+    return decision
+
+
+def fewer_nodes(job_dir: Path, record: dict, good: tuple[str, ...], why: str) -> Decision:
+    """Too few nodes left for the grid: a smaller grid on ``good`` when
+    ``recovery.on_fewer_nodes=shrink`` (the chain's rule), else the job ends (``why``)."""
+    settings = record[RECORD_KEY]
+    overrides, stop = fewer_nodes_overrides(chain.settings_of(record), settings, [], list(good))
+    if stop or not overrides:
+        return Decision(stop=f"{why}{': ' + stop if stop else ''}")
+    return shrink_in_place(job_dir, record, good, overrides, why)
+
+
+def shrink_in_place(
+    job_dir: Path, record: dict, good: tuple[str, ...], overrides: list[str], why: str
+) -> Decision:
+    """The job's launch composed again with ``overrides`` (the chain's: fewer nodes, the
+    planner's grid) and resolved as a launch resolves it; its grid and training settings
+    replace spec.json's for the next step. Nothing fits: the chain takes over."""
+    from axonn_launch.common.spec import JobSpec
+    from axonn_launch.config.compose import ConfigError, load
+    from axonn_launch.config.resolve import resolve
+
+    launch = new_overrides(original_overrides(job_dir, record), overrides, ())
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # stdout is the next step's options
+            resolved = resolve(load(launch))
+    except (ConfigError, ValueError) as error:
+        return Decision(stop=f"{why}; no smaller grid: {error}; the chain takes over")
+    paths = JobPaths(job_dir)
+    spec = JobSpec.load(paths.spec)
+    dataclasses.replace(spec, grid=resolved.grid, train=resolved.train).save(paths.spec)
+    shrunk = {"nodes": resolved.nodes, "grid": resolved.grid.as_dict(), "from": spec.grid.as_dict()}
+    nodes = good[: resolved.nodes]
+    return Decision(nodes=nodes, tasks=resolved.nodes * resolved.tasks_per_node, shrunk=shrunk)
 
 
 def ended_step(
@@ -152,17 +201,24 @@ def held_nodes(job_id: str, environ: dict[str, str]) -> tuple[str, ...]:
 def next_nodes(
     ran_on: tuple[str, ...], held: tuple[str, ...], bad: tuple[str, ...], settings: dict
 ) -> tuple[tuple[str, ...], str]:
-    """The next step's nodes: the ended step's that are still good, then spares; or why
-    there are too few (the chain then shrinks the grid: ``recovery.on_fewer_nodes``)."""
+    """The next step's nodes for the grid's own node count: the ended step's that are still
+    good, then spares; or why there are too few (``fewer_nodes`` then decides)."""
     wanted = int(settings["nodes"])
-    good = [n for n in ran_on if n in held and n not in bad]
-    good += [n for n in held if n not in good and n not in bad]
+    good = usable(ran_on, held, bad)
     if len(good) < wanted:
         return (), (
             f"{len(good)} of the {wanted} nodes the grid needs left in the allocation"
             f" (recovery.spare_nodes={settings.get('spare_nodes', 0)}): the chain takes over"
         )
-    return tuple(good[:wanted]), ""
+    return good[:wanted], ""
+
+
+def usable(ran_on: tuple[str, ...], held: tuple[str, ...], bad: tuple[str, ...]) -> tuple[str, ...]:
+    """The nodes a next step may use, in order: the ended step's that are still good, then
+    the other nodes held (spares)."""
+    good = [n for n in ran_on if n in held and n not in bad]
+    good += [n for n in held if n not in good and n not in bad]
+    return tuple(good)
 
 
 def record_attempt(root: Path, record: dict, attempt: dict, why: str) -> None:
@@ -173,15 +229,20 @@ def record_attempt(root: Path, record: dict, attempt: dict, why: str) -> None:
                     attempts=[*chain_record.get("attempts", []), attempt])  # fmt: skip
 
 
-def start_next_step(job_dir: Path, job_id: str, nodes: tuple[str, ...]) -> None:
-    """Record the next step (its nodes, start and where its log lines begin) and clear the
-    ended step's result pickles: a result is then always the newest step's."""
-    step = {"job_id": job_id, "nodes": list(nodes), "started": time.time(),
+def start_next_step(job_dir: Path, job_id: str, decision: Decision) -> None:
+    """Record the next step (its nodes, start, where its log lines begin and a smaller grid)
+    and clear the ended step's result pickles: a result is then always the newest step's.
+    A shrunk grid's node count is what later restarts of the job ask for."""
+    step = {"job_id": job_id, "nodes": list(decision.nodes), "started": time.time(),
             "offsets": log_sizes(job_dir, job_id)}  # fmt: skip
+    if decision.shrunk:
+        step["shrunk_to"] = decision.shrunk
     with record_lock(job_dir):
         record = read_record(job_dir)
         settings = dict(record[RECORD_KEY])
         settings["steps"] = [*settings.get("steps", []), step]
+        if decision.shrunk:
+            settings["nodes"] = decision.shrunk["nodes"]
         record[RECORD_KEY] = settings
         write_record_file(job_dir, record)
     for result in slurm_task_files(job_dir, job_id)[SLURM_RESULT].values():
@@ -199,6 +260,8 @@ def run_decision(job_dir: Path, exit_status: int) -> int:
         print(f"axonn_launch: restart in place: no: {decision.stop}", file=sys.stderr, flush=True)
         return 1
     line = f"restarting in place on {','.join(decision.nodes)}"
+    if decision.shrunk:
+        line += f", the grid shrunk to {decision.shrunk['grid']} (recovery.on_fewer_nodes=shrink)"
     print(f"axonn_launch: {line}", file=sys.stderr, flush=True)
     print(decision.srun_options(), flush=True)
     return 0

@@ -144,6 +144,7 @@ def supervise(
     if warm is not None:  # after the record, which its exit (unmapping its memory) overlaps
         warm.close()
     recover_run(job_dir, job_id, stop)
+    log_goodput_at_end(job_dir)
     return ending.exit_code
 
 
@@ -240,6 +241,24 @@ def recover_run(job_dir: Path, job_id: str, stop: StopRequest) -> None:
     except OSError as exc:
         line = f"{why}; cannot record that the run stopped: {exc}"
     say(line)
+
+
+def log_goodput_at_end(job_dir: Path) -> None:
+    """The run's goodput into its TensorBoard folder when this attempt ended it (no new
+    attempt follows: that one's supervisor writes it); ``records/curves.py``. Said in one
+    line when it cannot; nothing is raised."""
+    record = read_record_or_empty(job_dir)
+    if record.get("resubmitted_as") or not record.get("ended"):
+        return
+    from axonn_launch.records import curves
+    from axonn_launch.submit import chain
+
+    try:
+        said = curves.log_run_at_end(chain.attempts_of(run_root(job_dir, record)))
+    except Exception as exc:  # the job has ended already; jobs status can still write it
+        said = [f"goodput not written: {type(exc).__name__}: {exc}"]
+    for line in said:
+        say(line)
 
 
 def stop_run(job_dir: Path, record: dict, why: str) -> str:

@@ -41,7 +41,8 @@ def test_plan_help(tmp_path, flag):
     keys = [line.split()[0] for line in section(out, "keys:", "examples:")]
     assert keys == [
         "machine=NAME", "model=NAME", "nodes=N", "top=K", "output=table|json",
-        "calibration=FILE", "train.KEY=VALUE", "machine.hardware.KEY=VALUE", "--debug",
+        "calibration=FILE", "queue_wait_h=H", "recovery.spare_nodes=K", "train.KEY=VALUE",
+        "machine.hardware.KEY=VALUE", "--debug",
     ]  # fmt: skip
     examples = out.split("examples:\n", 1)[1].splitlines()
     assert examples and all(e.startswith("  python -m axonn_launch.plan ") for e in examples)

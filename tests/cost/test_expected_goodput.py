@@ -198,6 +198,36 @@ def test_plan_prints_the_interval_and_the_expected_goodput(capsys):
     assert f"with train.checkpoint_every=200 (as composed): {ck['expected_goodput']:.1%}" in line
 
 
+def test_plan_prices_spare_nodes_against_the_goodput_they_buy(capsys):
+    """10 node failures expected in 20,000 steps: 2 spares (and 2 restarts in place) take
+    a fifth of them; every other one waits 2 h in the queue, as all do without spares."""
+    args = [*FRONTIER_320B, "train.steps=20000", "recovery.spare_nodes=2", "queue_wait_h=2"]
+    assert plan_main([*args, "top=1", "output=json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    ck, spares = payload["checkpointing"], payload["spares"]
+    step_s, save, mtbf = ck["step_time_s"], ck["save_s"], ck["job_mtbf_s"]
+    failures = 20000 * step_s / mtbf
+    assert 5 < failures < 20  # so that the spares cover only some
+    tau, restart = 200 * step_s, ck["restart_s"]
+    with_ = first_order_goodput(tau, save, restart + (1 - 2 / failures) * 7200, mtbf)
+    without = first_order_goodput(tau, save, restart + 7200, mtbf)
+    assert spares["goodput_with"] == pytest.approx(with_, rel=1e-12)
+    assert spares["goodput_without"] == pytest.approx(without, rel=1e-12)
+    assert spares["spare_node_hours"] == pytest.approx(2 * 20000 * step_s / with_ / 3600)
+    assert spares["restarted_on_a_spare"] == pytest.approx(2 / failures)
+    assert 0 < without < with_ < 1
+
+    assert plan_main(args) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("spares (")]
+    assert f"{spares['spare_node_hours']:,.4g} node-h idle" in line, line
+    assert f"{with_:.1%} with, {without:.1%} without" in line, line
+
+    assert plan_main(["machine=local", "top=1", "output=json"]) == 0  # no scheduler: none
+    assert json.loads(capsys.readouterr().out)["spares"] is None
+    assert plan_main([*FRONTIER_320B, "queue_wait_h=soon"]) == 2
+    assert "queue_wait_h='soon'" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- launch summary
 
 

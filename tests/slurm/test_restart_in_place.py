@@ -1,12 +1,15 @@
 """Restarts in place (``submit/in_job.py``) on the real local cluster's ``wide`` partition.
 
 One run of a 2-node x2 z2 grid with one spare node (3 nodes held, n1 left out so that the
-batch script runs on n2, a node no fault touches) meets two real faults: a rank killed
-with SIGKILL, then a node set DOWN with scontrol. Each is healed inside the same Slurm job
-(a new srun step), with no sbatch after the launch's own two (the job and its recovery
-job, counted by an sbatch on PATH that logs each call). The uninterrupted run is the same
-config on machine=local, trained beside it. Over 60 s: 16 steps slowed to 1 s each, so
-that the faults land mid-training, two restarts and the DOWN node's detection.
+batch script runs on n2, a node no fault touches) meets three real faults: a rank killed
+with SIGKILL, then a node set DOWN with scontrol (the spare takes its place), then, with
+no spare left, the spare set DOWN too: the grid shrinks in place to n2 alone
+(``recovery.on_fewer_nodes=shrink``). Each is healed inside the same Slurm job (a new srun
+step), with no sbatch after the launch's own two (the job and its recovery job, counted by
+an sbatch on PATH that logs each call). The uninterrupted run is the same config on
+machine=local, trained beside it. Over 60 s (106-135 s measured on the shared 2-core
+machine): 20 steps slowed to 1 s each, so that the faults land mid-training, three restarts
+(the shrink's composes the launch again) and two DOWN nodes' detection.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from tests.slurm.test_faults import jobs_cli, rank_pids, sacct_state, wait_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-STEPS = 16
+STEPS = 20
 TRAIN = [
     "grid.x=2", "grid.z=2", f"train.steps={STEPS}", "train.sample_tokens=0",
     "train.checkpoint_every=2", "preflight=false", "train.gemm_tuning=false", "force=true",
@@ -35,9 +38,11 @@ TRAIN = [
 ON_SLURM = [
     "machine=slurm_local", "nodes=2", "machine.slurm.partition=wide",
     "+machine.slurm.extra_sbatch.exclude=n1", "recovery.spare_nodes=1", "wait=false",
+    "recovery.in_job_restarts=3", "recovery.on_fewer_nodes=shrink",
 ]  # fmt: skip
 SLOW = "slow@step2:1"  # every rank sleeps 1 s in each step from step 2 (the loss is unchanged)
 VICTIM = "n3"  # the node set DOWN: only the wide partition holds it, so only this run
+SPARE = "n4"  # then set DOWN with no spare left: the grid shrinks to n2 alone
 
 
 def sbatch_logger(folder: Path) -> Path:
@@ -85,53 +90,91 @@ def healed(slurm_cluster, tmp_path_factory) -> dict:
     wait_until(lambda: len(restarts(job_dir)) == 1, 180, "the first restart in place")
     wait_until(lambda: metrics_step(job_dir) >= 9, 300, "step 9 after the restart")
     nodes_before = restarts(job_dir)[0]["nodes"]
-    down = ["scontrol", "update", f"nodename={VICTIM}", "state=down", "reason=test_in_place"]
-    subprocess.run(down, check=True, timeout=60)
     try:
+        set_down(VICTIM)
+        wait_until(lambda: len(restarts(job_dir)) == 2, 180, "the restart on the spare")
+        wait_until(lambda: metrics_step(job_dir) >= 13, 300, "step 13 on the spare")
+        set_down(SPARE)
         state = wait_ended(job_id, timeout_s=420)
     finally:
-        back = ["scontrol", "update", f"nodename={VICTIM}", "state=resume"]
-        subprocess.run(back, capture_output=True, timeout=60)  # an error if it is back already
+        for node in (VICTIM, SPARE):  # an error if it is back already
+            back = ["scontrol", "update", f"nodename={node}", "state=resume"]
+            subprocess.run(back, capture_output=True, timeout=60)
     return {"dir": job_dir, "job_id": job_id, "state": state, "shim": shim,
             "local": root / "local", "nodes_before": nodes_before}  # fmt: skip
 
 
-def final_loss(job_dir: Path) -> float:
-    return json.loads((job_dir / "summary.json").read_text())["final_loss"]
+def set_down(node: str) -> None:
+    down = ["scontrol", "update", f"nodename={node}", "state=down", "reason=test_in_place"]
+    subprocess.run(down, check=True, timeout=60)
 
 
-def test_both_faults_heal_inside_one_job_to_the_uninterrupted_loss(healed):
+def summary(job_dir: Path) -> dict:
+    return json.loads((job_dir / "summary.json").read_text())
+
+
+def losses(job_dir: Path) -> dict[int, float]:
+    """Each step's loss, the newest row of a step trained again after a restart."""
+    lines = (job_dir / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines if line.startswith("{")]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def test_three_faults_heal_inside_one_job_to_the_uninterrupted_loss(healed):
+    """Up to the checkpoint the shrunk grid resumed from (trained on x2 z2, the spare's
+    restart included), every loss is the uninterrupted run's exactly; the end, on the
+    shrunk grid, to 1e-4 as the chain's shrink (test_recovery's lost node)."""
     assert healed["state"] == "COMPLETED", sacct_state(healed["job_id"])
-    assert final_loss(healed["dir"]) == final_loss(healed["local"])
+    shrunk, reference = summary(healed["dir"]), summary(healed["local"])
+    resumed = shrunk["resumed_from"]
+    assert 8 <= resumed < STEPS, shrunk
+    ours, theirs = losses(healed["dir"]), losses(healed["local"])
+    assert [ours[s] for s in range(1, resumed + 1)] == [theirs[s] for s in range(1, resumed + 1)]
+    assert shrunk["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-4)
     calls = (healed["shim"] / "calls.log").read_text().splitlines()
     assert len(calls) == 2 and "afternotok" in calls[1], calls  # the job, its recovery job
 
 
-def test_sacct_shows_three_training_steps_the_last_on_the_spare(healed):
+def test_sacct_shows_four_training_steps_on_the_spare_then_shrunk(healed):
     command = ["sacct", "-n", "-P", "-o", "JobID,State,NodeList", "-j", healed["job_id"]]
     out = subprocess.run(command, capture_output=True, text=True, check=True)
     steps = [line.split("|") for line in out.stdout.splitlines()]
     numbered = [s for s in steps if s[0].partition(".")[2].isdigit()]  # not batch, not the job
-    assert len(numbered) == 3, steps
+    assert len(numbered) == 4, steps
     assert healed["nodes_before"] == ["n2", "n3"]  # the kill: the same nodes again
-    last = slurmtext.expand_nodelist(numbered[-1][2])
-    assert VICTIM not in last and "n4" in last, steps
+    on_spare = slurmtext.expand_nodelist(numbered[2][2])
+    assert VICTIM not in on_spare and SPARE in on_spare, steps
+    assert list(slurmtext.expand_nodelist(numbered[3][2])) == ["n2"], steps  # shrunk: n2 alone
 
 
-def test_the_chain_records_two_attempts_in_place_by_class(healed):
+def test_the_shrunk_step_ran_the_planners_grid_for_one_node(healed):
+    """The chain's replanning for the nodes left (nodes=1 grid=auto): the grid of the
+    node's two tasks, in spec.json, which the step read, and in the step's record."""
+    last = restarts(healed["dir"])[-1]
+    assert last["nodes"] == ["n2"] and last["shrunk_to"]["nodes"] == 1, last
+    grid = last["shrunk_to"]["grid"]
+    assert grid["data"] * grid["x"] * grid["y"] * grid["z"] == 2, grid
+    assert last["shrunk_to"]["from"] == {"data": 1, "x": 2, "y": 1, "z": 2}, last
+    spec = json.loads((healed["dir"] / "spec.json").read_text())
+    assert {k: spec["grid"][k] for k in grid} == grid, spec["grid"]
+
+
+def test_the_chain_records_three_attempts_in_place_by_class(healed):
     attempts = read_record(healed["dir"])["chain"]["attempts"]
     assert [(a["class"], a["action"], a["in_place"]) for a in attempts] == [
         ("rank_killed", "resume", True),
         ("node_failure", "resume_exclude", True),
+        ("node_failure", "resume_exclude", True),
     ], attempts
     assert attempts[1]["bad_nodes"] == [VICTIM] and VICTIM not in attempts[1]["next_nodes"]
+    assert attempts[2]["bad_nodes"] == [SPARE] and attempts[2]["next_nodes"] == ["n2"]
 
 
-def test_status_shows_one_run_of_three_attempts_and_the_time_to_recover(healed):
+def test_status_shows_one_run_of_four_attempts_and_the_time_to_recover(healed):
     result = jobs_cli("status", str(healed["dir"]), "--json", cwd=healed["dir"].parent)
     assert result.returncode == 0, result.stderr
     (row,) = json.loads(result.stdout)
-    assert row["attempts"] == 3 and row["failure"] == "completed", row
-    assert len(row["goodput"]["ttr_s"]) == 2 and row["goodput"]["recovery_s"] > 0, row["goodput"]
+    assert row["attempts"] == 4 and row["failure"] == "completed", row
+    assert len(row["goodput"]["ttr_s"]) == 3 and row["goodput"]["recovery_s"] > 0, row["goodput"]
     text = jobs_cli("status", str(healed["dir"]), cwd=healed["dir"].parent).stdout
-    assert "3 attempts in 1 allocation" in text, text
+    assert "4 attempts in 1 allocation" in text, text
