@@ -315,6 +315,7 @@ TIMELINE_EVENT_SCHEMA = {  # one line of timeline.jsonl (append_timeline)
     "end": Field(NUMBER, required=True),
     "step": Field((int,)),
     "checkpoint": Field((int,)),
+    "eval": Field((int,)),  # an evaluation after that step (useful time, not the step's)
 }
 STRAGGLERS_SCHEMA = {  # stragglers.json (train/health/watchdog.py)
     "step": Field((int, NONE)),
@@ -524,8 +525,9 @@ def metrics_through(path: Path, step: int) -> tuple[list[str], int]:
 
 
 def append_timeline(job_dir: str | Path, event: dict) -> None:
-    """One event of this attempt (rank 0): a step or a checkpoint save, with its wall-clock
-    ``start`` and ``end``. Goodput (``records/goodput.py``) is read from these."""
+    """One event of this attempt (rank 0): a step, a checkpoint save or an evaluation, with
+    its wall-clock ``start`` and ``end``. Goodput (``records/goodput.py``) is read from
+    these."""
     with open(JobPaths(job_dir).timeline, "a") as handle:
         handle.write(json.dumps(event) + "\n")
 

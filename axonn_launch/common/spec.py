@@ -93,7 +93,7 @@ class WatchdogConfig:
     checkpoint_gbps: float = 0.0
     checkpoint_factor: float = 4.0
     checkpoint_floor_s: float = 120.0
-    eval_floor_s: float = 300.0  # an evaluation's deadline (at least; 10 steps' time if longer)
+    eval_floor_s: float = 300.0  # each evaluation batch's deadline (at least; a step's if longer)
     beat_s: float = 2.0  # how often a rank's watchdog refreshes its heartbeat file
     # collectives after start-up time out after this times the step deadline (torchtitan
     # lowers its timeout after the first step too); 0 = keep the start-up timeout

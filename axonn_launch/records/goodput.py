@@ -201,7 +201,7 @@ def split_attempt(
         add_stall(result, stalled)
         part = part_of(event, redo_from)
         result.add(part, end - cursor - stalled)
-        if part == "lost":
+        if part == "lost" and "step" in event:
             result.lost_steps += 1
         cursor = end
     tail_end = attempt.end
@@ -217,9 +217,12 @@ def add_stall(result: Goodput, seconds: float) -> None:
 
 
 def part_of(event: dict, redo_from: int | None) -> str:
+    """A save is checkpoint time; a step or an evaluation after it is useful, or lost when
+    a later attempt redoes that step."""
     if "checkpoint" in event:
         return "checkpoint"
-    if redo_from is not None and int(event["step"]) >= redo_from:
+    step = event["step"] if "step" in event else event["eval"]
+    if redo_from is not None and int(step) >= redo_from:
         return "lost"
     return "useful"
 

@@ -83,7 +83,9 @@ class TrainContext:
     start_step: int = 0  # optimizer steps already done (resume)
     should_stop: Callable[[], bool] = lambda: False
     save: Callable[[int], None] = lambda step: None  # checkpoint after ``step`` steps
-    evaluate: Callable[[], float] | None = None  # the validation loss (collective)
+    saved: Callable[[], None] = lambda: None  # returns once the last save is published
+    # the validation loss (collective), told what to call after each evaluation batch
+    evaluate: Callable[[Callable[[], None]], float] | None = None
     monitor: StepMonitor | None = None  # watchdog sections and straggler exchange
     skip: frozenset[int] = frozenset()  # steps whose batch is skipped (a rollback)
     poisons: dict[int, str] = field(default_factory=dict)  # step -> nan_loss | nan_grad
@@ -132,27 +134,47 @@ def train_loop(model: nn.Module, ctx: TrainContext) -> dict:
         elapsed = time.perf_counter() - started
         timed.append(elapsed)
         monitor.after_step(step, timed, ctx.logger)
+        ctx.logger.mark("step", step, began)
+        final = stop or step == train.steps
+        if final or periodic_checkpoint(step, train):
+            save_step(ctx, monitor, step)
         evaluated = ctx.evaluate is not None and evaluation_due(step, train, stop)
         if evaluated:
-            with monitor.section("eval", step):
-                val_loss = ctx.evaluate()
-        if step % train.log_every == 0 or step == train.steps or stop or evaluated:
+            val_loss = evaluate_after(ctx, monitor, step, final)
+        if step % train.log_every == 0 or final or evaluated:
             ctx.logger.record(
                 StepStats(step, loss, lr, float(grad_norm), elapsed, ctx.tokens_per_step,
                           val_loss if evaluated else None)
             )  # fmt: skip
-        ctx.logger.mark("step", step, began)
-        if stop or step == train.steps or periodic_checkpoint(step, train):
-            saving = time.time()
-            with monitor.section("checkpoint", step):
-                ctx.save(step)
-            ctx.logger.mark("checkpoint", step, saving)
         if stop:
             log.info("stopped after step %d on request; checkpoint saved", step)
             stopped = True
             break
     summary = summarize(ctx, step, loss, timed, stopped) | {"val_loss": val_loss}
     return summary | monitor.summary()
+
+
+def save_step(ctx: TrainContext, monitor: StepMonitor, step: int) -> None:
+    """Start the checkpoint of ``step`` (asynchronous where the checkpointer is), on the
+    watchdog's checkpoint clock, and mark it on the timeline."""
+    saving = time.time()
+    with monitor.section("checkpoint", step):
+        ctx.save(step)
+    ctx.logger.mark("checkpoint", step, saving)
+
+
+def evaluate_after(ctx: TrainContext, monitor: StepMonitor, step: int, final: bool) -> float:
+    """The validation loss after ``step``, on the watchdog's evaluation clock (a deadline
+    per batch) and the timeline. Before the run's last evaluation its last save is
+    published, so that an evaluation that fails or hangs costs no training."""
+    if final:
+        with monitor.section("checkpoint", step):
+            ctx.saved()
+    began = time.time()
+    with monitor.section("eval", step):
+        val_loss = ctx.evaluate(monitor.eval_batch_done)
+    ctx.logger.mark("eval", step, began)
+    return val_loss
 
 
 class NonFiniteError(ArithmeticError):
@@ -246,10 +268,17 @@ def run_micro_steps(
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, batches: Batch, groups: Groups, device: torch.device, dtype: torch.dtype
+    model: nn.Module,
+    batches: Batch,
+    groups: Groups,
+    device: torch.device,
+    dtype: torch.dtype,
+    batch_done: Callable[[], None] = lambda: None,
 ) -> float:
     """The mean loss over the counted labels of ``batches`` (all ranks' rows), with the
-    model in eval mode: the validation loss, the same on every grid."""
+    model in eval mode: the validation loss, the same on every grid. ``batch_done`` is
+    called after each batch (the watchdog's progress: an evaluation's deadline is per
+    batch, so a long healthy evaluation is never a hang)."""
     was_training = model.training
     model.eval()
     normalizer = counted_labels(batches, groups, device)
@@ -257,6 +286,7 @@ def evaluate(
     for inputs, targets, examples in batches:
         with autocast(device, dtype):
             total += model(inputs, targets, normalizer=normalizer, examples=examples).float()
+        batch_done()
     model.train(was_training)
     loss, _ = average_loss_and_flags(total, (), device, groups)
     return loss

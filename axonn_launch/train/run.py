@@ -186,6 +186,7 @@ def train_model(
     )
     ctx = train_context(spec, env, model, optimizer, loader, start_step, should_stop, watchdog)
     ctx.save = lambda step: save(spec, env, step, model, optimizer, loader, checkpointer)
+    ctx.saved = checkpointer.wait
     try:
         summary = run_loop(model, ctx, checkpointer, env)
     except BaseException as error:
@@ -441,7 +442,7 @@ def validation_loss(spec: JobSpec, model: GPT, groups: Groups, device: torch.dev
         device=device,
     )
     dtype = compute_dtype(train, device)
-    return lambda: evaluate(model, list(batches), groups, device, dtype)
+    return lambda batch_done: evaluate(model, list(batches), groups, device, dtype, batch_done)
 
 
 def recheck_rules(spec: JobSpec) -> None:

@@ -209,7 +209,9 @@ def test_status_names_the_stragglers_also_while_the_job_runs(tmp_path):
     write_json_atomically(JobPaths(job_dir).stragglers, report)
     row = status.job_status(job_dir, record, status.SchedulerInfo("RUNNING"), None)
     assert row.stragglers == report["stragglers"] and row.straggler_step == 300
-    assert status.straggler_line(row) == "stragglers at step 300: rank 3 (n2) 2.4x the median own work"
+    assert (
+        status.straggler_line(row) == "stragglers at step 300: rank 3 (n2) 2.4x the median own work"
+    )
     assert status.straggler_line(status.job_status(tmp_path, {}, None, None)) == ""
 
 

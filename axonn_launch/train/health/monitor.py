@@ -138,6 +138,14 @@ class StepMonitor:
         self.watchdog.enter(name, step, deadline)
         yield
 
+    def eval_batch_done(self) -> None:
+        """Progress within an evaluation: the next batch gets a deadline of its own (the
+        evaluation section's, ``eval_deadline``), so the deadline follows the number of
+        batches instead of bounding the whole evaluation."""
+        if self.watchdog is not None:
+            section = self.watchdog.section
+            self.watchdog.enter(section.name, section.step, section.deadline_s)
+
     def compute_done(self) -> None:
         self.clock.end()
 

@@ -68,6 +68,8 @@ def checkpoint_deadline(cfg: WatchdogConfig, bytes_per_node: float) -> float:
 
 
 def eval_deadline(cfg: WatchdogConfig, step_deadline_s: float) -> float:
+    """Each evaluation batch's deadline: the clock restarts at every batch
+    (``StepMonitor.eval_batch_done``), so an evaluation of any length is never a hang."""
     return max(cfg.eval_floor_s, step_deadline_s)
 
 
