@@ -11,6 +11,7 @@ The directory's layout, file by file: ``docs/launch.md`` ("common/jobdir.py").
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -524,12 +525,31 @@ def metrics_through(path: Path, step: int) -> tuple[list[str], int]:
     return kept, sum(1 for _, row in rows if row is None)
 
 
+def append_line(path: Path, line: str) -> None:
+    """Append ``line`` and a newline whole, or not at all: one ``write``; a short or failed
+    write (the disk filled mid-line) is cut back to where the file ended, then raised, so
+    a reader never meets half a line."""
+    data = (line + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
+
+
 def append_timeline(job_dir: str | Path, event: dict) -> None:
     """One event of this attempt (rank 0): a step, a checkpoint save or an evaluation, with
     its wall-clock ``start`` and ``end``. Goodput (``records/goodput.py``) is read from
     these."""
-    with open(JobPaths(job_dir).timeline, "a") as handle:
-        handle.write(json.dumps(event) + "\n")
+    append_line(JobPaths(job_dir).timeline, json.dumps(event))
 
 
 def read_timeline(job_dir: str | Path) -> list[dict]:

@@ -28,7 +28,6 @@ Each class's evidence, and why the evidence is read in this order: ``docs/recove
 
 from __future__ import annotations
 
-import errno
 import functools
 import re
 from collections.abc import Mapping, Sequence
@@ -37,6 +36,7 @@ from typing import NamedTuple
 
 # The Slurm text rules live in slurmtext; records/status.py and the tests read these
 # names from here.
+from axonn_launch.common import fserrors
 from axonn_launch.common.slurmtext import ACTIVE_STATES, base_state
 from axonn_launch.common.slurmtext import expand_nodelist as expand_nodelist
 
@@ -124,37 +124,12 @@ STATE_CLASSES = {
     "CANCELLED": CANCELLED,
 }
 
-# The kernel's words for a full file system (strerror, errno and name), as an OSError,
-# DCP's CheckpointException or a C library message print them.
-STORAGE_FULL_PATTERNS = (
-    r"No space left on device",
-    r"\[Errno 28\]",
-    r"\bENOSPC\b",
-    r"Disk quota exceeded",
-    r"\[Errno 122\]",
-    r"\bEDQUOT\b",
-    # torch.save's zip writer after a short write, which is what a full disk gives it
-    # (the errno is lost): DCP writes its non-tensor items so
-    r"inline_container\.cc:\d+\] \. unexpected pos \d+ vs \d+",
-    r"PytorchStreamWriter failed writing file .*: file write failed",
-)
-# Other I/O errors of a file system. EIO counts only with a file name (an OSError's
-# ": 'path'"): a bare "Input/output error" is also what a write to a closed terminal gets.
-STORAGE_ERROR_PATTERNS = (
-    r"Read-only file system",
-    r"\[Errno 30\]",
-    r"\bEROFS\b",
-    r"Stale (?:NFS )?file handle",
-    r"\[Errno 116\]",
-    r"\bESTALE\b",
-    r"\[Errno 5\] Input/output error: '",
-)
+# The file system's words for being full, and for its other I/O errors: common/fserrors.py
+STORAGE_FULL_PATTERNS = fserrors.FULL_PATTERNS
+STORAGE_ERROR_PATTERNS = fserrors.ERROR_PATTERNS
 STORAGE_ERRNOS = {
-    errno.ENOSPC: STORAGE_FULL,
-    errno.EDQUOT: STORAGE_FULL,
-    errno.EIO: STORAGE_ERROR,
-    errno.EROFS: STORAGE_ERROR,
-    errno.ESTALE: STORAGE_ERROR,
+    **dict.fromkeys(fserrors.FULL_ERRNOS, STORAGE_FULL),
+    **dict.fromkeys(fserrors.ERROR_ERRNOS, STORAGE_ERROR),
 }
 # Log signatures, most specific first. Each is searched case-sensitively in the log tails.
 GPU_OOM_PATTERNS = (

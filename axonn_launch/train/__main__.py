@@ -18,6 +18,7 @@ import signal
 import sys
 from pathlib import Path
 
+from axonn_launch.common.fserrors import file_system_line
 from axonn_launch.common.jobdir import JobPaths, attempt_number, checkpointed_step
 from axonn_launch.common.ranks import environment_rank
 from axonn_launch.common.spec import JobSpec
@@ -37,7 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     rank = environment_rank(os.environ).rank
     start, attempt = checkpointed_step(args.job_dir), attempt_number(args.job_dir)
     hook = step_hook(stop, rank=rank, start_step=start, attempt=attempt)
-    run_job(JobSpec.load(JobPaths(args.job_dir).spec), should_stop=hook)
+    try:
+        run_job(JobSpec.load(JobPaths(args.job_dir).spec), should_stop=hook)
+    except Exception as error:
+        if file_system_line(error) is None:
+            raise  # a bug's traceback is what its reader needs
+        return 1  # run_job logged one line and recorded it: the file system needs no traceback
     return 0
 
 

@@ -19,7 +19,7 @@ from typing import TextIO
 
 import torch
 
-from axonn_launch.common.jobdir import JobPaths, append_timeline
+from axonn_launch.common.jobdir import JobPaths, append_line, append_timeline
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.train.health.profile import ProfileWindow
 from axonn_launch.train.sinks import Sinks
@@ -126,8 +126,7 @@ class MetricsLogger:
             row["stragglers"], self.pending_stragglers = self.pending_stragglers, None
         self.last = row
         if self.enabled:
-            with self.path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            append_line(self.path, json.dumps(row))  # whole, even when the disk fills
             self.sinks.log(row)
             self.show_progress(row)
         return row

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from axonn_launch.common import jobdir
+from axonn_launch.common.fserrors import file_system_line
 from axonn_launch.common.jobdir import JobPaths, record_failure
 from axonn_launch.common.prompts import config_eos_ids
 from axonn_launch.common.rules import job_problem
@@ -64,7 +65,8 @@ def run_job(
     try:
         return train_rank(spec, env, should_stop)
     except Exception as error:
-        log.error("rank %d failed: %s: %s", env.rank, type(error).__name__, error)
+        said = file_system_line(error) or f"{type(error).__name__}: {error}"
+        log.error("rank %d failed: %s", env.rank, said)
         record_failure(spec.job_dir, env.rank, error, getattr(error, "evidence", None))
         raise
 

@@ -154,8 +154,12 @@ class WandbSink:
 
 
 def earlier_rows(job_dir: Path, start_step: int) -> list[dict]:
-    """The rows of metrics.jsonl up to the checkpoint this attempt resumed from."""
-    lines, _ = metrics_through(JobPaths(job_dir).metrics, start_step)
+    """The rows of metrics.jsonl up to the checkpoint this attempt resumed from (a line
+    cut off mid-write, by a disk that filled before lines were written whole, is skipped
+    with a warning)."""
+    lines, cut = metrics_through(JobPaths(job_dir).metrics, start_step)
+    if cut:
+        log.warning("metrics.jsonl: skipped %d line(s) cut off mid-write", cut)
     return [json.loads(line) for line in lines]
 
 

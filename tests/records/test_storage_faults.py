@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from axonn_launch.common import jobdir
+from axonn_launch.common import fserrors, jobdir
 from axonn_launch.records import failures, status
 from axonn_launch.records.failures import Evidence, classify
 from axonn_launch.submit import pipeline
@@ -111,8 +111,16 @@ def test_a_full_disk_is_storage_full_in_one_line_and_resumes_once_space_is_freed
     full = run_launcher(args, cwd=REPO, timeout=300)
     assert full.returncode == 1, full.stdout[-2000:] + full.stderr[-3000:]
 
-    # the launcher: no traceback of its own, one line naming job.json and the error
+    # the launcher: no traceback of its own, one line naming job.json and the error; the
+    # ranks: the one whose asynchronous save failed says so in one line, none a traceback
     assert launcher_tracebacks(full.stderr) == [], full.stderr[-4000:]
+    console = full.stdout + full.stderr + (job / "axonn_launch.log").read_text()
+    assert "Traceback" not in console, console[-4000:]
+    full_words = "|".join(failures.STORAGE_FULL_PATTERNS)
+    saved = re.search(rf"rank \d: checkpoint save of step_00000010 failed: .*({full_words})",
+                      console)  # fmt: skip
+    assert saved, console[-4000:]
+    every_line_parses(job / "metrics.jsonl")
     assert "Error executing job" not in full.stderr and "Logging error" not in full.stderr
     said = [ln for ln in full.stderr.splitlines() if ln.startswith("error: ")]
     assert len(said) == 1, said
@@ -159,6 +167,8 @@ def test_a_full_disk_is_storage_full_in_one_line_and_resumes_once_space_is_freed
     attempt = small_fs / "job_attempt2"
     rows = [json.loads(line) for line in (attempt / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 11))
+    every_line_parses(job / "metrics.jsonl")
+    every_line_parses(attempt / "timeline.jsonl")
     assert json.loads((attempt / "summary.json").read_text())["steps"] == 10
     assert (attempt / "checkpoints" / "latest").read_text().strip() == "step_00000010"
     done = jobs_status(attempt)
@@ -166,7 +176,49 @@ def test_a_full_disk_is_storage_full_in_one_line_and_resumes_once_space_is_freed
     assert json.loads((job / "job.json").read_text())["resubmitted_as"] == str(attempt)
 
 
+def every_line_parses(path: Path) -> None:
+    """Each line of a jsonl record is a whole JSON object (none cut off by the full disk)."""
+    text = path.read_text()
+    assert text.endswith("\n"), text[-200:]
+    for line in text.splitlines():
+        assert isinstance(json.loads(line), dict), line
+
+
+def test_a_line_that_does_not_fit_leaves_the_file_as_it_was(small_fs):
+    """``append_line`` on a file system with less room than the line: the write fails and
+    the file keeps its whole lines, nothing of the new one."""
+    path = small_fs / "metrics.jsonl"
+    jobdir.append_line(path, json.dumps({"step": 1}))
+    write_ballast(small_fs / "ballast", None)  # fill every byte left
+    with pytest.raises(OSError) as raised:
+        jobdir.append_line(path, json.dumps({"step": 2, "pad": "x" * 300_000}))
+    assert raised.value.errno == errno.ENOSPC
+    assert path.read_text() == '{"step": 1}\n'
+
+
 # --- classification ------------------------------------------------------------------------
+
+
+def test_the_job_side_knows_the_same_file_system_errors_as_the_classes():
+    """The rank that fails on its file system ends without a traceback for exactly the
+    errnos that records/failures.py classes as storage (``common/fserrors.py``),
+    found through causes and DCP's per-rank failures."""
+    assert set(failures.STORAGE_ERRNOS) == fserrors.FULL_ERRNOS | fserrors.ERROR_ERRNOS
+    full = OSError(errno.ENOSPC, "No space left on device")
+    try:
+        raise RuntimeError("checkpoint save failed") from full
+    except RuntimeError as wrapped:
+        assert fserrors.file_system_line(wrapped) == "OSError: [Errno 28] No space left on device"
+    dcp_like = RuntimeError("CheckpointException ranks:dict_keys([1])\nTraceback (most ...")
+    dcp_like.failures = {1: (OSError(errno.EROFS, "Read-only file system"), None)}
+    assert fserrors.file_system_line(dcp_like) == "OSError: [Errno 30] Read-only file system"
+    zip_writer = RuntimeError(
+        "Traceback\n  File x\n[rank0]: RuntimeError: [enforce fail"
+        " at inline_container.cc:672] . unexpected pos 704 vs 598\n"
+    )
+    assert fserrors.file_system_line(zip_writer).endswith("unexpected pos 704 vs 598")
+    assert fserrors.file_system_line(ValueError("a bug")) is None
+    assert fserrors.file_system_line(OSError(errno.ENOENT, "gone")) is None
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
 from axonn_launch.common.formats import DCP_FORMAT, LEGACY_FORMAT
+from axonn_launch.common.fserrors import file_system_line
 from axonn_launch.common.jobdir import (
     INTERRUPTED_SAVES,
     LATEST,
@@ -176,6 +177,8 @@ class Checkpointer:
                     self._publish(tmp, name, meta)
                 self.last = self.root / name
             except BaseException as error:  # re-raised by wait()
+                said = file_system_line(error) or first_line(error)
+                log.error("rank %d: checkpoint save of %s failed: %s", self.rank, name, said)
                 self._error = error
             finally:
                 done.set()
@@ -221,6 +224,12 @@ class Checkpointer:
     def _barrier(self) -> None:
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.barrier(group=self.group)
+
+
+def first_line(error: BaseException) -> str:
+    """``Type: first line`` of an error whose text may hold a whole traceback (DCP's)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
 def load_state(
