@@ -14,6 +14,9 @@ alone names nobody) and data=2 x2 (the slow rank's tensor-parallel partner waits
 the x collectives, the other replica in the data all-reduce). Both runs train at once
 (one world each, 8 ranks on the machine), which also makes the unthrottled ranks noisy:
 the detector must still name nobody else.
+
+Cost: about 60-80 s on 2 cores (two 50-step runs at once, the slow rank's 25 steps at 5 %
+of a core); one fixture serves both grids' tests.
 """
 
 from __future__ import annotations
