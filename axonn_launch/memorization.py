@@ -26,6 +26,7 @@ from axonn_launch.common.memorization_metric import (
     build_prompts,
     evaluate,
     load_tokenizer,
+    model_vocab,
     read_documents,
     write_json,
 )
@@ -43,7 +44,10 @@ def measure(settings: Settings, generate: Generator | None = None) -> dict:
     if not source.is_dir():
         raise MemorizationError(f"source {source}: not a directory (a checkpoint, job or HF dir)")
     tokenizer = load_tokenizer(source)
-    documents = read_documents(Path(settings.data), tokenizer, chunk=settings.chunk)
+    vocab = model_vocab(source)
+    documents = read_documents(
+        Path(settings.data), tokenizer, chunk=settings.chunk, model_vocab=vocab
+    )
     prompts, skipped = build_prompts(documents, settings)
     generate = generate or run_generation
     outputs = (

@@ -78,7 +78,7 @@ def worker(phase: str, job_dir: Path) -> None:
     from axonn_launch.train import run as job
     from axonn_launch.train.checkpoint.manager import Checkpointer, latest_checkpoint
     from axonn_launch.train.checkpoint.state import load_training_state
-    from axonn_launch.train.data import Loader, open_source
+    from axonn_launch.train.data import Geometry, Loader, open_source
     from axonn_launch.train.loop import run_micro_steps
     from axonn_launch.train.models.gpt import GPT, clip_grad_norm_, finish_gradients
     from axonn_launch.train.models.optim import build_optimizer, compute_dtype
@@ -99,9 +99,9 @@ def worker(phase: str, job_dir: Path) -> None:
     out["start_peak"] = peak_rss()
     optimizer = build_optimizer(model, spec.train)
     train = spec.train
-    loader = Loader(open_source("synthetic", model_vocab=spec.model.vocab_size), grid=spec.grid,
-                    coords=groups.coords, micro_batch=train.micro_batch, seq_len=train.seq_len,
-                    accumulation=1, seed=train.seed)  # fmt: skip
+    geometry = Geometry(spec.grid, groups.coords, train.micro_batch, train.seq_len, 1)
+    loader = Loader(open_source("synthetic", model_vocab=spec.model.vocab_size), geometry,
+                    seed=train.seed)  # fmt: skip
     device = torch.device("cpu")
     if phase == "save":
         run_micro_steps(model, loader.next_step(), groups, device, compute_dtype(train, device))

@@ -118,7 +118,7 @@ class Setting:
 
 def build_setting(name: str, args: dict, grid: Grid, groups, rank: int) -> tuple[Setting, list]:
     """The model, loader and optimizer of one setting; also the knobs GPT ignored."""
-    from axonn_launch.train.data import Loader, open_source
+    from axonn_launch.train.data import Geometry, Loader, open_source
     from axonn_launch.train.loop import TrainContext
     from axonn_launch.train.metrics import MetricsLogger
     from axonn_launch.train.models.gpt import GPT
@@ -135,11 +135,9 @@ def build_setting(name: str, args: dict, grid: Grid, groups, rank: int) -> tuple
         knobs["wire"] = resolve_wire(train.wire, compute_dtype(train, device))
     torch.manual_seed(train.seed)
     model = GPT(spec, groups=groups, seed=train.seed, device=device, **knobs)
-    loader = Loader(
-        open_source("synthetic", model_vocab=spec.vocab_size), grid=grid, coords=groups.coords,
-        micro_batch=train.micro_batch, seq_len=train.seq_len,
-        accumulation=train.accumulation_steps(grid), seed=train.seed, device=device,
-    )  # fmt: skip
+    loader = Loader(open_source("synthetic", model_vocab=spec.vocab_size),
+                    Geometry.of(train, grid, groups.coords), seed=train.seed,
+                    device=device)  # fmt: skip
     logger = MetricsLogger(
         job_dir=Path(args["out_dir"]), model=spec, seq_len=train.seq_len, recompute=False,
         world_size=grid.world_size, peak_tflops_per_gpu=0.0, total_steps=0, device=device,

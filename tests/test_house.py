@@ -425,3 +425,58 @@ def test_train_folders_import_only_the_folders_before_them():
         and train_layer(e.source) < train_layer(e.target)
     ]
     assert not upward, "train/ imports from above:\n" + "\n".join(f"  {e}" for e in upward)
+
+
+# "Where to add" in docs/architecture.md: each thing's files, checked on one that exists
+WHERE_TO_ADD = {
+    "A machine": ["conf/machine/slurm_local.yaml"],
+    "A model architecture": ["axonn_launch/common/arch/llama.py",
+                             "axonn_launch/common/arch/__init__.py",
+                             "axonn_launch/train/models/llama.py",
+                             "axonn_launch/train/models/registry.py", "conf/model/llama_*.yaml"],
+    "A failure class": ["axonn_launch/records/failures.py", "conf/recovery/auto.yaml"],
+    "A command": ["axonn_launch/plan.py", "axonn_launch/usage.py"],
+    "A scheduler": ["axonn_launch/common/machine.py", "axonn_launch/submit/local.py",
+                    "axonn_launch/submit/pipeline.py"],
+    "A metric sink": ["axonn_launch/train/sinks.py", "axonn_launch/common/tracking.py"],
+}  # fmt: skip
+WORDS = {1: "1 package file", 2: "2 files", 3: "3 files", 5: "5 files"}
+
+
+def test_where_to_add_counts_the_files_each_needs():
+    """The doc's count for each thing is the number of files an existing one of it holds."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    section = doc.split("## Where to add", 1)[1].split("\n## ", 1)[0]
+    for thing, files in WHERE_TO_ADD.items():
+        line = re.search(rf"\*\*{thing}\*\*: ([^,:(]+)", section)
+        assert line, f"docs/architecture.md's Where to add lacks {thing!r}"
+        assert line.group(1).strip() == WORDS[len(files)], (thing, line.group(1))
+        missing = [f for f in files if not list(ROOT.glob(f))]
+        assert not missing, f"{thing}: {missing}"
+
+
+def test_each_metric_sink_name_has_its_opener():
+    """A ``metrics.sinks`` name the login side accepts opens on the job side."""
+    from axonn_launch.common.tracking import SINKS
+    from axonn_launch.train.sinks import opener_of
+
+    assert {"jsonl", "tensorboard", "wandb"} <= set(SINKS)
+    assert all(callable(opener_of(s.opener)) for s in SINKS.values() if s.opener)
+
+
+def test_the_job_reads_failure_class_names_from_the_one_table():
+    """``"hang"``/``"non_finite"`` are written once, in common/failure_classes.py."""
+    from axonn_launch.common import failure_classes
+    from axonn_launch.records import failures
+
+    assert set(failures.RECOVERY) == {
+        v for k, v in vars(failure_classes).items() if k.isupper() and isinstance(v, str)
+    }
+    written = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in PACKAGE.rglob("*.py")
+        if path.name not in ("failure_classes.py", "faults.py")  # faults: injected fault kinds
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value in failure_classes.DIAGNOSED
+    ]
+    assert not written, written

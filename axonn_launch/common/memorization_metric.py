@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from axonn_launch.common.indexed import read_index
 from axonn_launch.common.jobdir import JobPaths
+from axonn_launch.common.tokenfile import bin_dtype
 
 DEFAULT_CONTINUATION = 50
 DEFAULT_MAX_LENGTH = 2048
@@ -169,17 +170,33 @@ def load_tokenizer(source: Path) -> Tokenizer | None:
 
 
 def read_documents(
-    path: Path, tokenizer: Tokenizer | None, *, chunk: int = DEFAULT_CHUNK
+    path: Path,
+    tokenizer: Tokenizer | None,
+    *,
+    chunk: int = DEFAULT_CHUNK,
+    model_vocab: int | None = None,
 ) -> Iterator[Sequence[int]]:
     """Token ids of each document in ``path`` (.jsonl, or .bin with or without .idx), read
-    lazily: a .bin's documents are views of its memory map."""
+    lazily: a .bin's documents are views of its memory map, read as the job reads them
+    (``tokenfile.bin_dtype``; ``model_vocab`` decides the dtype when nothing beside it does)."""
     if not path.is_file():
         raise MemorizationError(f"data={path}: no such file")
     if path.suffix == ".jsonl":
         return _read_jsonl(path, tokenizer)
     if path.suffix == ".bin":
-        return _read_bin(path, chunk)
+        return _read_bin(path, chunk, model_vocab)
     raise MemorizationError(f"data={path}: expected a .jsonl or a .bin (with or without .idx)")
+
+
+def model_vocab(source: Path) -> int | None:
+    """The vocabulary size of the model in ``source``: a job's (or a checkpoint's inside one)
+    ``spec.json``, else a Hugging Face ``config.json``; None when neither says."""
+    for folder in [source, *source.parents][:4]:
+        spec = JobPaths(folder).spec
+        if spec.is_file():
+            return json.loads(spec.read_text()).get("model", {}).get("vocab_size")
+    config = source / "config.json"
+    return json.loads(config.read_text()).get("vocab_size") if config.is_file() else None
 
 
 def _read_jsonl(path: Path, tokenizer: Tokenizer | None) -> Iterator[list[int]]:
@@ -209,20 +226,17 @@ def _jsonl_document(record: Any, where: str, tokenizer: Tokenizer | None) -> lis
     raise MemorizationError(f'data={where}: expected {{"ids": [...]}} or {{"text": "..."}}')
 
 
-def _read_bin(path: Path, chunk: int) -> Iterator[Sequence[int]]:
+def _read_bin(path: Path, chunk: int, vocab: int | None) -> Iterator[Sequence[int]]:
     import numpy as np
 
-    idx = path.with_suffix(".idx")
-    if idx.is_file():
-        try:
-            index = read_index(idx)
-        except ValueError as exc:
-            raise MemorizationError(f"data={exc}") from exc
-        tokens = np.memmap(path, dtype=index.dtype, mode="r")
-        return (tokens[s : s + n] for s, n in zip(index.sequence_starts(), index.sizes))
-    sidecar = path.with_name(path.name + ".json")
-    dtype = json.loads(sidecar.read_text())["dtype"] if sidecar.is_file() else "uint16"
+    try:
+        dtype = bin_dtype(path, vocab)
+        index = read_index(path.with_suffix(".idx")) if path.with_suffix(".idx").is_file() else None
+    except ValueError as exc:
+        raise MemorizationError(f"data={exc}") from exc
     tokens = np.memmap(path, dtype=dtype, mode="r")
+    if index is not None:
+        return (tokens[s : s + n] for s, n in zip(index.sequence_starts(), index.sizes))
     return (tokens[s : s + chunk] for s in range(0, len(tokens), chunk))
 
 

@@ -63,25 +63,44 @@ def problem(key: str, value: str, model_vocab: int) -> str | None:
 
 
 def read_layout(path: Path, model_vocab: int) -> Layout:
-    """The job's dtype and id bound for ``path`` (``train.data.bin_dtype``'s rules)."""
+    """The job's dtype and id bound for ``path``: the one owner of the ``.bin`` rules (the
+    job's ``train.data.bin_dtype`` and the memorization metric read through here)."""
     sidecar = path.with_name(path.name + ".json")
     meta = read_sidecar(sidecar) if sidecar.exists() else {}
     vocab, vocab_from = model_vocab, f"model.vocab_size={model_vocab}"
     if "vocab_size" in meta:
         vocab, vocab_from = meta["vocab_size"], f"vocab_size {meta['vocab_size']} in {sidecar.name}"
+    dtype, dtype_from, tokens = _dtype_of(path, meta, model_vocab)
+    return Layout(path, dtype, dtype_from, tokens, vocab, vocab_from, meta.get("max_token_id"))
+
+
+def bin_dtype(path: Path, model_vocab: int | None) -> str:
+    """The dtype of a token ``.bin``: its ``.idx``'s, else its sidecar's, else the one for
+    ``model_vocab`` (None: unknown, a TokenFileError when nothing else says)."""
+    sidecar = path.with_name(path.name + ".json")
+    return _dtype_of(path, read_sidecar(sidecar) if sidecar.exists() else {}, model_vocab)[0]
+
+
+def dtype_for_vocab(vocab: int) -> str:
+    """A ``.bin``'s dtype when nothing beside it names one: uint16 while the ids fit."""
+    return "uint16" if vocab <= 2**16 else "uint32"
+
+
+def _dtype_of(path: Path, meta: dict, model_vocab: int | None) -> tuple[str, str, int | None]:
+    """(dtype, where it came from, tokens the ``.idx`` indexes) of ``path``."""
     idx = path.with_suffix(".idx")
-    tokens = None
     if idx.exists():
         dtype, tokens = read_index_header(idx)
-        dtype_from = f"the dtype of {idx.name}"
-    elif "dtype" in meta:
-        dtype, dtype_from = meta["dtype"], f"the dtype in {sidecar.name}"
-    else:
-        dtype = "uint16" if model_vocab <= 2**16 else "uint32"
-        dtype_from = (
-            f"the dtype for model.vocab_size={model_vocab}, with no .idx or .bin.json beside it"
+        return dtype, f"the dtype of {idx.name}", tokens
+    if "dtype" in meta:
+        return meta["dtype"], f"the dtype in {path.name}.json", None
+    if model_vocab is None:
+        raise TokenFileError(
+            f"{path.name}: no .idx or .bin.json beside it names its dtype, and no model vocab"
+            ' size to choose one; valid: a .bin.json naming it, e.g. {"dtype": "uint32"}'
         )
-    return Layout(path, dtype, dtype_from, tokens, vocab, vocab_from, meta.get("max_token_id"))
+    why = f"the dtype for model.vocab_size={model_vocab}, with no .idx or .bin.json beside it"
+    return dtype_for_vocab(model_vocab), why, None
 
 
 def read_sidecar(path: Path) -> dict:

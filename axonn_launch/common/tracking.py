@@ -12,8 +12,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SINKS = ("jsonl", "tensorboard", "wandb")
 DEFAULT_SINKS = ("jsonl", "tensorboard")
+
+
+@dataclass(frozen=True)
+class MetricSink:
+    """A ``metrics.sinks`` name and where the job finds its opener: ``opener`` is
+    ``"module:function"``, a function of one ``train.sinks.SinkOpening`` that returns the
+    open sink or None (imported only on rank 0 of a job that asks for it: no torch here).
+    "" = nothing to open (``jsonl``, which ``train/metrics.py`` always writes)."""
+
+    name: str
+    opener: str
+
+
+SINKS: dict[str, MetricSink] = {}
+
+
+def register_sink(sink: MetricSink) -> MetricSink:
+    """Add ``sink`` under its name, which no other may hold."""
+    if not sink.name or sink.name in SINKS:
+        raise ValueError(f"metric sink name {sink.name!r}: empty or already registered")
+    SINKS[sink.name] = sink
+    return sink
+
+
+register_sink(MetricSink("jsonl", ""))
+register_sink(MetricSink("tensorboard", "axonn_launch.train.sinks:open_tensorboard"))
+register_sink(MetricSink("wandb", "axonn_launch.train.sinks:open_wandb"))
 WANDB_MODES = ("online", "offline")
 
 

@@ -36,26 +36,29 @@ from typing import NamedTuple
 
 # The Slurm text rules live in slurmtext; records/status.py and the tests read these
 # names from here.
-from axonn_launch.common import fserrors
+from axonn_launch.common import failure_classes, fserrors
+
+# The class names live in common/ (the job reads them too); this module owns their actions.
+from axonn_launch.common.failure_classes import (
+    CANCELLED,
+    CODE_ERROR,
+    COLLECTIVE_FAILURE,
+    COMPLETED,
+    GPU_OOM,
+    HANG,
+    HOST_OOM,
+    NODE_FAILURE,
+    NON_FINITE,
+    PREEMPTED,
+    RANK_KILLED,
+    RUNNING,
+    STORAGE_ERROR,
+    STORAGE_FULL,
+    TIMEOUT,
+    UNKNOWN,
+)
 from axonn_launch.common.slurmtext import ACTIVE_STATES, base_state
 from axonn_launch.common.slurmtext import expand_nodelist as expand_nodelist
-
-COMPLETED = "completed"
-RUNNING = "running"
-TIMEOUT = "timeout"
-PREEMPTED = "preempted"
-CANCELLED = "cancelled"
-RANK_KILLED = "rank_killed"
-NODE_FAILURE = "node_failure"
-COLLECTIVE_FAILURE = "collective_failure"
-HANG = "hang"
-HOST_OOM = "host_oom"
-GPU_OOM = "gpu_oom"
-CODE_ERROR = "code_error"
-NON_FINITE = "non_finite"
-STORAGE_FULL = "storage_full"
-STORAGE_ERROR = "storage_error"
-UNKNOWN = "unknown"
 
 # The one vocabulary of actions: ``jobs status`` says them, ``jobs resubmit`` and the chain
 # (submit/chain.py, whose ``recovery.policy`` values are RESUME, RESUME_EXCLUDING, STOP and
@@ -110,7 +113,7 @@ CHAIN_POLICY = {
 CLASSES = tuple(ACTIONS)
 STORAGE_CLASSES = (STORAGE_FULL, STORAGE_ERROR)
 # the classes a rank diagnoses itself and writes into its failure record (``failure_class``)
-DIAGNOSED_CLASSES = (HANG, NON_FINITE)
+DIAGNOSED_CLASSES = failure_classes.DIAGNOSED
 # what may go into --exclude (a suspect the watchdog could not place is named "?")
 NODE_NAME = re.compile(r"[A-Za-z0-9][\w.-]*")
 
@@ -330,6 +333,16 @@ def chain_action(failure: str, policy: Mapping[str, str] | None = None) -> str:
     """What a chain does after an attempt of this class: the run's ``recovery.policy``,
     else the table's default; stop for a class it does not act on."""
     return (policy or {}).get(failure) or CHAIN_POLICY.get(failure, STOP)
+
+
+def lost_from_allocation(lost: tuple[str, ...], state: str, nodelist: str) -> Diagnosis:
+    """A job that Slurm resized (RESIZING: a node of a ``--no-kill`` job failed, its batch
+    host included) and that then ended, however Slurm calls that end, before its training
+    did: a node_failure of the nodes it lost."""
+    where = f" on {nodelist}" if nodelist else ""
+    return Diagnosis(NODE_FAILURE, f"Slurm resized the job: it lost {', '.join(lost)} from its"
+                     f" allocation (RESIZING), then ended {state or '?'}{where} with training"
+                     " left", lost)  # fmt: skip
 
 
 def classify(ev: Evidence) -> Diagnosis:

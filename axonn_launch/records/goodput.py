@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from axonn_launch.common.durations import duration
+from axonn_launch.common.failure_classes import HANG
 from axonn_launch.common.jobdir import JobPaths, metrics_row, read_failures, read_timeline
 
 PARTS = ("useful", "lost", "startup", "checkpoint", "recovery")
@@ -26,7 +27,6 @@ STALL_FACTOR = 10.0
 # The first steps of an allocation are slow by nature (warm-up, GEMM tuning), as the
 # watchdog's train.watchdog.startup_steps grants; steps that evaluated are longer too.
 STARTUP_STEPS = 2
-HANG = "hang"  # records/failures.HANG (a failure record's failure_class)
 CLOCK_SLACK_S = 60.0  # a rank's clock against the scheduler's
 
 

@@ -23,7 +23,8 @@ from axonn_launch.common.grid import Coords, Grid
 from axonn_launch.common.indexed import MASK_SUFFIX, read_index  # the index format (torch-free)
 from axonn_launch.common.indexed import MEGATRON_DTYPES as MEGATRON_DTYPES  # re-exported
 from axonn_launch.common.indexed import MEGATRON_IDX_HEADER as MEGATRON_IDX_HEADER
-from axonn_launch.common.spec import GoldfishConfig
+from axonn_launch.common.spec import GoldfishConfig, TrainConfig
+from axonn_launch.common.tokenfile import dtype_for_vocab, read_layout
 from axonn_launch.train.parallel.layers import IGNORE_INDEX as IGNORE_INDEX  # the loss's
 
 SHAKESPEARE = Path(__file__).parent / "assets" / "tinyshakespeare.txt"
@@ -280,17 +281,9 @@ def _split_point(whole: ArraySource) -> int:
 
 
 def bin_dtype(path: Path, *, model_vocab: int) -> tuple[np.dtype, int]:
-    """(dtype, vocab bound) of a token ``.bin``: the dtype from its ``.idx``, else its JSON
-    sidecar, else the model's vocab size; the bound from the sidecar, else the model's vocab."""
-    idx = path.with_suffix(".idx")
-    sidecar = path.with_name(path.name + ".json")
-    meta = json.loads(sidecar.read_text()) if sidecar.exists() else {}
-    vocab = int(meta.get("vocab_size", model_vocab))
-    if idx.exists():
-        return read_index(idx).dtype, vocab
-    if "dtype" in meta:
-        return np.dtype(meta["dtype"]), vocab
-    return np.dtype(np.uint16 if model_vocab <= 2**16 else np.uint32), model_vocab
+    """(dtype, vocab bound) of a token ``.bin``, by ``tokenfile.read_layout``'s rules."""
+    layout = read_layout(path, model_vocab)
+    return np.dtype(layout.dtype), layout.vocab
 
 
 def read_bin(path: Path, *, model_vocab: int) -> tuple[np.ndarray, int]:
@@ -303,18 +296,59 @@ def read_bin(path: Path, *, model_vocab: int) -> tuple[np.ndarray, int]:
 
 def write_bin(path: Path, tokens: np.ndarray, *, vocab_size: int) -> None:
     """Write tokens as a ``.bin`` plus its JSON sidecar (uint16 if the vocab allows)."""
-    dtype = np.uint16 if vocab_size <= 2**16 else np.uint32
+    dtype = np.dtype(dtype_for_vocab(vocab_size))
     np.asarray(tokens, dtype=dtype).tofile(path)
     meta = {"dtype": np.dtype(dtype).name, "vocab_size": vocab_size}
     path.with_name(path.name + ".json").write_text(json.dumps(meta))
 
 
-class Loader:
-    """This rank's micro-batches; ranks of one x*y plane get the same sequences.
+@dataclass(frozen=True)
+class Geometry:
+    """Which sequences this rank reads: the grid, its place in it, and the step's shape.
 
     For optimizer step t and micro-step m, local row r of the rank at data index d and z
     index zz reads global sequence ``t * global_batch + i`` with
     ``i = m*(micro_batch*data) + d*micro_batch + zz*(micro_batch//z) + r``.
+    """
+
+    grid: Grid
+    coords: Coords
+    micro_batch: int
+    seq_len: int
+    accumulation: int
+
+    def __post_init__(self) -> None:
+        if self.micro_batch % self.grid.z:
+            raise ValueError(
+                f"micro_batch={self.micro_batch} is not divisible by grid.z={self.grid.z}"
+            )
+
+    @classmethod
+    def of(cls, train: TrainConfig, grid: Grid, coords: Coords) -> Geometry:
+        """The job's geometry: ``train``'s shape on ``grid`` at ``coords``."""
+        return cls(grid, coords, train.micro_batch, train.seq_len, train.accumulation_steps(grid))
+
+    @property
+    def local_rows(self) -> int:
+        return self.micro_batch // self.grid.z
+
+    @property
+    def global_batch(self) -> int:
+        return self.accumulation * self.micro_batch * self.grid.data
+
+    def sequence_numbers(self, step: int, micro: int) -> list[int]:
+        base = (
+            step * self.global_batch
+            + micro * self.micro_batch * self.grid.data
+            + self.coords.data * self.micro_batch
+            + self.coords.z * self.local_rows
+        )
+        return [base + r for r in range(self.local_rows)]
+
+
+class Loader:
+    """This rank's micro-batches (the rows its ``Geometry`` names); ranks of one x*y plane
+    get the same sequences.
 
     ``goldfish`` (k > 0) drops labels from the loss with ``goldfish.keep_mask``, given each
     label's ``h - 1`` preceding stream labels and its position in its document (offset
@@ -327,37 +361,21 @@ class Loader:
     def __init__(
         self,
         source: TokenSource,
+        geometry: Geometry,
         *,
-        grid: Grid,
-        coords: Coords,
-        micro_batch: int,
-        seq_len: int,
-        accumulation: int,
         seed: int,
         device: torch.device | str = "cpu",
         goldfish: GoldfishConfig | None = None,
     ) -> None:
-        if micro_batch % grid.z:
-            raise ValueError(f"micro_batch={micro_batch} is not divisible by grid.z={grid.z}")
-        source.check_length(seq_len + 1)
+        source.check_length(geometry.seq_len + 1)
         self.source = source
-        self.grid = grid
-        self.coords = coords
-        self.micro_batch = micro_batch
-        self.seq_len = seq_len
-        self.accumulation = accumulation
+        self.geometry = geometry
+        self.seq_len = geometry.seq_len
+        self.accumulation = geometry.accumulation
         self.seed = seed
         self.device = torch.device(device)
         self.goldfish = goldfish if goldfish is not None and goldfish.k > 0 else None
         self.step = 0  # next optimizer step to load
-
-    @property
-    def local_rows(self) -> int:
-        return self.micro_batch // self.grid.z
-
-    @property
-    def global_batch(self) -> int:
-        return self.accumulation * self.micro_batch * self.grid.data
 
     @property
     def context(self) -> int:
@@ -365,13 +383,7 @@ class Loader:
         return self.goldfish.h - 1 if self.goldfish else 0
 
     def sequence_numbers(self, step: int, micro: int) -> list[int]:
-        base = (
-            step * self.global_batch
-            + micro * self.micro_batch * self.grid.data
-            + self.coords.data * self.micro_batch
-            + self.coords.z * self.local_rows
-        )
-        return [base + r for r in range(self.local_rows)]
+        return self.geometry.sequence_numbers(step, micro)
 
     def batch(self, step: int, micro: int) -> MicroBatch:
         """Inputs, targets and packed examples, each ``[micro_batch // z, seq_len]``."""
@@ -448,21 +460,14 @@ class EvalLoader(Loader):
     def __init__(
         self,
         source: TokenSource,
+        geometry: Geometry,
         *,
-        grid: Grid,
-        coords: Coords,
-        micro_batch: int,
-        seq_len: int,
-        accumulation: int,
         batches: int,
         device: torch.device | str = "cpu",
     ) -> None:
         if batches < 1:
             raise ValueError(f"batches={batches}: an evaluation needs at least one batch")
-        super().__init__(
-            source, grid=grid, coords=coords, micro_batch=micro_batch, seq_len=seq_len,
-            accumulation=accumulation, seed=EVAL_SEED, device=device,
-        )  # fmt: skip
+        super().__init__(source, geometry, seed=EVAL_SEED, device=device)
         self.batches = batches
 
     def __len__(self) -> int:

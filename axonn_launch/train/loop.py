@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from axonn_launch.common.failure_classes import NON_FINITE
 from axonn_launch.common.spec import TrainConfig
 from axonn_launch.train.data import IGNORE_INDEX, Loader, MicroBatch
 from axonn_launch.train.health.monitor import StepMonitor
@@ -187,7 +188,7 @@ class NonFiniteError(ArithmeticError):
             f"non-finite {first} at step {step} ({other} {other_state}); the step was not"
             f" applied and nothing was saved at or after it"
         )
-        self.evidence = {"failure_class": "non_finite", "step": step, "first": first}
+        self.evidence = {"failure_class": NON_FINITE, "step": step, "first": first}
 
 
 def check_finite(step: int, loss: float, grad_norm: float) -> None:

@@ -28,7 +28,7 @@ from axonn_launch.common.rules import job_problem
 from axonn_launch.common.spec import JobSpec
 from axonn_launch.train.checkpoint.manager import Checkpointer, resume_point
 from axonn_launch.train.checkpoint.state import resume, save
-from axonn_launch.train.data import EvalLoader, Loader, open_source
+from axonn_launch.train.data import EvalLoader, Geometry, Loader, open_source
 from axonn_launch.train.health import preflight
 from axonn_launch.train.health.faults import poisons
 from axonn_launch.train.health.monitor import StepMonitor
@@ -204,11 +204,7 @@ def open_loader(spec: JobSpec, groups: Groups, device: torch.device) -> Loader:
     train = spec.train
     return Loader(
         open_source(train.data, model_vocab=spec.model.vocab_size),
-        grid=spec.grid,
-        coords=groups.coords,
-        micro_batch=train.micro_batch,
-        seq_len=train.seq_len,
-        accumulation=train.accumulation_steps(spec.grid),
+        Geometry.of(train, spec.grid, groups.coords),
         seed=train.seed,
         device=device,
         goldfish=train.goldfish,
@@ -258,7 +254,7 @@ def train_context(
         tokens_per_step=train.global_batch * train.seq_len,
         start_step=start_step,
         should_stop=should_stop,
-        evaluate=validation_loss(spec, model, groups, device),
+        evaluate=validation_loss(spec, model, loader.geometry, device),
         monitor=step_monitor(spec, env, model, watchdog),
         skip=frozenset(jobdir.skipped_steps(spec.job_dir)),
         poisons=poisons(rank=env.rank, attempt=jobdir.attempt_number(spec.job_dir)),
@@ -427,23 +423,20 @@ def load_pretrained(spec: JobSpec, model: GPT, groups: Groups) -> None:
     )  # fmt: skip
 
 
-def validation_loss(spec: JobSpec, model: GPT, groups: Groups, device: torch.device):
-    """The validation loss as a function of no arguments, or None (``eval_batches`` 0)."""
+def validation_loss(spec: JobSpec, model: GPT, geometry: Geometry, device: torch.device):
+    """The validation loss as a function of no arguments, or None (``eval_batches`` 0): read
+    as the training is (``geometry``: the training loader's)."""
     train = spec.train
     if train.eval_batches < 1:
         return None
     data, split = (train.eval_data, "all") if train.eval_data else (train.data, "val")
     batches = EvalLoader(
         open_source(data, model_vocab=spec.model.vocab_size, split=split),
-        grid=spec.grid,
-        coords=groups.coords,
-        micro_batch=train.micro_batch,
-        seq_len=train.seq_len,
-        accumulation=train.accumulation_steps(spec.grid),
+        geometry,
         batches=train.eval_batches,
         device=device,
     )
-    dtype = compute_dtype(train, device)
+    dtype, groups = compute_dtype(train, device), model.groups
     return lambda batch_done: evaluate(model, list(batches), groups, device, dtype, batch_done)
 
 

@@ -1,7 +1,8 @@
 """Rank 0's metric sinks besides ``metrics.jsonl``: TensorBoard and Weights & Biases.
 
-``open_sinks`` opens those ``metrics.sinks`` names in the run's root dir, so that every
-attempt of a run (a requeue, a recovery attempt ``<dir>_attempt<N>``) adds to one
+``open_sinks`` opens those ``metrics.sinks`` names (``common.tracking.SINKS``: a new sink
+is one module with an opener and one ``register_sink`` line there) in the run's root dir,
+so that every attempt of a run (a requeue, a recovery attempt ``<dir>_attempt<N>``) adds to one
 TensorBoard folder and resumes one W&B run. TensorBoard gets every row as it is logged and
 starts each attempt with a purge at its first step (no step twice in the stream); W&B gets
 only final rows (a published checkpoint covers them), so no step is sent twice. A sink that
@@ -11,11 +12,13 @@ docs/job-side.md ("Curves").
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
 import uuid
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from axonn_launch.common.jobdir import (
@@ -28,7 +31,7 @@ from axonn_launch.common.jobdir import (
     write_json_atomically,
 )
 from axonn_launch.common.spec import JobSpec
-from axonn_launch.common.tracking import WandbConfig
+from axonn_launch.common.tracking import SINKS, WandbConfig
 
 log = logging.getLogger(__name__)
 
@@ -240,31 +243,49 @@ def open_sink(name: str, opener, /, *args, **kwargs):
     return None
 
 
+@dataclass(frozen=True)
+class SinkOpening:
+    """What a sink's opener (``common.tracking.MetricSink.opener``) is given."""
+
+    spec: JobSpec
+    root: Path  # the run's root dir: every attempt's sinks open there
+    start_step: int
+    attempt: int
+    predicted: float | None  # the planner's step time (s), if it made one
+
+
 def open_sinks(spec: JobSpec, *, start_step: int, attempt: int, enabled: bool) -> Sinks:
-    """Rank 0's sinks (``enabled``), opened in the run's root dir; none on other ranks."""
+    """Rank 0's sinks (``enabled``), each ``metrics.sinks`` name's registered opener called
+    in the run's root dir; none on other ranks."""
     if not enabled:
         return Sinks([])
     record = read_record_or_empty(spec.job_dir)
     root, predicted = run_root(spec.job_dir, record), record.get("predicted_step_s")
-    opened = []
-    if spec.metrics.wants("tensorboard"):
-        opened.append(open_tensorboard(spec, root, start_step, attempt, predicted))
-    if spec.metrics.wants("wandb"):
-        config = asdict(spec) | {"predicted_step_s": predicted, "attempt": attempt}
-        opened.append(open_sink(
-            "wandb", WandbSink, spec.metrics.wandb, root, run_name=spec.name,
-            job_dir=Path(spec.job_dir), attempt=attempt, start_step=start_step,
-            config=config,
-        ))  # fmt: skip
+    opening = SinkOpening(spec, root, start_step, attempt, predicted)
+    openers = [SINKS[name].opener for name in spec.metrics.sinks if SINKS[name].opener]
+    opened = [opener_of(path)(opening) for path in openers]
     return Sinks([sink for sink in opened if sink is not None])
 
 
-def open_tensorboard(
-    spec: JobSpec, root: Path, start_step: int, attempt: int, predicted: float | None
-) -> TensorBoardSink | None:
-    preflight = read_json_or_none(JobPaths(spec.job_dir).preflight)
+def opener_of(path: str) -> Callable[[SinkOpening], object | None]:
+    """The function ``"module:function"`` names."""
+    module, _, function = path.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def open_tensorboard(at: SinkOpening) -> TensorBoardSink | None:
+    preflight = read_json_or_none(JobPaths(at.spec.job_dir).preflight)
     return open_sink(
-        "tensorboard", TensorBoardSink, JobPaths(root).tensorboard, start_step=start_step,
-        attempt=attempt, predicted=predicted,
+        "tensorboard", TensorBoardSink, JobPaths(at.root).tensorboard, start_step=at.start_step,
+        attempt=at.attempt, predicted=at.predicted,
         preflight=preflight if isinstance(preflight, dict) else None,
+    )  # fmt: skip
+
+
+def open_wandb(at: SinkOpening) -> WandbSink | None:
+    spec = at.spec
+    config = asdict(spec) | {"predicted_step_s": at.predicted, "attempt": at.attempt}
+    return open_sink(
+        "wandb", WandbSink, spec.metrics.wandb, at.root, run_name=spec.name,
+        job_dir=Path(spec.job_dir), attempt=at.attempt, start_step=at.start_step, config=config,
     )  # fmt: skip

@@ -292,3 +292,20 @@ def test_help(tmp_path):
         "usage: python -m axonn_launch.memorization"
     )
     assert REPO.exists()
+
+
+def test_bin_of_a_large_vocab_is_read_as_uint32(tmp_path):
+    """No .idx, no sidecar: the model's vocab (> 65,536) makes it uint32, as the job reads it."""
+    tokens = np.array([70_000, 5, 99_999, 65_536, 1], dtype=np.uint32)
+    tokens.tofile(tmp_path / "t.bin")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"vocab_size": 100_000}))
+    vocab = metric.model_vocab(tmp_path / "model")
+    docs = metric.read_documents(tmp_path / "t.bin", None, chunk=3, model_vocab=vocab)
+    assert [d.tolist() for d in docs] == [[70_000, 5, 99_999], [65_536, 1]]
+
+
+def test_bin_with_no_dtype_and_no_vocab_is_refused(tmp_path):
+    np.arange(4, dtype=np.uint16).tofile(tmp_path / "t.bin")
+    with pytest.raises(metric.MemorizationError, match="names its dtype"):
+        metric.read_documents(tmp_path / "t.bin", None)

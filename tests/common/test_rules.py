@@ -26,7 +26,7 @@ from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig, TrainConfig
 from axonn_launch.config.compose import ConfigError, GridRequest, LaunchConfig
 from axonn_launch.config.resolve import resolve
-from axonn_launch.train.data import Loader, SyntheticSource
+from axonn_launch.train.data import Geometry, Loader, SyntheticSource
 from axonn_launch.train.models.gpt import GPT, Block
 from axonn_launch.train.parallel.comm import Comm
 from axonn_launch.train.parallel.groups import single_process_groups
@@ -210,11 +210,7 @@ def loader_covers_the_step(grid: Grid, train: TrainConfig) -> bool:
         loaders = [
             Loader(
                 SyntheticSource(vocab_size=256),
-                grid=grid,
-                coords=grid.coords(rank),
-                micro_batch=train.micro_batch,
-                seq_len=8,
-                accumulation=accumulation,
+                Geometry(grid, grid.coords(rank), train.micro_batch, 8, accumulation),
                 seed=0,
             )
             for rank in range(grid.world_size)

@@ -11,6 +11,7 @@ import torch
 from axonn_launch.common.grid import Coords, Grid
 from axonn_launch.train.data import (
     SHAKESPEARE,
+    Geometry,
     Loader,
     bin_dtype,
     open_source,
@@ -24,11 +25,7 @@ GRIDS = [Grid(), Grid(x=2, z=2), Grid(data=2, z=2), Grid(data=2, x=2, y=2, z=2),
 def make_loader(grid: Grid, rank: int, *, source=None, micro_batch=4, accumulation=2, seed=7):
     return Loader(
         source or open_source("shakespeare", model_vocab=256),
-        grid=grid,
-        coords=grid.coords(rank),
-        micro_batch=micro_batch,
-        seq_len=16,
-        accumulation=accumulation,
+        Geometry(grid, grid.coords(rank), micro_batch, seq_len=16, accumulation=accumulation),
         seed=seed,
     )
 

@@ -17,6 +17,7 @@ from axonn_launch.common.spec import GoldfishConfig
 from axonn_launch.train.data import (
     IGNORE_INDEX,
     EvalLoader,
+    Geometry,
     Loader,
     open_source,
 )
@@ -41,8 +42,8 @@ def random_docs(count: int, *, low: int = 5, high: int = 60, seed: int = 0) -> l
 
 
 def loader(source, grid=GRIDS[0], rank=0, *, micro_batch=4, accumulation=2, goldfish=None):
-    return Loader(source, grid=grid, coords=grid.coords(rank), micro_batch=micro_batch,
-                  seq_len=SEQ, accumulation=accumulation, seed=3, goldfish=goldfish)  # fmt: skip
+    geometry = Geometry(grid, grid.coords(rank), micro_batch, SEQ, accumulation)
+    return Loader(source, geometry, seed=3, goldfish=goldfish)
 
 
 def offsets(load: Loader, step: int, micro: int, inputs: torch.Tensor, stream) -> list[int]:
@@ -98,8 +99,8 @@ def test_packed_windows_are_whole_sequences_with_minus_100_where_masked(tmp_path
 def test_packed_data_needs_its_seq_len(tmp_path):
     path, _, _ = packed_dataset(tmp_path)
     with pytest.raises(ValueError, match="seq_len=8"):
-        Loader(open_source(str(path), model_vocab=VOCAB), grid=Grid(), coords=Grid().coords(0),
-               micro_batch=1, seq_len=8, accumulation=1, seed=0)  # fmt: skip
+        geometry = Geometry(Grid(), Grid().coords(0), micro_batch=1, seq_len=8, accumulation=1)
+        Loader(open_source(str(path), model_vocab=VOCAB), geometry, seed=0)
 
 
 def test_mask_without_index_is_rejected(tmp_path):
@@ -198,8 +199,8 @@ def test_goldfish_off_reads_no_context_and_changes_nothing():
 
 
 def eval_loader(source, grid: Grid, rank: int, *, micro_batch=4, accumulation=2, batches=3):
-    return EvalLoader(source, grid=grid, coords=grid.coords(rank), micro_batch=micro_batch,
-                      seq_len=SEQ, accumulation=accumulation, batches=batches)  # fmt: skip
+    geometry = Geometry(grid, grid.coords(rank), micro_batch, SEQ, accumulation)
+    return EvalLoader(source, geometry, batches=batches)
 
 
 @pytest.mark.parametrize("grid", GRIDS, ids=lambda g: g.describe())

@@ -14,7 +14,7 @@ from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import GoldfishConfig, OverlapConfig
 from axonn_launch.cost.planner import enumerate_grids
-from axonn_launch.train.data import IGNORE_INDEX, EvalLoader, Loader, open_source
+from axonn_launch.train.data import IGNORE_INDEX, EvalLoader, Geometry, Loader, open_source
 from axonn_launch.train.loop import average_loss_and_flags, evaluate, run_micro_steps
 from axonn_launch.train.models.gpt import finish_gradients, full_grad_dict
 from axonn_launch.train.models.registry import build_model
@@ -30,12 +30,9 @@ CPU = torch.device("cpu")
 
 def _loaders(grid: Grid, coords) -> tuple[Loader, EvalLoader]:
     micro_batch = GLOBAL_BATCH // (ACCUMULATION * grid.data)
-    common = dict(grid=grid, coords=coords, micro_batch=micro_batch, seq_len=SEQ,
-                  accumulation=ACCUMULATION)  # fmt: skip
-    train = Loader(open_source("shakespeare", model_vocab=256), seed=5, goldfish=GOLDFISH,
-                   **common)  # fmt: skip
-    val = EvalLoader(open_source("shakespeare", model_vocab=256, split="val"), batches=2,
-                     **common)  # fmt: skip
+    geometry = Geometry(grid, coords, micro_batch, SEQ, ACCUMULATION)
+    train = Loader(open_source("shakespeare", model_vocab=256), geometry, seed=5, goldfish=GOLDFISH)
+    val = EvalLoader(open_source("shakespeare", model_vocab=256, split="val"), geometry, batches=2)
     return train, val
 
 

@@ -15,7 +15,7 @@ from axonn_launch.common.indexed import IndexedWriter, token_dtype
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import GoldfishConfig, OverlapConfig
 from axonn_launch.cost.planner import enumerate_grids
-from axonn_launch.train.data import IGNORE_INDEX, Loader, open_source
+from axonn_launch.train.data import IGNORE_INDEX, Geometry, Loader, open_source
 from axonn_launch.train.loop import average_loss_and_flags, run_micro_steps
 from axonn_launch.train.models.gpt import finish_gradients, full_grad_dict
 from axonn_launch.train.models.registry import build_model
@@ -49,8 +49,7 @@ ROWS = [[10, 15], [25], [4, 9, 12], [7, 7, 7, 4], [20, 5], [25], [3, 22], [12, 1
 
 def loader(source, grid: Grid | None = None, rank: int = 0, *, micro_batch: int = 4) -> Loader:
     grid = grid or Grid()
-    return Loader(source, grid=grid, coords=grid.coords(rank), micro_batch=micro_batch,
-                  seq_len=SEQ, accumulation=1, seed=3)  # fmt: skip
+    return Loader(source, Geometry(grid, grid.coords(rank), micro_batch, SEQ, 1), seed=3)
 
 
 def test_the_loader_numbers_each_tokens_example_within_its_row(tmp_path):
@@ -73,8 +72,8 @@ def test_goldfish_static_counts_positions_from_each_examples_first_token(tmp_pat
     source = open_source(str(write_packed(tmp_path / "p", ROWS)), model_vocab=VOCAB, split="all")
     k, rows = 3, len(ROWS)
     static = GoldfishConfig(k=k, h=2, strategy="static")
-    fish = Loader(source, grid=Grid(), coords=Grid().coords(0), micro_batch=rows, seq_len=SEQ,
-                  accumulation=1, seed=3, goldfish=static)  # fmt: skip
+    geometry = Geometry(Grid(), Grid().coords(0), rows, SEQ, 1)
+    fish = Loader(source, geometry, seed=3, goldfish=static)
     _, fished, examples = fish.batch(0, 0)
     _, plain, _ = loader(source, micro_batch=rows).batch(0, 0)
     for r in range(rows):

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from axonn_launch.common import jobdir
+from axonn_launch.common import failure_classes, jobdir
 from axonn_launch.common.jobdir import (
     JobPaths,
     read_json_or_none,
@@ -34,7 +34,7 @@ from axonn_launch.common.spec import StragglerConfig, WatchdogConfig
 
 log = logging.getLogger(__name__)
 
-HANG = "hang"
+HANG = failure_classes.HANG  # the failure record's class
 HANG_EXIT = 75  # a rank that detected a hang ends with this code
 REQUEST = jobdir.HANG_REQUEST
 # a step's sections in order: a rank in a later one has made more progress

@@ -52,7 +52,10 @@ def run_memorization(spec: JobSpec, model, device: torch.device, rank: int) -> d
         max_length=min(memo.DEFAULT_MAX_LENGTH, spec.model.max_seq_len),
     )
     prompts, skipped = memo.build_prompts(
-        memo.read_documents(Path(cfg.data), tokenizer, chunk=settings.max_length), settings
+        memo.read_documents(
+            Path(cfg.data), tokenizer, chunk=settings.max_length, model_vocab=spec.model.vocab_size
+        ),
+        settings,
     )
     started = time.perf_counter()
     new = generate(

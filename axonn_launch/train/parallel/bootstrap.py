@@ -80,17 +80,37 @@ def _ranks_from_environment(env: Mapping[str, str], runtime: RuntimeConfig) -> _
     return readers[source](env, runtime)
 
 
+# (rank, local rank, world size, local world size): the variables a launcher sets in each task
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+OPENMPI_VARS = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE",
+                "OMPI_COMM_WORLD_LOCAL_SIZE")  # fmt: skip
+
+
 def _from_torchrun(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
-    world = int(env["WORLD_SIZE"])
+    return _from_variables(env, TORCHRUN_VARS, runtime, "torchrun")
+
+
+def _from_variables(
+    env: Mapping[str, str], names: tuple[str, str, str, str], runtime: RuntimeConfig, source: str
+) -> _Ranks:
+    """The one builder from a launcher's variables (``names``: ``TORCHRUN_VARS``...); the
+    master is ``MASTER_ADDR``, else this host (one node)."""
+    rank, local_rank, size, local_size = names
+    world = int(env[size])
     return _Ranks(
-        rank=int(env["RANK"]),
-        local_rank=int(env.get("LOCAL_RANK", "0")),
+        rank=int(env[rank]),
+        local_rank=int(env.get(local_rank, "0")),
         world_size=world,
-        local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world))),
+        local_world_size=int(env.get(local_size, world)),
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-        master_port=int(env.get("MASTER_PORT", str(runtime.master_port))),
-        source="torchrun",
+        master_port=_master_port(env, runtime.master_port),
+        source=source,
     )
+
+
+def _master_port(env: Mapping[str, str], default: int) -> int:
+    """``MASTER_PORT`` when the launcher set it, else ``default``."""
+    return int(env.get("MASTER_PORT", default))
 
 
 def _from_slurm(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
@@ -105,7 +125,7 @@ def _from_slurm(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
         world_size=world,
         local_world_size=_slurm_local_world_size(env, world),
         master_addr=env.get("MASTER_ADDR", hosts[0]),
-        master_port=int(env.get("MASTER_PORT", runtime.master_port + job_id % SLURM_PORT_RANGE)),
+        master_port=_master_port(env, runtime.master_port + job_id % SLURM_PORT_RANGE),
         source="slurm",
     )
 
@@ -142,7 +162,7 @@ def _from_mpi(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
         world_size=comm.Get_size(),
         local_world_size=node_comm.Get_size(),
         master_addr=env.get("MASTER_ADDR", master_addr),
-        master_port=int(env.get("MASTER_PORT", runtime.master_port)),
+        master_port=_master_port(env, runtime.master_port),
         source="mpi",
     )
     node_comm.Free()
@@ -150,18 +170,8 @@ def _from_mpi(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
 
 
 def _from_openmpi_variables(env: Mapping[str, str], runtime: RuntimeConfig) -> _Ranks:
-    """Open MPI's own variables give the ranks; the master's host is ``MASTER_ADDR``, else
-    this host (a one-node mpirun)."""
-    world = int(env["OMPI_COMM_WORLD_SIZE"])
-    return _Ranks(
-        rank=int(env["OMPI_COMM_WORLD_RANK"]),
-        local_rank=int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")),
-        world_size=world,
-        local_world_size=int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", str(world))),
-        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-        master_port=int(env.get("MASTER_PORT", runtime.master_port)),
-        source="mpi",
-    )
+    """Open MPI's own variables give the ranks (mpirun without mpi4py)."""
+    return _from_variables(env, OPENMPI_VARS, runtime, "mpi")
 
 
 # the variable each srun --mpi plugin sets in every task (as measured on the local cluster)
