@@ -18,12 +18,14 @@ import pickle
 import re
 import subprocess
 import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
 from axonn_launch.common import slurmtext
+from axonn_launch.common.durations import duration
 from axonn_launch.common.jobdir import (
     CHECKPOINTS,
     HYDRA,
@@ -72,6 +74,9 @@ class SchedulerInfo:
     # every ended allocation (submit, start, end), oldest first: a job requeued in place
     # (a time limit, a preemption) ran in several (sacct -D)
     allocations: tuple[tuple[float, float, float], ...] = ()
+    # nodes a resize took from the job (sacct's RESIZING rows' nodes the newest row lacks):
+    # a failed node of a ``--no-kill`` job, its batch host included
+    lost_nodes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -122,6 +127,9 @@ class JobStatus:
     charged_nodes: int = 0  # the nodes its allocation held (spares too), from the scheduler
     # a pending attempt's start as Slurm estimates it (squeue --start), or why there is none
     expected_start: str = ""
+    # Slurm could not be asked (squeue and sacct failed): its last known state and age;
+    # the job is shown, never classed, resubmitted or stopped, until Slurm answers
+    unreachable: str = ""
 
     @property
     def allocations_held(self) -> int:
@@ -174,7 +182,8 @@ def runs(rows: list[JobStatus]) -> list[JobStatus]:
         if state == RUN_RUNNING and newest.state.startswith("PENDING"):
             state = RUN_WAITING
         history = chain.get("attempts") or []
-        last = history[-1]["class"] if history and newest.failure in ("", "running") else ""
+        unclassed = newest.failure in ("", "running") and not newest.unreachable
+        last = history[-1]["class"] if history and unclassed else ""
         in_place = sum(len(r.restarts_in_place) for r in group)
         shown.append(replace(
             newest, run_state=state, attempts=max(len(group), newest.attempt) + in_place,
@@ -257,7 +266,7 @@ def pack_lines(paths: list[str], rows: list[JobStatus]) -> list[str]:
             plan = json.loads((pack / PACK_PLAN).read_text())
             points = plan.get("points") or []
             shown = [by_dir.get(str(Path(p["job_dir"]).resolve())) for p in points]
-            classes = Counter(r.failure or r.state.lower() for r in shown if r)
+            classes = Counter(pack_word(r) for r in shown if r)
             counted = ", ".join(f"{n} {word}" for word, n in sorted(classes.items()))
             nums = ",".join(str(p["num"]) for p in points)
             job = f"job {plan['job_id']}" if plan.get("job_id") else "not submitted"
@@ -267,6 +276,14 @@ def pack_lines(paths: list[str], rows: list[JobStatus]) -> list[str]:
             lines.append(f"{word} {pack.name}: {job}, {size}, points {nums}:"
                          f" {counted or 'no status yet'}")  # fmt: skip
     return lines
+
+
+def pack_word(row: JobStatus) -> str:
+    """A packed point's word in its pack's line: its class, ``pending`` while queued (not
+    ``running``), or why Slurm holds its pack for good."""
+    if row.expected_start.startswith(HELD_WORDS):
+        return row.expected_start.split(":")[0]
+    return "pending" if row.state.startswith("PENDING") else row.failure or row.state.lower()
 
 
 def _walk(path: Path, found: list[Path]) -> None:
@@ -430,10 +447,19 @@ def sacct_infos(text: str) -> dict[str, SchedulerInfo]:
         ended = sorted((r for r in found if r.times), key=lambda r: (r.times[0], r.times[1]))
         newest = ongoing[-1] if ongoing else ended[-1]
         allocations = tuple(r.times for r in ended if r.times)
+        lost = resized_away(found, newest)
         infos[job] = SchedulerInfo(
-            newest.state, newest.exit_code, newest.nodelist, newest.times, allocations
+            newest.state, newest.exit_code, newest.nodelist, newest.times, allocations, lost
         )
     return infos
+
+
+def resized_away(rows: list[slurmtext.JobRow], newest: slurmtext.JobRow) -> tuple[str, ...]:
+    """The nodes of the job's RESIZING rows that its newest row does not hold."""
+    kept = set(failures.expand_nodelist(newest.nodelist))
+    lost = [n for r in rows if failures.base_state(r.state) == "RESIZING"
+            for n in failures.expand_nodelist(r.nodelist) if n not in kept]  # fmt: skip
+    return tuple(dict.fromkeys(lost))
 
 
 def expected_starts(job_ids: list[str]) -> dict[str, str]:
@@ -451,9 +477,26 @@ def expected_starts(job_ids: list[str]) -> dict[str, str]:
     return found
 
 
+# squeue reasons a pending job never leaves by waiting: it asks more than its partition,
+# account or QOS ever allows (a pack sized beyond its partition, ``submit/pack.py``)
+NEVER_CLEARS = ("PartitionNodeLimit", "PartitionTimeLimit", "AssocMaxNodesPerJob",
+                "AssocMaxWallDurationPerJobLimit", "QOSMaxNodePerJobLimit",
+                "QOSMaxWallDurationPerJobLimit", "PartitionConfig", "BadConstraints",
+                "InvalidAccount", "InvalidQOS")  # fmt: skip
+HELD_WORDS = "held by Slurm for good"
+
+
+def held_for_good(why: str) -> bool:
+    """Whether squeue's reason ``why`` for a pending job can never clear."""
+    return why.split(",")[0].strip() in NEVER_CLEARS
+
+
 def start_words(when: str, why: str) -> str:
     """``pending: Slurm expects it to start at 2026-12-06 05:10:00 (squeue --start); it
-    waits for: Priority``."""
+    waits for: Priority``; for a reason that never clears, that it never starts."""
+    if held_for_good(why):
+        return (f"{HELD_WORDS} ({why}, squeue): it will never start; cancel it (jobs stop)"
+                " and submit it within the partition's limits")  # fmt: skip
     known = re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d", when) is not None  # else N/A, Unknown
     said = (
         f"pending: Slurm expects it to start at {when.replace('T', ' ')} (squeue --start)"
@@ -488,7 +531,8 @@ def command_result(command: list[str]) -> tuple[str | None, str]:
     if proc.returncode == 0:
         return proc.stdout, ""
     said = proc.stderr.strip().splitlines()
-    return None, said[-1][:200] if said else f"exit code {proc.returncode}"
+    last = said[-1].removeprefix(f"{command[0]}: ") if said else f"exit code {proc.returncode}"
+    return None, last[:200]
 
 
 # --- evidence from the job directory -------------------------------------------------------
@@ -790,6 +834,10 @@ def diagnose(
         return "NOT_SUBMITTED", Diagnosis(failures.UNKNOWN, "no job id in job.json")
     ev = evidence(job_dir, record, info)
     diagnosis = failures.classify(ev)
+    resized = info and info.lost_nodes and diagnosis.failure != failures.RUNNING
+    if resized and not finished_by_itself(job_dir, record):  # whatever Slurm calls the end
+        lost = failures.lost_from_allocation(info.lost_nodes, info.state, info.nodelist)
+        return info.state or "ENDED", lost
     if diagnosis.failure in (failures.COLLECTIVE_FAILURE, failures.UNKNOWN):
         ev = evidence(job_dir, record, info, every_task=True)
         diagnosis = failures.classify(ev)
@@ -1128,18 +1176,17 @@ def packed_info(record: dict, info: SchedulerInfo | None) -> SchedulerInfo | Non
     return SchedulerInfo(state, f"{code}:0", nodes, times, (times,))
 
 
-def collect(paths: list[str]) -> list[JobStatus]:
+def collect(paths: list[str], later_attempts: bool = False) -> list[JobStatus]:
     """Status of every job under ``paths``, with one scheduler query for all of them. A job
-    dir whose job.json fails its schema is an UNREADABLE row (``unreadable_row``)."""
-    records: list[tuple[Path, dict | str]] = []
-    for job_dir in find_job_dirs(paths):
-        try:
-            records.append((job_dir, read_record(job_dir)))
-        except RecordError as error:
-            records.append((job_dir, str(error)))
-        except OSError as error:  # unreadable (permissions), or gone since the walk
-            records.append((job_dir, f"{RECORD}: {error.strerror or error}"))
-    infos = scheduler_states([last_job_id(r) for _, r in records if isinstance(r, dict)])
+    dir whose job.json fails its schema is an UNREADABLE row (``unreadable_row``).
+    ``later_attempts``: the attempts each found one was resubmitted as come too (they are
+    its siblings, not under it), so that a run's root dir shows its newest attempt. A job
+    Slurm could not be asked about shows its last known state (``unreachable_status``)."""
+    records = [(job_dir, read_one(job_dir)) for job_dir in find_job_dirs(paths)]
+    if later_attempts:
+        records = with_later_attempts(records)
+    view = scheduler_view([last_job_id(r) for _, r in records if isinstance(r, dict)])
+    infos = view.infos
     starts = expected_starts([j for j, i in infos.items() if i.state.startswith("PENDING")])
     rows = []
     for job_dir, record in records:
@@ -1148,6 +1195,10 @@ def collect(paths: list[str]) -> list[JobStatus]:
             continue
         info = packed_info(record, infos.get(last_job_id(record)))
         preflight = preflight_of(job_dir, record)  # read once per job
+        if view.unreachable and unsettled_slurm_job(job_dir, record, info):
+            rows.append(unreachable_status(job_dir, record, preflight, view.unreachable))
+            continue
+        remember_scheduler_state(job_dir, record, info)
         row = job_status(job_dir, record, info, preflight)
         row.expected_start = starts.get(row.job_id, "")
         settled = settled_status(record, info, row)
@@ -1157,6 +1208,84 @@ def collect(paths: list[str]) -> list[JobStatus]:
         fold_preflight(job_dir, record, preflight)
         rows.append(row)
     return rows
+
+
+def read_one(job_dir: Path) -> dict | str:
+    """job.json, or why it cannot be trusted (``unreadable_row``'s words)."""
+    try:
+        return read_record(job_dir)
+    except RecordError as error:
+        return str(error)
+    except OSError as error:  # unreadable (permissions), or gone since the walk
+        return f"{RECORD}: {error.strerror or error}"
+
+
+def with_later_attempts(records: list[tuple[Path, dict | str]]) -> list[tuple[Path, dict | str]]:
+    """``records`` and, after them, each attempt one was resubmitted as (``resubmitted_as``,
+    followed to the newest) that is not among them yet."""
+    found = list(records)
+    seen = {str(job_dir.resolve()) for job_dir, _ in found}
+    for _, record in found:  # grows while read: an attempt's own later attempt comes too
+        later = record.get("resubmitted_as") if isinstance(record, dict) else None
+        if not later or str(Path(later).resolve()) in seen:
+            continue
+        if not JobPaths(later).record.is_file():  # a resubmission under way, or one that died
+            continue
+        seen.add(str(Path(later).resolve()))
+        found.append((Path(later), read_one(Path(later))))
+    return found
+
+
+# --- Slurm unreachable: the last known state, never a verdict --------------------------------
+
+SEEN = "scheduler_seen"  # job.json: the job's last state Slurm gave, and when (unix s)
+UNREACHABLE_WORDS = "Slurm unreachable"
+
+
+def unsettled_slurm_job(job_dir: Path, record: dict, info: SchedulerInfo | None) -> bool:
+    """A Slurm job that only Slurm can say has ended: job.json still calls it submitted or
+    running, nothing else (a pack's record) gave its state, and it did not finish training."""
+    job_id = last_job_id(record)
+    if not job_id or job_id.startswith("local-") or info is not None or is_dry_run(record):
+        return False
+    unsettled = record.get("status") in ("running", "submitted")
+    return unsettled and not finished_by_itself(job_dir, record)
+
+
+def remember_scheduler_state(job_dir: Path, record: dict, info: SchedulerInfo | None) -> None:
+    """Keep in job.json the state Slurm just gave a queued or running job, with the time:
+    what status shows when Slurm cannot be reached."""
+    if info is None or failures.base_state(info.state) not in slurmtext.ACTIVE_STATES:
+        return
+    if last_job_id(record).startswith("local-") or "pack" in record:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        update_record(job_dir, **{SEEN: {"state": info.state, "at": time.time()}})
+
+
+def unreachable_status(job_dir: Path, record: dict, preflight: dict | None, why: str) -> JobStatus:
+    """The row of a job Slurm could not be asked about: its last known state (``RUNNING?``)
+    and its age, its step and loss; no class, no action."""
+    seen = record.get(SEEN) if isinstance(record.get(SEEN), dict) else {}
+    last = str(seen.get("state") or "")
+    row = job_status(job_dir, record, SchedulerInfo("RUNNING"), preflight)  # its step, loss
+    if last and isinstance(seen.get("at"), (int, float)):
+        said = f"last seen {last} {duration(max(0.0, time.time() - seen['at']))} ago"
+    else:
+        said = f"not seen by jobs status before; job.json says {record.get('status')}"
+    said = f"{UNREACHABLE_WORDS}: {said}; nothing is classed, resubmitted or stopped meanwhile"
+    return replace(row, state=f"{last}?" if last else "UNREACHABLE", failure="", action="",
+                   reason=said, unreachable=why)  # fmt: skip
+
+
+def unreachable_line(rows: list[JobStatus]) -> str:
+    """The one line saying Slurm could not be asked about some of ``rows`` ('' if not)."""
+    cut = [r for r in rows if r.unreachable]
+    if not cut:
+        return ""
+    return (f"{UNREACHABLE_WORDS} ({cut[0].unreachable}): {len(cut)} job(s) show their last"
+            " known state (STATE ending in ?) and are not classed, resubmitted or stopped"
+            " until Slurm answers")  # fmt: skip
 
 
 def fold_preflight(job_dir: Path, record: dict, preflight: dict | None) -> None:

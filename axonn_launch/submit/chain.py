@@ -3,8 +3,11 @@ its class, with no person in the loop. This module chains the recovery jobs, kee
 run's record and stops a run; ``submit/recovery.py`` is the recovery step itself.
 
 Each attempt is submitted with a recovery job chained to it (``sbatch
---dependency=afternotok``), so recovery works under ``wait=false`` and after the login
-session is gone. The root attempt's ``job.json`` holds the chain's state.
+--dependency=afterany``), so recovery works under ``wait=false`` and after the login
+session is gone. ``afterany``, not ``afternotok``: an allocation that lost its batch host
+may end COMPLETED with training left, and Slurm cancels an ``afternotok`` job whose
+dependency can never be met; the recovery step classifies every end itself (a finished
+run is settled done). The root attempt's ``job.json`` holds the chain's state.
 
 Why a Slurm job, why ``--no-requeue``, and local runs: ``docs/recovery.md``
 ("submit/chain.py").
@@ -12,6 +15,7 @@ Why a Slurm job, why ``--no-requeue``, and local runs: ``docs/recovery.md``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -20,12 +24,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from axonn_launch.common import slurmtext
 from axonn_launch.common.jobdir import (
     RECOVERY_LOG,
     JobPaths,
+    job_lock,
     read_record,
     read_record_or_empty,
     record_lock,
@@ -190,11 +196,14 @@ def write_recovery_script(cfg: LaunchConfig, job_dir: Path) -> None:
     paths.recovery_script.write_text(recovery_script(cfg, job_dir))
 
 
+DEPENDENCY = "afterany"  # whatever Slurm calls the end: the recovery step classifies it
+
+
 def sbatch_recovery(job_dir: Path, job_id: str) -> str:
-    """Submit the job dir's recovery script, to start if job ``job_id`` fails; its id, or
-    '' (recorded as ``recovery_error``) when sbatch said no."""
+    """Submit the job dir's recovery script, to start once job ``job_id`` ended, however
+    it ended; its id, or '' (recorded as ``recovery_error``) when sbatch said no."""
     paths = JobPaths(job_dir)
-    command = ["sbatch", "--parsable", f"--dependency=afternotok:{job_id}",
+    command = ["sbatch", "--parsable", f"--dependency={DEPENDENCY}:{job_id}",
                "--kill-on-invalid-dep=yes", str(paths.recovery_script)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -252,6 +261,19 @@ def follow(root: Path, out, poll_s: float = 5.0) -> str:
         time.sleep(poll_s)
 
 
+def settle_done(root: Path) -> bool:
+    """Record that a run whose newest attempt finished its training is done (announced to
+    ``recovery.notify``): no recovery step runs after a success, so chain.state would
+    keep the "running" of the attempt that succeeded. True when it was settled now."""
+    record = read_record_or_empty(root)
+    said = (record.get("chain") or {}).get("state", RUNNING)
+    recovers = bool(record.get("chain")) or "recovery" in record
+    if not recovers or said not in (RUNNING, RECOVERING) or run_state(root, record) != DONE:
+        return False
+    set_chain(root, settings_of(record), state=DONE)
+    return True
+
+
 def attempts_of(root: Path) -> list[Path]:
     """The run's attempt dirs in order, following each ``resubmitted_as``."""
     chain, seen = [Path(root)], {str(root)}
@@ -275,17 +297,39 @@ def stop(job_dir: Path) -> str:
     job_dir = Path(job_dir).resolve()
     root = run_root(job_dir, read_record(job_dir))
     settings = settings_of(read_record(root))
-    newest = attempts_of(root)[-1]
-    wanted = slurm_jobs_of(read_record_or_empty(newest))
-    ids = check_ours(newest, wanted)
-    why = {"reason": USER_STOP, "class": ""}
-    # stopped_by_user stays when the attempt's supervisor records its own stop after this
-    set_chain(root, settings, state=STOPPED, stop=why, stopped_by_user=True)
-    if ids:
-        subprocess.run(["scancel", *ids], capture_output=True, check=False)
-    stopped = stop_local_attempt(newest)
+    with newest_attempt_locked(root) as newest:  # a resubmission of it waits, or is waited for
+        wanted = slurm_jobs_of(read_record_or_empty(newest))
+        ids = check_ours(newest, wanted)
+        why = {"reason": USER_STOP, "class": ""}
+        # stopped_by_user stays when the attempt's supervisor records its own stop after this
+        set_chain(root, settings, state=STOPPED, stop=why, stopped_by_user=True)
+        if ids:
+            subprocess.run(["scancel", *ids], capture_output=True, check=False)
+        stopped = stop_local_attempt(newest)
     ids += [f"local-{pid}" for pid in stopped]
     return f"stopped {root}" + (f": cancelled {' '.join(ids)}" if ids else "")
+
+
+@contextlib.contextmanager
+def newest_attempt_locked(root: Path) -> Iterator[Path]:
+    """The run's newest launched attempt, held under its ``job_lock``: the lock a
+    resubmission of it holds while it launches. A resubmission under way ends first (and
+    its new attempt is the one given); one that starts later sees what was done here."""
+    while True:
+        newest = launched_attempts(root)[-1]
+        with job_lock(newest):
+            if launched_attempts(root)[-1] == newest:
+                yield newest
+                return
+
+
+def launched_attempts(root: Path) -> list[Path]:
+    """``attempts_of`` up to the newest whose job.json exists (a resubmission writes the
+    mark before its attempt's record)."""
+    found = attempts_of(root)
+    while len(found) > 1 and not JobPaths(found[-1]).record.is_file():
+        found.pop()
+    return found
 
 
 def slurm_jobs_of(record: dict) -> dict[str, str]:

@@ -255,12 +255,14 @@ class Slots:
         return Pack(nodes, minutes, tuple(p for _, p in ordered), tuple(s for s, _ in ordered))
 
 
-def auto_width(points: list[Point], limit_of) -> tuple[int, int]:
+def auto_width(points: list[Point], limit_of, most: int | None = None) -> tuple[int, int]:
     """``sweep.pack=auto``: the pack width (and its limit, ``limit_of(nodes)``) with the
     fewest packs, and of those the fewest nodes, among multiples of the largest point up
-    to every point at once; searched by halves, as more nodes never need more packs."""
+    to every point at once, and never beyond ``most`` nodes (the partition's); searched by
+    halves, as more nodes never need more packs."""
     largest, total = max(p.nodes for p in points), sum(p.nodes for p in points)
-    widths = sorted({min(w, total) for w in range(largest, total + largest, largest)})
+    most = total if most is None else max(min(most, total), largest)
+    widths = sorted({min(w, most) for w in range(largest, most + largest, largest)})
 
     def count(width: int) -> float:
         try:
@@ -276,6 +278,97 @@ def auto_width(points: list[Point], limit_of) -> tuple[int, int]:
         middle = (low + high) // 2
         low, high = (low, middle) if count(widths[middle]) <= fewest else (middle + 1, high)
     return widths[low], limit_of(widths[low])
+
+
+# --- the partition's size and limits -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Partition:
+    """What Slurm lets one job of a partition hold: nodes and minutes (None: no limit)."""
+
+    name: str
+    nodes: int
+    max_minutes: int | None = None
+
+
+def partition_of(header: tuple[str, ...] | list[str]) -> str:
+    """The partition a point's ``#SBATCH`` lines name ('' for the cluster's default)."""
+    found = [line.partition("=")[2] for line in header if line.startswith("#SBATCH --partition=")]
+    return found[-1].strip("'\"") if found else ""
+
+
+_PARTITIONS: dict[str, Partition | None] = {}
+
+
+def partition_limits(name: str) -> Partition | None:
+    """The partition's nodes (its size, or MaxNodes if smaller) and MaxTime, from
+    ``scontrol show partition -o`` (the default partition for ''); None if Slurm does
+    not say. Asked once per process."""
+    if name not in _PARTITIONS:
+        command = ["scontrol", "show", "partition", "-o", *([name] if name else [])]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+            text = done.stdout if done.returncode == 0 else ""
+        except (OSError, subprocess.TimeoutExpired):
+            text = ""
+        _PARTITIONS[name] = parse_partitions(text, name)
+    return _PARTITIONS[name]
+
+
+def parse_partitions(text: str, name: str = "") -> Partition | None:
+    """The partition ``name`` (the default one for '') of ``scontrol show partition -o``."""
+    for line in text.splitlines():
+        fields = dict(f.partition("=")[::2] for f in line.split())
+        if (name and fields.get("PartitionName") != name) or (
+            not name and fields.get("Default") != "YES"
+        ):
+            continue
+        if not fields.get("TotalNodes", "").isdigit():
+            return None
+        nodes = int(fields["TotalNodes"])
+        if fields.get("MaxNodes", "").isdigit():
+            nodes = min(nodes, int(fields["MaxNodes"]))
+        return Partition(fields["PartitionName"], nodes, slurm_minutes(fields.get("MaxTime", "")))
+    return None
+
+
+def slurm_minutes(text: str) -> int | None:
+    """Minutes of a Slurm time (``[D-]HH:MM:SS``, ``MM``); None for UNLIMITED or unknown."""
+    days, _, clock = text.rpartition("-") if "-" in text else ("0", "", text)
+    parts = clock.split(":")
+    if not days.isdigit() or not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
+        return None
+    hours, minutes = (int(parts[0]), int(parts[1])) if len(parts) == 3 else (0, int(parts[0]))
+    return int(days) * 1440 + hours * 60 + minutes
+
+
+def fitting(group: list[Point], partition: Partition | None) -> str:
+    """Why the group's packs cannot fit ``partition`` (one line), or ''."""
+    if partition is None:
+        return ""
+    first, where = group[0], f"partition {partition.name} has {partition.nodes} nodes"
+    largest = max(group, key=lambda p: p.nodes)
+    if largest.nodes > partition.nodes:
+        return (
+            f"point {largest.num} needs {largest.nodes} nodes; {where}; valid: a larger partition"
+        )
+    if first.width > partition.nodes:
+        return (f"sweep.pack={first.width}: {where}, so a pack of {first.width} nodes could never"
+                f" start; valid: {partition.nodes} or fewer, or auto")  # fmt: skip
+    longest = max(group, key=lambda p: p.minutes)
+    if partition.max_minutes is not None and longest.minutes > partition.max_minutes:
+        return (f"point {longest.num} needs {longest.minutes} min; partition {partition.name}"
+                f" allows {partition.max_minutes} min; valid: machine.slurm.time_min of at most"
+                f" {partition.max_minutes}")  # fmt: skip
+    return ""
+
+
+def capped(limit_of, partition: Partition | None):
+    """``limit_of`` (minutes of a pack of that many nodes) within the partition's MaxTime."""
+    if partition is None or partition.max_minutes is None:
+        return limit_of
+    return lambda width: min(limit_of(width), partition.max_minutes)
 
 
 # --- submitting the packs (at the end of the sweep) -------------------------------------------
@@ -318,10 +411,17 @@ def submit_packs(sweep_dir: Path, *, out) -> list[str]:
             count += 1
             lines.append(submit_array(group, folder, sweep_dir.name, dry_run=first.dry_run))
             continue
-        width = first.width
-        limit = first.pack_limit(width) if width else 0
+        partition = None if first.dry_run else partition_limits(partition_of(first.header))
+        why = fitting(group, partition)
+        if why:
+            lines.append(refuse(group, why, sweep_dir))
+            continue
+        width, limit_of = first.width, capped(first.pack_limit, partition)
+        limit = limit_of(width) if width else 0
         if not width:
-            width, limit = auto_width(group, first.pack_limit)
+            width, limit = auto_width(group, limit_of, partition and partition.nodes)
+        if first.dry_run:
+            lines.append(DRY_RUN_NOTE)
         for pack in plan(group, width, limit):
             folder = sweep_dir / PACKS / str(count)
             count += 1
@@ -329,6 +429,24 @@ def submit_packs(sweep_dir: Path, *, out) -> list[str]:
     for line in lines:
         print(line, file=out, flush=True)
     return lines
+
+
+DRY_RUN_NOTE = ("packs: the partition's size and limits are not checked in a dry run"
+                " (scontrol show partition, at submission)")  # fmt: skip
+
+
+def refuse(group: list[Point], why: str, sweep_dir: Path) -> str:
+    """Nothing submitted for ``group``: each point's job.json and row say refused, and why."""
+    for point in group:
+        update_record(Path(point.job_dir), status="refused", error=why)
+        row = sweep_dir / "points" / f"{point.num}.json"
+        if row.is_file():
+            entry = json.loads(row.read_text())
+            entry.update(status="refused", message=why)
+            row.write_text(json.dumps(entry, indent=2))
+    return (
+        f"packs refused, nothing submitted for points {','.join(str(p.num) for p in group)}: {why}"
+    )
 
 
 def submit_pack(pack: Pack, folder: Path, sweep_name: str, *, dry_run: bool) -> str:

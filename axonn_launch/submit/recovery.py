@@ -46,6 +46,7 @@ from axonn_launch.submit.chain import (
     set_chain,
     settings_of,
 )
+from axonn_launch.submit.in_job import RECORD_KEY
 from axonn_launch.submit.resubmit import (
     EXCLUDE_KEY,
     excluded_nodes,
@@ -58,6 +59,7 @@ DOWN_STATES = ("down", "drain", "drng", "fail", "failg", "maint", "unk", "no_res
 
 def limit_reached(settings: RecoveryConfig, attempts: list[dict], started: float) -> str:
     """Which limit stops the run after these ended attempts ('' if none)."""
+    attempts = distinct(attempts)
     if len(attempts) >= settings.max_attempts:
         return f"recovery.max_attempts={settings.max_attempts}: {len(attempts)} attempts made"
     last = attempts[-1]["class"]
@@ -75,6 +77,39 @@ def limit_reached(settings: RecoveryConfig, attempts: list[dict], started: float
     if settings.budget_h and hours >= settings.budget_h:
         return f"recovery.budget_h={settings.budget_h:g}: {hours:.2f} h spent"
     return ""
+
+
+FAILURE_KEY = "failure_key"  # one record per failed allocation step: "<job id>.<step>"
+
+
+def failure_key(job_id: str, record: dict) -> str:
+    """The key of the failure of job ``job_id``'s newest training step (its ordinal among
+    the job's in-place steps, 0 for the first): the restart decision and the recovery
+    step name the same failure alike (``docs/recovery.md``, "one failure, one record")."""
+    steps = (record.get(RECORD_KEY) or {}).get("steps") or []
+    return f"{job_id}.{sum(1 for s in steps if s.get('job_id') == job_id)}"
+
+
+def distinct(attempts: list[dict]) -> list[dict]:
+    """``attempts`` with one entry per failure: a later entry of a key already seen
+    replaces it (entries without a key each count)."""
+    kept: dict[str, dict] = {}
+    for n, attempt in enumerate(attempts):
+        kept[str(attempt.get(FAILURE_KEY) or f"#{n}")] = attempt
+    return list(kept.values())
+
+
+def with_attempt(history: list[dict], ended: dict) -> list[dict]:
+    """The chain's attempts with ``ended`` recorded once: an entry the restart decision
+    made for the same failure (its key) is completed with the chain's verdict, in place."""
+    same = [n for n, a in enumerate(history) if a.get(FAILURE_KEY) == ended[FAILURE_KEY]]
+    if not same:
+        return [*history, ended]
+    at = same[-1]
+    merged = {**history[at], **ended, "by_chain": True}
+    for field in ("step", "failed_step", "reason"):  # the decision saw the step end first
+        merged[field] = history[at].get(field, ended[field]) or ended[field]
+    return [*history[:at], merged, *history[at + 1 :]]
 
 
 def no_progress(limit: int, attempts: list[dict]) -> str:
@@ -217,6 +252,35 @@ def grow_overrides(
     return [f"nodes={min(wanted, len(left))}", "grid=auto"] if len(left) > now else []
 
 
+def spare_overrides(record: dict, excluded: list[str], up: list[str] | None) -> list[str]:
+    """Fewer spare nodes for the next attempt when the partition's nodes ``up``, less
+    ``excluded``, cannot hold the grid's nodes and all its spares (a lost batch host of a
+    1-node run with one spare on 2 nodes): as many spares as fit, none at worst."""
+    spares = int((record.get(RECORD_KEY) or {}).get("spare_nodes") or 0)
+    if not spares or up is None:
+        return []
+    left = len([n for n in up if n not in excluded]) - int(record.get("nodes") or 0)
+    return [f"recovery.spare_nodes={max(0, left)}"] if left < spares else []
+
+
+UNREACHABLE_WAIT_S, UNREACHABLE_POLL_S = 8 * 60.0, 15.0  # within the recovery job's limit
+
+
+def status_once_reachable(
+    job_dir: Path, wait_s: float = UNREACHABLE_WAIT_S, poll_s: float = UNREACHABLE_POLL_S
+) -> JobStatus:
+    """The ended attempt's status, asked again while Slurm cannot be reached or still
+    calls the job active (up to ``wait_s``; sacct may lag the job's end that started this
+    step): an attempt whose end Slurm cannot confirm is never classed."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        (status,) = collect([str(job_dir)])
+        settled = not status.unreachable and status.failure != failures.RUNNING
+        if settled or time.monotonic() >= deadline:
+            return status
+        time.sleep(poll_s)
+
+
 def recover(job_dir: Path, out=sys.stdout) -> str:
     """The recovery step for the failed attempt in ``job_dir``; returns its one line."""
     job_dir = Path(job_dir).resolve()
@@ -226,10 +290,14 @@ def recover(job_dir: Path, out=sys.stdout) -> str:
     chain_record = chain_of(root)
     if chain_record.get("state") == STOPPED:
         return f"{root}: stopped ({chain_record.get('stop', {}).get('reason', 'jobs stop')})"
-    (status,) = collect([str(job_dir)])
+    status = status_once_reachable(job_dir)
+    if status.unreachable:  # never a verdict from Slurm's silence: the run is left as it is
+        return f"{root}: {status.reason} ({status.unreachable}); nothing done"
     if status.failure == failures.COMPLETED:
         set_chain(root, settings, state=DONE)
         return f"{root}: completed"
+    if status.failure == failures.RUNNING:  # its end never reached sacct: no verdict
+        return f"{root}: Slurm still calls job {status.job_id} {status.state}; nothing done"
     action = policy_of(settings, status.failure)
     if status.slow_nodes and action == RESUME:
         action = RESUME_EXCLUDE  # the preflight named slow nodes: leave them out
@@ -240,8 +308,8 @@ def recover(job_dir: Path, out=sys.stdout) -> str:
     ended = {"job_dir": str(job_dir), "job_id": status.job_id, "class": status.failure,
              "action": action, "step": status.step, "reason": status.reason,
              "failed_step": status.detail.get("step"), "checkpointed": checkpointed_step(job_dir),
-             "ended_at": time.time()}  # fmt: skip
-    attempts = [*history, ended]
+             "ended_at": time.time(), FAILURE_KEY: failure_key(status.job_id, record)}  # fmt: skip
+    attempts = with_attempt(history, ended)
     started = float(chain_record.get("started_at") or record.get("submitted_at") or time.time())
     why = f"{status.failure}: policy {action}" if action == STOP else ""
     why = why or limit_reached(settings, attempts, started)
@@ -252,10 +320,11 @@ def recover(job_dir: Path, out=sys.stdout) -> str:
     overrides, fewer = fewer_nodes_overrides(settings, record, excluded, up)
     if not overrides and root != job_dir:
         overrides = grow_overrides(record, read_record_or_empty(root), excluded, up)
-    overrides += readmit
+    overrides += readmit + spare_overrides(record, excluded, up)
     why = why or fewer
     if not why and action == ROLLBACK:
-        why = rollback(job_dir, status, history)
+        before = [a for a in history if a.get(FAILURE_KEY) != ended[FAILURE_KEY]]
+        why = rollback(job_dir, status, before)  # not this failure's own entry
     if why:
         stop = {"reason": why, "class": status.failure, "attempt": len(attempts)}
         set_chain(root, settings, state=STOPPED, attempts=attempts, stop=stop)
@@ -276,6 +345,6 @@ def resubmit(status, job_dir: Path, root: Path, settings: RecoveryConfig,
     if target and line.startswith("resubmitted"):
         carry_skipped_steps(job_dir, Path(target))
         set_chain(root, settings, state=RUNNING, current=target)
-    else:
+    elif chain_of(root).get("state") != STOPPED:  # a jobs stop meanwhile keeps its reason
         set_chain(root, settings, state=STOPPED, stop={"reason": line, "class": status.failure})
     return line

@@ -46,7 +46,13 @@ from axonn_launch.records.status import (
 from axonn_launch.submit import chain
 from axonn_launch.submit.in_job import RECORD_KEY
 from axonn_launch.submit.pack import NODES_VARIABLE
-from axonn_launch.submit.recovery import DOWN_STATES, fewer_nodes_overrides, limit_reached
+from axonn_launch.submit.recovery import (
+    DOWN_STATES,
+    FAILURE_KEY,
+    failure_key,
+    fewer_nodes_overrides,
+    limit_reached,
+)
 from axonn_launch.submit.resubmit import new_overrides, original_overrides
 
 RESUMING = (chain.RESUME, chain.RESUME_EXCLUDE)
@@ -79,6 +85,7 @@ def decide(job_dir: Path, exit_status: int, environ: dict[str, str] | None = Non
     root = run_root(job_dir, record)
     why = stop_reason(root, settings, diagnosis.failure, action)
     attempt = attempt_of(job_dir, ended, diagnosis, action)
+    attempt[FAILURE_KEY] = failure_key(ended.job_id, record)  # the recovery step's too
     history = [*chain.chain_of(root).get("attempts", []), attempt]
     started = float(record.get("submitted_at") or time.time())
     why = why or limit_reached(chain.settings_of(record), history, started)

@@ -58,6 +58,8 @@ def refusal(status: JobStatus, record: dict, args: argparse.Namespace) -> str | 
     """Why this job must not be resubmitted now, or None."""
     if status.state == DRY_RUN_STATE:
         return "a dry run: nothing to resubmit; launch it without dry_run=true"
+    if status.unreachable:  # its end is not known: nothing is done from an absence
+        return f"{status.reason} ({status.unreachable})"
     if record.get("resubmitted_as") and not interrupted_mark(record["resubmitted_as"]):
         return f"already resubmitted as {record['resubmitted_as']}"
     if status.failure == failures.RUNNING:
@@ -70,13 +72,43 @@ def refusal(status: JobStatus, record: dict, args: argparse.Namespace) -> str | 
         )
     if status.attempt >= args.max_attempts:
         return f"attempt {status.attempt} reached --max-attempts {args.max_attempts}"
-    if getattr(args, "decided", False):
-        return None  # the recovery policy chose to resume this class (submit/recovery.py)
+    if getattr(args, "decided", False):  # the recovery policy chose to resume this class
+        return stopped_meanwhile(Path(status.job_dir), record)  # (submit/recovery.py)
     if status.action == failures.RETRY_WITH_NEW_GRID and not reshapes(args.overrides):
         return f"{status.failure}: would fail again; resubmit with a new grid or node count"
     if status.action not in RETRIABLE + (failures.RETRY_WITH_NEW_GRID,):
         return f"{status.failure}: {status.action} ({status.reason})"
     return None
+
+
+def stopped_meanwhile(job_dir: Path, record: dict) -> str | None:
+    """Why the chain's own resubmission must not go on: the run was stopped since its
+    recovery step began (``jobs stop`` holds this job's lock while it stops the run)."""
+    found = chain.chain_of(run_root(job_dir, record))
+    if found.get("state") != chain.STOPPED:
+        return None
+    return f"the run was stopped ({(found.get('stop') or {}).get('reason') or 'jobs stop'})"
+
+
+def reopen_stopped_run(job_dir: Path, record: dict, target: Path) -> dict | None:
+    """A person's resubmission of a stopped run starts the run again: chain.state running,
+    its newest attempt ``target``. The chain as it was (to put back if the submission
+    fails), or None when the run was not stopped."""
+    root = run_root(job_dir, record)
+    before = chain.chain_of(root)
+    if before.get("state") != chain.STOPPED:
+        return None
+    settings = chain.settings_of(read_record_or_empty(root))
+    chain.set_chain(root, settings, state=chain.RUNNING, current=str(target), stop={},
+                    stopped_by_user=False)  # fmt: skip
+    return before
+
+
+def restore_chain(job_dir: Path, record: dict, before: dict) -> None:
+    """Put back the chain ``reopen_stopped_run`` changed (the submission failed)."""
+    root = run_root(job_dir, record)
+    kept = {k: before[k] for k in ("state", "current", "stop", "stopped_by_user") if k in before}
+    chain.set_chain(root, chain.settings_of(read_record_or_empty(root)), **kept)
 
 
 def extension_asked(status: JobStatus, args: argparse.Namespace) -> bool:
@@ -300,12 +332,15 @@ def resubmit_one(status: JobStatus, args: argparse.Namespace, out) -> str:
         update_record(job_dir, resubmitted_as=str(target))  # the mark comes before the job
         if extending:
             continue_chain(job_dir, record, target)
+        stopped = reopen_stopped_run(job_dir, record, target)  # not the chain's: refused
         try:
             outcome = submit_attempt(job_dir, target, record, status, overrides, attempt, out)
         except BaseException:
             update_record(job_dir, resubmitted_as="")
             if extending:
                 continue_chain(job_dir, record, job_dir, done=True)
+            if stopped is not None:
+                restore_chain(job_dir, record, stopped)
             shutil.rmtree(target, ignore_errors=True)
             raise
         update_record(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import re
 import shlex
 import shutil
 import signal
@@ -113,17 +116,23 @@ def follow(
     schedule of ``Pacer``, which starts over when every task has written its result. Without
     accounting the state stays UNKNOWN: then the job counts as ended once every task has
     left its result file, and the state is read from those results (COMPLETED or FAILED).
+    With accounting unreachable, the state is squeue's (``Accounting``), said once.
     """
-    offsets = {job.paths.stdout: 0, job.paths.stderr: 0}
-    pacer, results_written = Pacer(clock), False
-    queue = QueueLines(str(job.job_id), clock, out)
+    pacer, queue = Pacer(clock), QueueLines(str(job.job_id), clock, out)
+    with Accounting(str(job.job_id), out).quiet() as accounting:
+        return _follow(job, accounting, pacer, queue, out, sleep, stream_s)
+
+
+def _follow(job: Any, accounting: Accounting, pacer: Pacer, queue: QueueLines, out,
+            sleep: Callable[[float], None], stream_s: float) -> str:  # fmt: skip
+    offsets, results_written = {job.paths.stdout: 0, job.paths.stderr: 0}, False
     while True:
         offsets = {path: print_new(path, offset, out) for path, offset in offsets.items()}
         if not results_written and _all_results_written(job):
             results_written = True
             pacer.restart()
         if pacer.due():
-            state = slurmtext.base_state(job.get_info(mode="force").get("State", "")) or "UNKNOWN"
+            state = accounting.state(job, results_written)
             pacer.checked()
             queue.seen(state)
             if state != "UNKNOWN" and not slurmtext.is_active(state):
@@ -133,6 +142,79 @@ def follow(
             if state == "UNKNOWN" and results_written:
                 return _state_from_results(job)
         sleep(stream_s)
+
+
+SACCT_ERROR = "Bypassing sacct error"  # submitit's warning, once per failed sacct call
+
+
+class Accounting:
+    """A followed job's state from sacct (through submitit) while accounting answers;
+    while it does not, one line says so, submitit's warning (one per call, each in up to
+    three formats) is kept off the console (``quiet``), and the state is squeue's: the
+    job's while queued or running; once it left the queue, its results' (FAILED without)."""
+
+    def __init__(self, job_id: str, out) -> None:
+        self.job_id, self.out = job_id, out
+        self.down = False
+        self.errors = _SacctErrors()
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[Accounting]:
+        """submitit's sacct warnings are taken off its logger while inside."""
+        submitit_log = logging.getLogger("submitit")
+        submitit_log.addFilter(self.errors)
+        try:
+            yield self
+        finally:
+            submitit_log.removeFilter(self.errors)
+
+    def state(self, job: Any, results_written: bool) -> str:
+        """The job's state now: sacct's, else (said once) squeue's or its results'."""
+        before = len(self.errors.said)
+        info = job.get_info(mode="force")
+        if len(self.errors.said) == before:
+            self._say_once(False, "accounting answers again: job states are sacct's")
+            return slurmtext.base_state(info.get("State", "")) or "UNKNOWN"
+        self._say_once(True, f"accounting unreachable ({self.errors.said[-1]}): following job"
+                             f" {self.job_id} through squeue and its result files")  # fmt: skip
+        return queue_state(self.job_id, lambda: _state_from_results(job), results_written)
+
+    def _say_once(self, down: bool, line: str) -> None:
+        if down != self.down:
+            self.down = down
+            print(line, file=self.out, flush=True)
+
+
+class _SacctErrors(logging.Filter):
+    """Takes submitit's sacct warnings off its logger, keeping what each said."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if SACCT_ERROR not in message:
+            return True
+        code = re.search(r"non-zero exit status (\d+)", message)
+        said = message.split(SACCT_ERROR, 1)[1].rsplit(", status may be inaccurate", 1)[0]
+        self.said.append(f"sacct exit status {code.group(1)}" if code else said.strip()[:160])
+        return False
+
+
+def queue_state(job_id: str, from_results: Callable[[], str], results_written: bool) -> str:
+    """squeue's state of a job (UNKNOWN when squeue fails too); once it left the queue, its
+    results' state, or FAILED when its tasks left none."""
+    try:
+        done = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
+                              text=True, timeout=60, check=False)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "UNKNOWN"
+    if done.returncode == 0 and done.stdout.strip():
+        return slurmtext.base_state(done.stdout.split()[0]) or "UNKNOWN"
+    if done.returncode != 0 and "Invalid job id" not in done.stderr:  # squeue failed too
+        return "UNKNOWN"
+    return from_results() if results_written else "FAILED"  # it left the queue
 
 
 class QueueLines:

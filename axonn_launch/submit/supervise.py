@@ -227,6 +227,7 @@ def recover_run(job_dir: Path, job_id: str, stop: StopRequest) -> None:
     record = read_record_or_empty(job_dir)
     failed = record.get("status") == "failed" and last_job_id(record) == job_id
     if not failed or "recovery" not in record:
+        settle_done(job_dir, record)
         return
     from axonn_launch.submit.recovery import recover  # composes configs: only when needed
 
@@ -241,6 +242,18 @@ def recover_run(job_dir: Path, job_id: str, stop: StopRequest) -> None:
     except OSError as exc:
         line = f"{why}; cannot record that the run stopped: {exc}"
     say(line)
+
+
+def settle_done(job_dir: Path, record: dict) -> None:
+    """A completed attempt of a run with recovery ends the run: chain.state says done."""
+    if "recovery" not in record or record.get("status") != "completed":
+        return
+    from axonn_launch.submit import chain
+
+    try:
+        chain.settle_done(run_root(job_dir, record))
+    except (OSError, ValueError) as exc:  # jobs status settles it later
+        say(f"cannot record that the run is done: {exc}")
 
 
 def log_goodput_at_end(job_dir: Path) -> None:

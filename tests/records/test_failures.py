@@ -460,7 +460,7 @@ def test_resubmit_twice_submits_once(job_root, tmp_path, monkeypatch, capsys, fa
     calls = marker.read_text().splitlines()
     attempts = [c for c in calls if "recovery.sh" not in c]
     assert len(attempts) == 1, calls
-    assert len(calls) == 2 and "--dependency=afternotok:" in calls[1]  # its recovery job
+    assert len(calls) == 2 and "--dependency=afterany:" in calls[1]  # its recovery job
     assert "already resubmitted" in out
     new = json.loads((job_root / "killed_attempt2" / "job.json").read_text())
     old = json.loads((job_root / "killed" / "job.json").read_text())

@@ -9,16 +9,21 @@ COMPLETING for over ``STUCK_COMPLETING_S``, or step-launch errors in a slurmd lo
 slurmd started (``_send_slurmstepd_init failed``: slurmd can no longer start steps), restart
 that node's slurmd (``node.sh restart``, root only); otherwise the test fails with the
 reason instead of waiting for a job that cannot end.
+
+Every Slurm test module holds the cluster shared (``cluster_shared``, a ``flock`` across
+the suite's workers); a test that stops the cluster's daemons (``cluster_whole``) waits
+until no other module uses it, and no other starts meanwhile.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -38,6 +43,28 @@ NODES = ("n1", "n2")
 WIDE_PARTITION = "wide"
 WIDE_NODES = ("n1", "n2", "n3", "n4")
 USABLE_STATES = ("idle", "mix", "alloc", "plnd")  # plnd: idle, held for a pending job
+CLUSTER_LOCK = Path("/tmp/axonn-tests-slurm-cluster.lock")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster_shared() -> Iterator[object]:
+    """This module uses the cluster alongside the other worker's Slurm modules."""
+    with open(CLUSTER_LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        yield handle
+
+
+@pytest.fixture
+def cluster_whole(cluster_shared) -> Iterator[None]:
+    """The cluster for this test alone (it stops the controller): the module's shared hold
+    becomes exclusive once every other module has let go, and shared again after."""
+    fcntl.flock(cluster_shared, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(cluster_shared, fcntl.LOCK_SH)
+
+
 STUCK_COMPLETING_S = 60  # KillWait=5: a healthy node finishes a job within seconds
 SLURMD_STARTED = re.compile(r"slurmd version \S+ started")
 STEPD_LAUNCH_ERRORS = re.compile(

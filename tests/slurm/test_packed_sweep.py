@@ -20,7 +20,8 @@ import pytest
 from axonn_launch.common.jobdir import read_record
 from tests.conftest import run_launcher
 from tests.slurm.test_faults import jobs_cli, processes, wait_ended, wait_until
-from tests.slurm.test_restart_in_place import final_loss, metrics_step, sbatch_logger
+from tests.slurm.test_recovery import final_loss
+from tests.slurm.test_restart_in_place import metrics_step, sbatch_logger
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -153,7 +154,7 @@ def test_a_job_array_runs_each_point_as_its_own_task_at_the_point_s_loss(array):
     for num, job_dir in array["points"].items():
         record = read_record(job_dir)
         assert record["job_ids"] == [f"{job_id}_{num}"] and record["status"] == "completed"
-        assert f"--dependency=afternotok:{job_id}_{num} " in calls[1 + num], calls
+        assert f"--dependency=afterany:{job_id}_{num} " in calls[1 + num], calls
         assert final_loss(job_dir) == final_loss(array["local"][num]), num
     times = sorted((read_record(d)["pack"]["started"], read_record(d)["pack"]["ended"])
                    for d in array["points"].values())  # fmt: skip
@@ -161,3 +162,32 @@ def test_a_job_array_runs_each_point_as_its_own_task_at_the_point_s_loss(array):
     assert f"array 0: job {job_id}, 3 tasks of 1 node(s), points 0,1,2" in array["console"]
     text = jobs_cli("status", str(array["dir"]), cwd=array["dir"].parent).stdout
     assert f"array 0: job {job_id}, 3 array tasks, points 0,1,2: 3 completed" in text, text
+
+
+# --- sweep.pack=auto never asks for more nodes than the partition has ----------------------
+
+
+def test_auto_packs_fit_the_two_node_default_partition(tmp_path):
+    """Four one-node points with ``sweep.pack=auto`` on the default partition (debug, 2
+    nodes): packs of at most 2 nodes that Slurm can start (not PartitionNodeLimit, which
+    never clears). Cancelled once queued: the packs' runs are the test above's."""
+    import re
+    import subprocess
+
+    from axonn_launch.records.status import held_for_good
+
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", "machine=slurm_local", "sweep.pack=auto", "train.seed=1,2,3,4", *TRAIN,
+            f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
+    result = run_launcher(args, cwd=tmp_path, timeout=300)
+    packs = re.findall(r"pack \d+: job (\d+), (\d+) nodes x \d+ min", result.stdout)
+    try:
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert len(packs) == 2 and all(int(nodes) <= 2 for _, nodes in packs), result.stdout
+        ids = ",".join(job for job, _ in packs)
+        queued = subprocess.run(["squeue", "-h", "-j", ids, "-o", "%i|%T|%r"],
+                                capture_output=True, text=True, check=True).stdout  # fmt: skip
+        reasons = [line.split("|")[2] for line in queued.splitlines()]
+        assert not any(held_for_good(r) for r in reasons), queued
+    finally:
+        subprocess.run(["scancel", *(job for job, _ in packs)], check=False)

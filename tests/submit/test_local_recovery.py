@@ -83,6 +83,12 @@ def test_a_killed_rank_of_a_detached_run_is_resumed_to_the_uninterrupted_loss(tm
     assert last["final_loss"] == uninterrupted["final_loss"]
     supervisor = (attempts[0] / "axonn_launch.log").read_text()  # a detached job's console
     assert f"supervisor: resubmitted {first['job_ids'][0]} (rank_killed)" in supervisor
+    assert read_record(root)["chain"]["state"] == chain.DONE  # said by the last supervisor
+    # the run's dir alone (what the launcher's next: line names) shows its newest attempt
+    alone = [sys.executable, "-m", "axonn_launch.jobs", "status", str(root), "--json"]
+    (run,) = json.loads(subprocess.run(alone, capture_output=True, text=True, timeout=120).stdout)
+    assert Path(run["job_dir"]).resolve() == attempts[1].resolve(), run
+    assert (run["state"], run["attempt"], run["attempts"]) == ("COMPLETED", 2, 2), run
     rows = subprocess.run([sys.executable, "-m", "axonn_launch.jobs", "status", str(root),
                            str(attempts[1]), "--json"], capture_output=True, text=True,
                           timeout=120).stdout  # fmt: skip
@@ -154,9 +160,9 @@ def test_a_stopped_rank_of_a_local_run_is_a_hang_and_the_run_resumes_exactly(tmp
     assert record["time"] - stopped_at <= STEP_DEADLINE_S + 60, record
     assert [s["rank"] for s in record["suspects"]] == [1] and record["rank"] == 0
     assert "Thread" in (root / "logs" / "stacks" / "rank_0.txt").read_text()
-    shown = subprocess.run([sys.executable, "-m", "axonn_launch.jobs", "status", str(root)],
-                           capture_output=True, text=True, timeout=120).stdout  # fmt: skip
-    assert "hang" in shown and "rank 1" in shown, shown
+    each = [sys.executable, "-m", "axonn_launch.jobs", "status", "--attempts", str(root)]
+    shown = subprocess.run(each, capture_output=True, text=True, timeout=120).stdout
+    assert "hang" in shown and "rank 1" in shown, shown  # attempt 1's row
     last = read_summary(chain.attempts_of(root)[-1])
     assert last["final_loss"] == uninterrupted["final_loss"]
 

@@ -180,3 +180,82 @@ def test_a_pack_sbatch_refuses_leaves_each_point_refused_with_its_line(tmp_path,
                     " (2 nodes x 10 min, points 0,1)")  # fmt: skip
     for point in two:
         assert read_record(point.job_dir)["status"] == "refused"
+
+
+# --- packs that fit their partition ----------------------------------------------------------
+
+SCONTROL = (  # `scontrol show partition -o` of the local cluster, with limits set on `wide`
+    "PartitionName=debug AllowGroups=ALL Default=YES MaxNodes=UNLIMITED MaxTime=UNLIMITED"
+    " Nodes=n[1-2] State=UP TotalCPUs=16 TotalNodes=2\n"
+    "PartitionName=wide AllowGroups=ALL MaxNodes=3 MaxTime=1-02:30:00 Nodes=n[1-4]"
+    " State=UP TotalCPUs=32 TotalNodes=4\n"
+)
+
+
+def test_the_partition_size_and_limits_are_read_from_scontrol():
+    from axonn_launch.submit.pack import Partition, parse_partitions, partition_of
+
+    assert parse_partitions(SCONTROL) == Partition("debug", 2, None)  # the default one
+    assert parse_partitions(SCONTROL, "wide") == Partition("wide", 3, 1590)  # MaxNodes, 1d2h30
+    assert parse_partitions(SCONTROL, "nosuch") is None and parse_partitions("", "") is None
+    assert partition_of(("#SBATCH --nodes=1", "#SBATCH --partition=wide")) == "wide"
+    assert partition_of(("#SBATCH --nodes=1",)) == ""
+
+
+def test_auto_splits_four_one_node_points_into_packs_no_larger_than_the_partition():
+    from axonn_launch.submit.pack import Partition, capped
+
+    four, debug = points(*[(1, 10)] * 4), Partition("debug", 2, None)
+    width, limit = auto_width(four, lambda nodes: 10, debug.nodes)
+    assert (width, limit) == (2, 10)
+    packs = plan(four, width, limit)
+    check_fits(packs, 2, 10, 4)
+    assert [p.nodes for p in packs] == [2, 2]
+    assert auto_width(four, lambda nodes: 10) == (4, 10)  # no partition known: one pack
+    # a partition's MaxTime caps a pack's minutes: two 10-min waves need 20, 15 allow one
+    limit_of = capped(lambda nodes: 30, Partition("p", 2, 15))
+    width, limit = auto_width(four, limit_of, 2)
+    assert (width, limit) == (2, 15) and len(plan(four, width, limit)) == 2
+
+
+@pytest.mark.parametrize(
+    ("shapes", "width", "line"),
+    [
+        ([(3, 10), (1, 10)], 0, "point 0 needs 3 nodes; partition debug has 2 nodes;"
+         " valid: a larger partition"),
+        ([(1, 10)] * 4, 4, "sweep.pack=4: partition debug has 2 nodes, so a pack of 4 nodes"
+         " could never start; valid: 2 or fewer, or auto"),
+        ([(1, 10), (1, 90)], 0, "point 1 needs 90 min; partition debug allows 60 min; valid:"
+         " machine.slurm.time_min of at most 60"),
+    ],
+)  # fmt: skip
+def test_a_pack_that_could_never_start_is_refused_in_one_line(shapes, width, line):
+    from dataclasses import replace
+
+    from axonn_launch.submit.pack import Partition, fitting
+
+    group = [replace(p, width=width) for p in points(*shapes)]
+    assert fitting(group, Partition("debug", 2, 60)) == line
+    assert fitting(group, None) == ""  # no partition known (a dry run): nothing refused
+
+
+def test_a_pack_held_for_a_reason_that_never_clears_is_not_shown_as_running():
+    from axonn_launch.records.status import JobStatus, held_for_good, pack_word, start_words
+
+    assert held_for_good("PartitionNodeLimit") and held_for_good("AssocMaxNodesPerJob")
+    assert not held_for_good("Resources") and not held_for_good("Priority")
+    held = start_words("N/A", "PartitionNodeLimit")
+    assert held.startswith("held by Slurm for good (PartitionNodeLimit, squeue)")
+    waiting = start_words("N/A", "Resources")
+
+    def row(state: str, failure: str, start: str) -> JobStatus:
+        found = JobStatus("/j/0", "57", "p", "slurm_local", "gpt_tiny", "", 1, state, None, 8,
+                          None, None, None, failure, "", "", 1)  # fmt: skip
+        found.expected_start = start
+        return found
+
+    assert pack_word(row("PENDING", "running", held)) == (
+        "held by Slurm for good (PartitionNodeLimit, squeue)"
+    )
+    assert pack_word(row("PENDING", "running", waiting)) == "pending"
+    assert pack_word(row("RUNNING", "running", "")) == "running"

@@ -269,3 +269,52 @@ def test_a_node_the_user_left_out_stays_out_when_a_failed_node_is_readmitted(tmp
     )
     readmitted = recovery.exclusion(tmp_path, record, [], up)  # without it: n1 is used again
     assert readmitted == ([], [f"{resubmit.EXCLUDE_KEY}="])
+
+
+def decision_recorded(job_dir, failure: str, action: str) -> dict:
+    """What the restart decision records in the run's chain for the job's ended step (its
+    own functions), when it hands the failure over to the chain."""
+    from axonn_launch.records.status import EndedStep
+    from axonn_launch.submit import restart_job
+
+    record = json.loads(JobPaths(job_dir).record.read_text())
+    ended = EndedStep("local-999999999", 1, ("n2",), 2, time.time())
+    diagnosis = failures.Diagnosis(failure, f"{failure} at step 7", ("n2",), {"step": 7})
+    attempt = restart_job.attempt_of(job_dir, ended, diagnosis, action)
+    attempt[recovery.FAILURE_KEY] = recovery.failure_key(ended.job_id, record)
+    restart_job.record_attempt(job_dir, record, attempt, "1 of the 2 nodes left: the chain")
+    return attempt
+
+
+def test_the_recovery_step_completes_the_decisions_entry_for_the_same_failure(
+    tmp_path, monkeypatch
+):
+    """One failure, one record: the decision's entry and the recovery job's share the key
+    ``<job id>.<step>``; the recovery job's verdict lands in that entry."""
+    job_dir = failed_attempt(tmp_path, NON_FINITE_RECORD)
+    decided = decision_recorded(job_dir, failures.NON_FINITE, chain.ROLLBACK)
+    assert decided[recovery.FAILURE_KEY] == "local-999999999.0"
+    target = tmp_path / "run_attempt2"
+
+    def resubmitted(status, args, out):
+        target.mkdir()
+        write_record_file(job_dir, {**json.loads(JobPaths(job_dir).record.read_text()),
+                                    "resubmitted_as": str(target)})  # fmt: skip
+        return f"resubmitted local-999999999 as job local-2 in {target}"
+
+    monkeypatch.setattr(recovery, "resubmit_one", resubmitted)
+    assert recovery.recover(job_dir).startswith("resubmitted")
+    (attempt,) = json.loads(JobPaths(job_dir).record.read_text())["chain"]["attempts"]
+    assert attempt["in_place"] and attempt["by_chain"] and not attempt["restarted"], attempt
+    assert attempt["nodes"] == ["n2"] and attempt["action"] == chain.ROLLBACK, attempt
+
+
+def test_max_same_class_counts_distinct_failures():
+    """Two entries of one failure (an older run's records) count once."""
+    settings = RecoveryConfig(max_same_class=3, max_no_progress=9)
+    keyed = [{"class": "node_failure", "failure_key": k} for k in ("9.0", "9.1", "9.1")]
+    assert limit_reached(settings, keyed, time.time()) == ""
+    keyed.append({"class": "node_failure", "failure_key": "10.0"})
+    assert limit_reached(settings, keyed, time.time()) == (
+        "recovery.max_same_class=3: node_failure 3 times in a row"
+    )
