@@ -31,9 +31,12 @@ from omegaconf.errors import OmegaConfBaseException
 from axonn_launch.config.compose import (
     ConfigError,
     LaunchConfig,
+    SharedComposition,
     compose,
     composition_error,
+    hydra_job_copies_and_yaml,
     register_resolvers,
+    shared_sweep_composition,
     split_argv,
     to_launch_config,
 )
@@ -211,8 +214,9 @@ def check_arguments(argv: list[str]) -> None:
         overrides.append(f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]")
     optimizing = sweeping and sweeper not in ("", "basic")
     points = expand_sweep(overrides, interval_ends=optimizing) if sweeping else [overrides]
-    for point in points:
-        tree = compose(point)
+    shared = SharedComposition()  # one composition per distinct set of group choices
+    for point in distinct(points):
+        tree = shared.tree(point) if sweeping else compose(point)
         cfg = for_sweeper(to_launch_config(tree), sweeper or "basic")
         if not sweeping:  # Hydra makes a study's callback before ValidateRun runs
             study_callback(tree)
@@ -222,6 +226,11 @@ def check_arguments(argv: list[str]) -> None:
         jobs = trials_asked(argv) if optimizing else len(points)
         for warning in chain.sweep_queue_warnings(cfg, jobs):
             print(f"warning: {warning}", file=sys.stderr)
+
+
+def distinct(points: list[list[str]]) -> list[list[str]]:
+    """Each distinct point once (``train.seed=1,1`` checks one)."""
+    return [list(point) for point in dict.fromkeys(tuple(p) for p in points)]
 
 
 def trials_asked(argv: list[str]) -> int:
@@ -304,7 +313,12 @@ def main() -> None:
         raise SystemExit(EXIT_BAD_INPUT) from None
     register_help_resolver()  # --help names the other commands (conf/config.yaml)
     register_resolvers()  # sweep points' names (conf/config.yaml)
-    with composition_errors_in_one_line(split_argv(sys.argv[1:])[0]), mode_told(sys.argv[1:]):
+    with (
+        composition_errors_in_one_line(split_argv(sys.argv[1:])[0]),
+        mode_told(sys.argv[1:]),
+        shared_sweep_composition(),  # a sweep's points share one composition
+        hydra_job_copies_and_yaml(),  # each job's config copies, .hydra/*.yaml
+    ):
         hydra_entry()
 
 

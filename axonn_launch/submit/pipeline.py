@@ -28,7 +28,7 @@ from axonn_launch.common.jobdir import (
     write_record_file,
 )
 from axonn_launch.common.spec import JobSpec, RuntimeConfig
-from axonn_launch.config.compose import LaunchConfig
+from axonn_launch.config.compose import LaunchConfig, yaml_text
 from axonn_launch.config.resolve import Resolved, check_job_dir, container_warnings
 from axonn_launch.records import failures, firstfail, provenance
 from axonn_launch.submit import (
@@ -109,8 +109,9 @@ def launch(
         to_run = replace(to_run, recovery=replace(to_run.recovery, mode="off"))
     if rehearsal:
         warnings += rehearsal.warnings
+    config_yaml = resolved_yaml(config, resolved)  # the job dir's config.yaml
     if not (record_extra or {}).get("parent"):  # a new attempt continues its own run
-        duplicates.refuse_duplicate(to_run, resolved_yaml(config, resolved), job_dir)
+        duplicates.refuse_duplicate(to_run, config_yaml, job_dir)
     warnings = wallclock_warnings(to_run, resolved) + headroom_warnings(to_run, resolved) + warnings
     warnings += chain.queue_rule_warnings(to_run)
     for warning in resolved.warnings + warnings:
@@ -119,7 +120,7 @@ def launch(
     batch = slurm_batch(to_run, resolved, job_dir, rehearsal)
     with dirguard.claimed(job_dir) as claim:  # one launch at a time; it makes the dir
         run = Launch(to_run, cfg, resolved, rehearsal, claim, batch, held)
-        return claimed_launch(run, job_dir, config, command_line, out, record_extra or {})
+        return claimed_launch(run, job_dir, config_yaml, command_line, out, record_extra or {})
 
 
 def checks_before_writing(cfg: LaunchConfig, job_dir: Path) -> list[str]:
@@ -131,7 +132,7 @@ def checks_before_writing(cfg: LaunchConfig, job_dir: Path) -> list[str]:
 
 
 def claimed_launch(
-    run: Launch, job_dir: Path, config: dict, command_line: list[str], out, record_extra: dict
+    run: Launch, job_dir: Path, config_yaml: str, command_line: list[str], out, record_extra: dict
 ) -> Outcome:
     """In the claimed job dir: a new attempt of its run (resume=true) when asked, undone
     when nothing started."""
@@ -139,7 +140,7 @@ def claimed_launch(
     outcome = None
     try:
         outcome = write_and_start(
-            run, job_dir, config, command_line, out, {**continued, **record_extra}
+            run, job_dir, config_yaml, command_line, out, {**continued, **record_extra}
         )
     finally:
         if continued and (outcome is None or outcome.status == "refused"):
@@ -182,17 +183,17 @@ class Launch:
 def write_and_start(
     run: Launch,
     job_dir: Path,
-    config: dict,
+    config_yaml: str,
     command_line: list[str],
     out,
     record_extra: dict,
 ) -> Outcome:
-    """Write the job directory, then dry-run, run locally or submit."""
+    """Write the job directory (``config_yaml``: its config.yaml, ``resolved_yaml``), then
+    dry-run, run locally or submit."""
     cfg, site_cfg, resolved, rehearsal = run.cfg, run.site_cfg, run.resolved, run.rehearsal
     spec = job_spec(cfg, resolved, job_dir)
     spec.save(JobPaths(job_dir).spec)
     write_preflight_expectations(cfg, job_dir)
-    config_yaml = resolved_yaml(config, resolved)
     JobPaths(job_dir).config.write_text(config_yaml)
     script = run.batch.script() if run.batch else ""
     if script:
@@ -255,9 +256,7 @@ def wait_for_pack(run: Launch, job_dir: Path, record: dict, script: str, *, out)
 
 def resolved_yaml(config: dict, resolved: Resolved) -> str:
     """The composed config with what validation fixed: grid, nodes, planner's micro-batch,
-    the checkpoint interval."""
-    from omegaconf import OmegaConf
-
+    the checkpoint interval. The text ``OmegaConf.to_yaml`` gives (``yaml_text``)."""
     config = dict(config)
     config["grid"] = {**resolved.grid.as_dict(), "auto": resolved.planned}
     config["nodes"] = resolved.nodes
@@ -268,7 +267,7 @@ def resolved_yaml(config: dict, resolved: Resolved) -> str:
         # auto's interval (cost/expected_goodput.py)
         "checkpoint_every": resolved.train.checkpoint_every,
     }
-    return OmegaConf.to_yaml(OmegaConf.create(config))
+    return yaml_text(config)
 
 
 def write_preflight_expectations(cfg: LaunchConfig, job_dir: Path) -> None:

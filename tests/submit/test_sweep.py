@@ -118,3 +118,82 @@ def test_points_are_named_by_their_values_and_the_summary_compares_them(tmp_path
         assert cell(row, "step s") == f"{summary['step_time_s']:.3g}"
         losses.append(summary["final_loss"])
     assert len(losses) == 2 and losses[0] == pytest.approx(losses[1], rel=1e-5)  # same model
+
+
+def test_points_sharing_one_composition_still_each_get_their_own_values(tmp_path):
+    """The argument check composes once and applies each point's values to a copy; one
+    bad value among many stops the sweep in one line naming it, with nothing written."""
+    from axonn_launch.config.compose import SharedComposition, compose, to_launch_config
+
+    shared = SharedComposition()
+    points = [["machine=slurm_local", f"train.seed={s}", f"train.steps={n}"]
+              for s in range(1, 4) for n in (5, 7)]  # fmt: skip
+    for point in points:
+        assert to_launch_config(shared.tree(point)) == to_launch_config(compose(point))
+    assert len(shared.bases) == 1  # the six points share one composition
+    typo = ["machine=slurm_local", "train.stepz=3"]
+    with pytest.raises(Exception) as shared_error:
+        shared.tree(typo)
+    with pytest.raises(Exception) as own_error:
+        compose(typo)
+    assert str(shared_error.value) == str(own_error.value)
+
+    args = ["-m", "machine=slurm_local", "train.seed=1,2,3,4,5,6", "train.steps=4,x,8",
+            "dry_run=true", f"hydra.sweep.dir={tmp_path / 'sweep'}"]  # fmt: skip
+    result = run_launcher(args, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["error: train.steps='x': expected an integer"]
+    assert not (tmp_path / "sweep").exists() and not (tmp_path / "jobs").exists()
+
+
+def test_each_point_of_a_shared_composition_keeps_its_own_overrides(tmp_path, fake_sbatch):
+    """Hydra's composition of each point is shared too: each job still gets its own seed,
+    its own ``overrides.yaml`` and its own name."""
+    bindir, marker = fake_sbatch
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", "machine=slurm_local", "train.seed=3,1,2", "dry_run=true",
+            f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
+    result = run_launcher(args, cwd=tmp_path, path_prefix=bindir)
+    assert result.returncode == 0, result.stderr
+    for num, seed in enumerate((3, 1, 2)):
+        (job_dir,) = sweep_dir.glob(f"{num}-*")
+        assert job_dir.name == f"{num}-gpt_tiny-slurm_local-seed{seed}"
+        overrides = (job_dir / ".hydra" / "overrides.yaml").read_text()
+        assert overrides.splitlines()[1:] == [f"- train.seed={seed}", "- dry_run=True"]
+        config = (job_dir / ".hydra" / "config.yaml").read_text()
+        assert f"seed: {seed}\n" in config
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("resolve", [False, True])
+@pytest.mark.parametrize("machine", ["slurm_local", "local", "perlmutter"])
+def test_job_yaml_text_is_omegaconfs_own(machine, resolve):
+    """A job's YAML files (config.yaml, .hydra/*.yaml) are made with libyaml's emitter and
+    copied by pickle: the same text and the same config as OmegaConf's own."""
+    import copy
+
+    from omegaconf import OmegaConf
+
+    from axonn_launch.config.compose import compose, config_yaml_text, copy_config, yaml_text
+
+    tree = compose([f"machine={machine}"])
+    assert config_yaml_text(tree) == OmegaConf.to_yaml(tree)
+    container = OmegaConf.to_container(tree, resolve=resolve)
+    assert yaml_text(container) == OmegaConf.to_yaml(OmegaConf.create(container))
+    copied = copy_config(tree)
+    assert OmegaConf.to_yaml(copied) == OmegaConf.to_yaml(copy.deepcopy(tree))
+    assert OmegaConf.is_struct(copied) == OmegaConf.is_struct(tree)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["true", "1", "1.5e3", "off", "", " lead", "x" * 200, "a b " * 60, "two\nlines",
+     "tab\there", "caf\u00e9 " * 30, "${x}", "'q' \"dq\"", None, 0.1, 10**30, [], {}],
+)  # fmt: skip
+def test_yaml_text_matches_omegaconf_for_awkward_strings(value):
+    from omegaconf import OmegaConf
+
+    from axonn_launch.config.compose import yaml_text
+
+    container = {"k": value, "l": [value, {"n": value}], "same": [value, value]}
+    assert yaml_text(container) == OmegaConf.to_yaml(OmegaConf.create(container))
