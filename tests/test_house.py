@@ -26,7 +26,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "axonn_launch"
 ROOT = PACKAGE.parent
 FOLDERS = ("common", "cost", "config", "records", "submit")  # bottom to top
 BRIDGE = ("axonn_launch.submit.task", "axonn_launch.train")
-LOGIN_COMMANDS = ("axonn_launch.cli", "axonn_launch.plan", "axonn_launch.jobs", "axonn_launch.data")
+LOGIN_COMMANDS = ("axonn_launch.cli", "axonn_launch.plan", "axonn_launch.jobs", "axonn_launch.data",
+                  "axonn_launch.api")  # fmt: skip
 HEAVY = ("torch", "transformers", "safetensors", "tokenizers", "matplotlib")  # not at import
 NEVER = ("torch",)  # not even inside a function: the data command may load a tokenizer
 # names common/jobdir.py must hold (the test collects every name it defines, and more)
