@@ -2,10 +2,12 @@
 and backward) of our Llama on rows that pack several examples, with the example mask
 (``examples=``: attention within each example, positions from its first token; SDPA with
 a boolean mask) against the same rows as one causal context (SDPA's ``is_causal``, what
-packed rows got before). One process, fp32, on this machine's CPU; the rounds alternate
-the order of the two after one warm-up each, and the table shows the medians.
+packed rows got before). One process, fp32, on this machine's CPU; each round is a pair
+that runs both, the order alternating (``bench/pairs.py``), after one warm-up each; the
+table shows the medians and the pairs' examples/causal - 1 as median and IQR, with the
+load average before and after.
 
-    .venv/bin/python bench/bench_packed.py [--rounds 7] [--threads 2]
+    .venv/bin/python bench/bench_packed.py [--rounds 11] [--threads 2]
 
 Writes bench/results/bench_packed.md.
 """
@@ -29,6 +31,7 @@ from axonn_launch.common.models import ModelSpec  # noqa: E402
 from axonn_launch.common.spec import OverlapConfig  # noqa: E402
 from axonn_launch.train.models.registry import build_model  # noqa: E402
 from axonn_launch.train.parallel.groups import single_process_groups  # noqa: E402
+from bench import pairs as paired  # noqa: E402
 
 SPEC = ModelSpec("llama-bench", n_layer=4, d_model=256, n_head=8, vocab_size=4096,
                  max_seq_len=1024, arch="llama", n_kv_head=4, ffn_hidden=688,
@@ -65,32 +68,36 @@ def measure(rounds: int) -> list[dict]:
             for name in order:
                 times[name].append(step_seconds(model, inputs, targets, variants[name]))
         causal, masked = (statistics.median(times[n]) for n in ("causal", "examples"))
+        overheads = [m / c - 1 for m, c in zip(times["examples"], times["causal"], strict=True)]
         results.append(dict(seq=seq, rows=rows, per_row=per_row, causal=causal, masked=masked,
-                            mask_mib=rows * seq * seq / 2**20))  # fmt: skip
+                            overheads=overheads, mask_mib=rows * seq * seq / 2**20))  # fmt: skip
     return results
 
 
-def write(results: list[dict], args: argparse.Namespace) -> str:
+def write(results: list[dict], args: argparse.Namespace, loads: str) -> str:
     lines = [
         "## Packed fine-tuning examples: the cost of the example mask",
         "",
-        f"`.venv/bin/python bench/bench_packed.py --rounds {args.rounds} --threads"
-        f" {args.threads}` ({platform.processor() or platform.machine()},"
-        f" torch {torch.__version__}, {args.threads} threads). One forward+backward of a"
+        f"Script: bench/bench_packed.py (`.venv/bin/python bench/bench_packed.py --rounds"
+        f" {args.rounds} --threads {args.threads}`)",
+        "",
+        f"Machine: {platform.processor() or platform.machine()},"
+        f" torch {torch.__version__}, {args.threads} threads. One forward+backward of a"
         f" {SPEC.n_layer}-layer Llama (hidden {SPEC.d_model}, {SPEC.n_head} heads,"
-        f" {SPEC.n_kv_head} KV heads, vocab {SPEC.vocab_size}), fp32, one process; median of"
-        f" {args.rounds} alternating rounds. *causal*: the rows as one causal context (SDPA"
+        f" {SPEC.n_kv_head} KV heads, vocab {SPEC.vocab_size}), fp32, one process; medians of"
+        f" {args.rounds} interleaved pairs, the order alternating; {loads}."
+        " *causal*: the rows as one causal context (SDPA"
         " `is_causal`); *examples*: attention kept within each packed example (SDPA with a"
         " boolean `[rows, 1, s, s]` mask) and positions from each example's first token.",
         "",
-        "| seq | rows | examples per row | causal (s) | examples (s) | examples / causal "
+        "| seq | rows | examples per row | causal (s) | examples (s) | examples / causal - 1 "
         "| mask (MiB) |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in results:
         lines.append(
             f"| {r['seq']} | {r['rows']} | {r['per_row']} | {r['causal']:.3f} |"
-            f" {r['masked']:.3f} | {r['masked'] / r['causal']:.2f}× | {r['mask_mib']:.1f} |"
+            f" {r['masked']:.3f} | {paired.verdict(r['overheads'])} | {r['mask_mib']:.1f} |"
         )
     lines += [
         "",
@@ -104,11 +111,13 @@ def write(results: list[dict], args: argparse.Namespace) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    text = write(measure(args.rounds), args)
+    before = paired.load_now()
+    results = measure(args.rounds)
+    text = write(results, args, paired.load_line(before, paired.load_now()))
     (REPO / "bench" / "results" / "bench_packed.md").write_text(text)
     print(text)
 

@@ -1,14 +1,16 @@
 """What the metric sinks (TensorBoard, W&B offline) cost per step, against metrics.jsonl alone.
 
-gpt_small (8 layers, d_model 512) on 4 local CPU ranks (grid x=2 z=2), run with
-``metrics.sinks=[jsonl,tensorboard,wandb]`` (W&B offline, as on a compute node without
-internet) and with ``[jsonl]``, alternating, ``--repeats`` pairs. Each run's step time is
-its summary's (the mean over its steps but the first); the overhead is the median over
-pairs of on/off - 1. End to end, the machine's noise (±10 % between runs on 2 shared
-cores) is far above a 1 % target, so the sinks' own work per step is also timed directly,
-in one process: TensorBoard's ``log`` of a metrics row and W&B's ``run.log`` of it.
+A small GPT (2 layers, d_model 128; smaller than the gpt_small of earlier runs, so that
+10 pairs fit in minutes, and a short step makes a per-step cost a larger fraction) on 4
+local CPU ranks (grid x=2 z=2), run with ``metrics.sinks=[jsonl,tensorboard,wandb]``
+(W&B offline, as on a compute node without internet) and with ``[jsonl]``, as
+``--pairs`` interleaved pairs (``bench/pairs.py``: median, IQR, load before and after).
+Each run's step time is its summary's (the mean over its steps but the first). End to
+end, the machine's noise is far above a 1 % target, so the sinks' own work per step is
+also timed directly, in one process: TensorBoard's ``log`` of a metrics row and W&B's
+``run.log`` of it.
 
-    .venv/bin/python bench/bench_sinks.py [--steps 10] [--repeats 2]
+    .venv/bin/python bench/bench_sinks.py [--steps 20] [--pairs 10]
 
 Writes bench/results/bench_sinks.md.
 """
@@ -34,8 +36,9 @@ from axonn_launch.common.models import ModelSpec  # noqa: E402
 from axonn_launch.common.spec import JobSpec, RuntimeConfig, TrainConfig  # noqa: E402
 from axonn_launch.common.tracking import MetricsConfig  # noqa: E402
 from axonn_launch.submit.local import free_port, rank_env  # noqa: E402
+from bench import pairs as paired  # noqa: E402
 
-SMALL = ModelSpec("gpt_small", n_layer=8, d_model=512, n_head=8, vocab_size=256, max_seq_len=256)
+SMALL = ModelSpec("gpt_bench", n_layer=2, d_model=128, n_head=4, vocab_size=256, max_seq_len=256)
 GRID = Grid(x=2, z=2)
 ON = ["jsonl", "tensorboard", "wandb"]
 OFF = ["jsonl"]
@@ -95,53 +98,49 @@ def direct_cost_per_row(sinks: list[str], rows: int = 2000) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--pairs", type=int, default=paired.MIN_PAIRS)
     args = parser.parse_args()
     os.environ["WANDB_MODE"] = "offline"
-    pairs, load_start, started = [], os.getloadavg()[0], time.time()
+    load_before, started = paired.load_now(), time.time()
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.repeats):
-            order = [("on", ON), ("off", OFF)] if i % 2 == 0 else [("off", OFF), ("on", ON)]
-            times = {name: run(Path(tmp) / f"{name}{i}", args.steps, s) for name, s in order}
-            pairs.append(times)
-            print(times, flush=True)
-    ratios = [p["on"] / p["off"] - 1 for p in pairs]
+        pairs = paired.interleaved(
+            lambda i: run(Path(tmp) / f"on{i}", args.steps, ON),
+            lambda i: run(Path(tmp) / f"off{i}", args.steps, OFF),
+            args.pairs,
+        )
+    load_after = paired.load_now()
     off_median = statistics.median(p["off"] for p in pairs)
     direct = {name: direct_cost_per_row([name]) for name in ("tensorboard", "wandb")}
-    write_results(args, pairs, ratios, off_median, direct, load_start, started)
+    loads = paired.load_line(load_before, load_after)
+    write_results(args, pairs, off_median, direct, loads, started)
 
 
-def write_results(args, pairs, ratios, off_median, direct, load_start, started) -> None:
+def write_results(args, pairs, off_median, direct, loads, started) -> None:
     both = sum(direct.values())
     lines = [
         "# Metric sinks (TensorBoard, W&B offline): overhead per step",
         "",
+        "Script: bench/bench_sinks.py "
+        f"(`.venv/bin/python bench/bench_sinks.py --steps {args.steps} --pairs {args.pairs}`)",
+        "",
         f"Machine: {os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}; "
-        f"gpt_small, grid x=2 z=2 (4 ranks), global batch 16 x 64 tokens, fp32, gloo; "
-        f"{args.steps} steps per run; GEMM tuning off.",
-        f"Command: `.venv/bin/python bench/bench_sinks.py --steps {args.steps} "
-        f"--repeats {args.repeats}`",
-        f"Load average (1 min) at start {load_start:.1f}, at end {os.getloadavg()[0]:.1f}; "
-        f"{time.time() - started:.0f} s in all.",
+        f"a 2-layer GPT (d_model 128), grid x=2 z=2 (4 ranks), global batch 16 x 64 tokens, "
+        f"fp32, gloo; {args.steps} steps per run; GEMM tuning off. "
+        f"{loads[0].upper()}{loads[1:]}; {time.time() - started:.0f} s in all.",
         "",
         "On: `metrics.sinks=[jsonl,tensorboard,wandb]` with `metrics.wandb.mode=offline`. "
-        "Off: `metrics.sinks=[jsonl]`.",
+        "Off: `metrics.sinks=[jsonl]`. Interleaved pairs, the order alternating "
+        "(`bench/pairs.py`).",
         "",
-        "| pair | step s, on | step s, off | on/off - 1 |",
-        "|---|---|---|---|",
-    ]
-    for i, (pair, ratio) in enumerate(zip(pairs, ratios, strict=True), 1):
-        lines.append(f"| {i} | {pair['on']:.4f} | {pair['off']:.4f} | {ratio:+.2%} |")
-    lines += [
+        *paired.pair_table(pairs),
         "",
-        f"Median overhead over pairs: **{statistics.median(ratios):+.2%}** (target ≤ 1 %); the "
-        "pairs' spread is the machine's noise.",
+        f"Overhead (on/off - 1): {paired.verdict(paired.ratios(pairs))}; target ≤ 1 %.",
         "",
         "The sinks' own work per metrics row, timed in one process over 2,000 rows: "
         f"TensorBoard {direct['tensorboard'] * 1e6:.0f} µs, W&B {direct['wandb'] * 1e6:.0f} µs; "
-        f"together **{both / off_median:.4%}** of the median step above (rank 0 only, once "
-        "per logged step).",
+        f"together **{both / off_median:.4%}** of the median 'off' step above (rank 0 only, "
+        "once per logged step).",
     ]
     text = "\n".join(lines) + "\n"
     out = REPO / "bench" / "results" / "bench_sinks.md"
