@@ -32,6 +32,7 @@ from axonn_launch.config.compose import (
     ConfigError,
     LaunchConfig,
     SharedComposition,
+    check_profile,
     compose,
     composition_error,
     hydra_job_copies_and_yaml,
@@ -167,6 +168,7 @@ class ValidateRun(Callback):
         run_dir = OmegaConf.to_container(config.hydra.run, resolve=False).get("dir", "")
         tree = OmegaConf.masked_copy(config, [key for key in config if key != "hydra"])
         try:
+            check_profile(config)  # one line naming the profile's file (compose.py)
             cfg = to_launch_config(tree)
             resolved = check_run(tree, cfg, run_dir_prefix([f"hydra.run.dir={run_dir}"]))
         except ConfigError as exc:  # Hydra would only warn of an exception from a callback

@@ -62,10 +62,11 @@ COLUMNS = (
 
 
 def short_grid(grid: str) -> str:
-    """``data=1 x=2 y=1 z=2`` as ``x2z2``: the axes above 1 (``1`` for a single rank)."""
+    """``data=1 x=2 y=1 z=2`` as ``x2z2``: the axes above 1 (``x1`` for a single rank, read
+    as the others are: one rank along x)."""
     axes = [word.split("=") for word in grid.split()]
     text = "".join(f"{'d' if a == 'data' else a}{n}" for a, n in axes if n != "1")
-    return text or ("1" if axes else "-")
+    return text or ("x1" if axes else "-")
 
 
 def shown_dir(job_dir: str) -> str:

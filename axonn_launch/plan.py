@@ -100,6 +100,7 @@ class PlanArgs:
     calibration: Calibration | None
     overrides: tuple[str, ...] = ()  # the Hydra overrides as given, for the launch command
     spares: Spares | None = None  # None: the machine has no scheduler to hold spare nodes
+    account_key: str = ""  # the override naming the account (compose.account_override)
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ class Spares:
 def parse_args(argv: list[str]) -> PlanArgs:
     """``top=``, ``output=`` and ``calibration=`` are the planner's own; everything else is
     a Hydra override composed exactly as the launcher composes it."""
-    from axonn_launch.config.compose import ConfigError, load
+    from axonn_launch.config.compose import ConfigError, account_override, load
 
     own: dict[str, str] = {}
     overrides: list[str] = []
@@ -146,6 +147,7 @@ def parse_args(argv: list[str]) -> PlanArgs:
         else None,
         overrides=tuple(overrides),
         spares=spares_of(cfg, own.get("queue_wait_h")),
+        account_key=account_override(cfg.site, cfg.machine.name),
     )
 
 
@@ -391,7 +393,8 @@ def launch_lines(args: PlanArgs, row: PlanRow, nodes: int) -> list[str]:
     """The last lines: what to run next (the command alone on the last line)."""
     missing = [k for k in args.machine.required if not _attribute(args.machine, k)]
     need = f"; a real submission also needs machine.{', machine.'.join(missing)}" if missing else ""
-    hint = f" (site.accounts.{args.machine.name}=...)" if "slurm.account" in missing else ""
+    key = args.account_key or f"site.accounts.{args.machine.name}"
+    hint = f" ({key}=...)" if "slurm.account" in missing else ""
     return [
         f"launch the best grid (rank 1); add dry_run=true to check it first{need}{hint}:",
         launch_command(args, row, nodes),

@@ -33,6 +33,11 @@ from axonn_launch.submit.chain import attempts_of
 from axonn_launch.usage import raising_parser, run_tool
 
 METRICS = ("final_loss", "val_loss", "tokens_per_s")
+# each metric as a reader sees it: its words on an axis, its number in a table (tokens/s as a
+# whole number, as the job's own table and `jobs status` show it, never 6.186e+04)
+METRIC_LABELS = {"final_loss": "final loss", "val_loss": "validation loss",
+                 "tokens_per_s": "tokens/s"}  # fmt: skip
+METRIC_FORMS = {"tokens_per_s": "{:.0f}"}
 # swept keys that change how a job runs, not what it computes: the loss is the same for
 # every value (the same model, data and seed on any grid), the speed is what differs
 HOW_IT_RUNS = (
@@ -417,7 +422,12 @@ def sweep_report(sweep_dir: Path, out: Path, metric: str | None) -> list[str]:
     lines += table(
         ["#", *keys, "status", metric],
         [
-            (p.num, *(p.overrides.get(k, "-") for k in keys), p.status, fmt(p.value(metric)))
+            (
+                p.num,
+                *(p.overrides.get(k, "-") for k in keys),
+                p.status,
+                fmt(p.value(metric), METRIC_FORMS.get(metric, "{:.4g}")),
+            )  # fmt: skip
             for p in points
         ],
     )
@@ -453,8 +463,8 @@ def _sweep_plot(
         path,
         series,
         xlabel=key + (" (log scale)" if log else ""),
-        ylabel=metric,
-        title=f"{metric} against {key}",
+        ylabel=METRIC_LABELS.get(metric, metric),
+        title=f"{METRIC_LABELS.get(metric, metric)} against {key}",
         logx=log,
         xticks=sweep_ticks(categories, numeric, log=log),
     )

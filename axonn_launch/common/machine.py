@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
 SCHEDULERS = ("local", "slurm")  # submit/pipeline.py starts a job for each name
+# ``slurm.partition`` of a site whose jobs take no --partition (Perlmutter: -C gpu and a QOS):
+# said so in the profile, so that a partition left out by mistake is caught (profile_problem)
+CLUSTER_DEFAULT = "cluster_default"
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,10 @@ class SlurmSettings:
     # relies on it; a rehearsal (rehearse.py) names it, as the local cluster's default is none
     mpi_default: str = ""
     extra_sbatch: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.partition == CLUSTER_DEFAULT:  # no --partition: the cluster's default
+            object.__setattr__(self, "partition", "")
 
     def limit_min(self, nodes: int) -> int:
         """The job's time limit in minutes: ``time_min``, or with ``auto`` the longest that
@@ -285,3 +292,65 @@ class MachineProfile:
         """The interpreter of each task: ``machine.python``, else the container's, else the
         login node's own (right only where the tasks see the login node's environment)."""
         return self.python or self.container.python or login_python
+
+
+# --- the profile schema: keys a profile must carry, by what its machine is ---------------------
+
+# (dotted key, why it is needed) for every Slurm machine, then for one with GPUs. A default
+# would be silently wrong there: 1 rank per node, no memory check, no --partition.
+SLURM_KEYS = (("hardware.gpu_model", "cpu, or the GPU model of a node"),)
+SLURM_GPU_KEYS = (
+    ("hardware.gpus_per_node", "the ranks per node (GPUs, or GCDs of an MI250X)"),
+    ("hardware.mem_per_gpu_gb", "the memory of one GPU, against which a job is checked"),
+    ("slurm.partition", f"a partition, or {CLUSTER_DEFAULT} for none (the cluster's default)"),
+    ("preflight.network", "the regex NCCL's (RCCL's) 'Using network NAME' must match"),
+)
+# NCCL and RCCL both read NCCL_NET: set, they fail instead of falling back to TCP sockets. A
+# container (Alps's Container Engine) sets the network variables in its image instead
+NETWORK_KEY = ("multinode_env.NCCL_NET", "the network plugin, e.g. OFI or AWS Libfabric")
+
+
+def required_keys() -> list[str]:
+    """The keys every profile sets: ``MachineProfile``'s fields without a default."""
+    return [f.name for f in fields(MachineProfile) if f.default is MISSING
+            and f.default_factory is MISSING]  # fmt: skip
+
+
+def lookup(raw: dict, key: str) -> object:
+    """The value at dotted ``key`` of ``raw``, or None where a part is missing or empty."""
+    node: object = raw
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return None if node in (None, "") else node
+
+
+def required_problem(raw: dict) -> str:
+    """The first key of every profile that ``raw`` (a profile as plain data) misses, or a
+    scheduler no launcher knows, as ``machine.KEY: ...``; ``""`` if none."""
+    for key in required_keys():
+        if key not in raw or raw[key] is None:
+            return f"machine.{key}: missing; every machine profile sets it"
+    if raw["scheduler"] not in SCHEDULERS:
+        return f"machine.scheduler={raw['scheduler']!r}: expected one of {', '.join(SCHEDULERS)}"
+    return ""
+
+
+def kind_problem(raw: dict) -> str:
+    """The first key that what the machine is (``scheduler``, ``hardware.gpu_model``) makes
+    necessary and ``raw`` misses, as ``machine.KEY: missing; ...``; ``""`` if none."""
+    if raw.get("scheduler") != "slurm":
+        return ""
+    needed = list(SLURM_KEYS)
+    if lookup(raw, "hardware.gpu_model") not in (None, "cpu"):
+        needed += SLURM_GPU_KEYS
+        needed += [] if lookup(raw, "container.engine") else [NETWORK_KEY]
+    for key, why in needed:
+        if lookup(raw, key) is None:
+            return f"machine.{key}: missing; a {machine_kind(raw)} needs it: {why}"
+    return ""
+
+
+def machine_kind(raw: dict) -> str:
+    """``Slurm machine with GPUs (MI250X)`` or ``Slurm machine``, for a message."""
+    gpu = lookup(raw, "hardware.gpu_model")
+    return f"Slurm machine with GPUs ({gpu})" if gpu not in (None, "cpu") else "Slurm machine"

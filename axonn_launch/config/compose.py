@@ -19,10 +19,11 @@ import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from axonn_launch.common.jobdir import CheckpointMissing, read_step_meta, resolve_checkpoint
-from axonn_launch.common.machine import MachineProfile
+from axonn_launch.common.machine import MachineProfile, kind_problem, required_problem
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import GenerateConfig, MemorizationConfig, TrainConfig
 from axonn_launch.common.tracking import MetricsConfig
@@ -53,6 +54,12 @@ class GridRequest:
 class Site:
     accounts: dict[str, str] = field(default_factory=dict)
     scratch: str = ""
+
+
+def account_override(site: Site, machine: str) -> str:
+    """The override that sets ``machine``'s account: ``site.accounts.NAME=`` where the site
+    config lists the machine, else ``+site.accounts.NAME=`` (Hydra adds a key only with +)."""
+    return f"{'' if machine in site.accounts else '+'}site.accounts.{machine}"
 
 
 @dataclass(frozen=True)
@@ -152,6 +159,8 @@ def register_resolvers() -> None:
 
     if not OmegaConf.has_resolver("axonn_point"):
         OmegaConf.register_new_resolver("axonn_point", point_suffix)
+    if not OmegaConf.has_resolver("axonn_machines"):  # --help's list (conf/config.yaml)
+        OmegaConf.register_new_resolver("axonn_machines", machine_choices)
 
 
 def compose(overrides: list[str]):
@@ -159,16 +168,67 @@ def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import open_dict
 
     register_resolvers()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-            return hydra_compose(config_name="config", overrides=list(overrides))
+            cfg = hydra_compose(config_name="config", overrides=list(overrides),
+                                return_hydra_config=True)  # fmt: skip
     except Exception as exc:  # Hydra/OmegaConf errors become one line
         raise ConfigError(composition_error(overrides, exc)) from exc
     finally:
         GlobalHydra.instance().clear()
+    check_profile(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+# --- the machine profile's schema (common/machine.py profile_problem), named by its file -----
+
+
+def check_profile(cfg: Any) -> None:
+    """Check the machine profile of a composed tree that still holds its ``hydra`` node: a
+    missing or mistyped key, or a value of the wrong type, is one line naming the file."""
+    from omegaconf import OmegaConf
+
+    where = profile_file(cfg.hydra.runtime)
+    try:
+        raw = OmegaConf.to_container(cfg.machine, resolve=False)
+        checked_profile(raw, lambda: OmegaConf.to_container(cfg.machine, resolve=True))
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    except Exception as exc:  # an interpolation that does not resolve
+        raise ConfigError(f"{where}: {_first_line(exc)}") from None
+
+
+def checked_profile(raw: dict, resolved: Callable[[], dict]) -> MachineProfile:
+    """The profile of ``raw`` (as written) once checked: the keys of every profile, then
+    unknown keys and types (``build`` of ``resolved()``, its interpolations resolved), then
+    the keys its kind of machine needs."""
+    problem = required_problem(raw)
+    if problem:
+        raise ConfigError(problem)
+    profile = build(MachineProfile, resolved(), "machine")
+    problem = kind_problem(raw)
+    if problem:
+        raise ConfigError(problem)
+    return profile
+
+
+def profile_file(runtime: Any) -> str:
+    """The file of the run's machine profile (``runtime``: Hydra's ``hydra.runtime``): the
+    first of its config sources that holds ``machine/<choice>.yaml``."""
+    relative = f"machine/{runtime.choices.get('machine', DEFAULT_MACHINE)}.yaml"
+    for source in runtime.config_sources:
+        if source.schema == "file" and (Path(source.path) / relative).is_file():
+            return str(Path(source.path) / relative)
+        packaged = source.schema == "pkg" and source.path == CONFIG_MODULE
+        if packaged and resources.files(CONFIG_MODULE).joinpath(relative).is_file():
+            return f"{CONFIG_MODULE.replace('.', '/')}/{relative}"
+    return relative
 
 
 # --- one composition shared by a sweep's points ---------------------------------------------
@@ -402,7 +462,11 @@ def machine_profile(name: str) -> MachineProfile:
 
     text = resources.files(CONFIG_MODULE).joinpath("machine", f"{name}.yaml").read_text()
     raw = OmegaConf.to_container(OmegaConf.create(text), resolve=True)
-    return build(MachineProfile, raw, "machine")
+    where = f"{CONFIG_MODULE.replace('.', '/')}/machine/{name}.yaml"
+    try:
+        return checked_profile(raw, lambda: raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 DEFAULT_MACHINE = "local"  # conf/config.yaml's defaults
@@ -565,6 +629,12 @@ def composition_error(overrides: list[str], exc: BaseException) -> str:
 def explain_compose_error(exc: BaseException) -> str:
     """Turn Hydra's multi-line composition errors into one line."""
     text = _chain_text(exc)
+    ambiguous = re.search(r"Ambiguous value for argument '([^']+)'", text)
+    if ambiguous:
+        return (
+            f"{ambiguous.group(1)}: a list of values runs a sweep; add -m (multirun) to run"
+            " one job per value, or quote a list as a value: 'KEY=[a,b]'"
+        )
     override = re.search(r"Could not override '([^']+)'", text)
     if override and "not in struct" in text:
         key = override.group(1)
@@ -582,8 +652,16 @@ def explain_compose_error(exc: BaseException) -> str:
         group, option = missing.groups()
         options = re.findall(r"^\t(\S+)$", text, flags=re.M)
         valid = ", ".join(options) if options else "see conf/" + group
-        return f"{group}={option!r}: no such {group};{did_you_mean(option, options)} valid: {valid}"
+        line = f"{group}={option!r}: no such {group};{did_you_mean(option, options)} valid: {valid}"
+        return line + (HOW_TO_ADD_MACHINE.format(name=option) if group == "machine" else "")
     return _first_line(exc)
+
+
+# the end of the line for an unknown ``machine=NAME``: where a new profile goes
+HOW_TO_ADD_MACHINE = (
+    "; to add one, write DIR/machine/{name}.yaml (start from a copy of one in"
+    " axonn_launch/conf/machine/) and pass --config-dir DIR"
+)
 
 
 def did_you_mean(word: str, options: list[str], prefix: str = "") -> str:

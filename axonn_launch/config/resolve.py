@@ -20,7 +20,14 @@ from axonn_launch.common.machine import SCHEDULERS, MachineProfile, SlurmSetting
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import GenerateConfig, MemorizationConfig, TrainConfig
 from axonn_launch.config import edf
-from axonn_launch.config.compose import AUTO_KEYS, ConfigError, GridRequest, LaunchConfig
+from axonn_launch.config.compose import (
+    AUTO_KEYS,
+    ConfigError,
+    GridRequest,
+    LaunchConfig,
+    Site,
+    account_override,
+)
 from axonn_launch.cost.expected_goodput import Checkpointing, predict
 from axonn_launch.cost.memory import MemoryEstimate, estimate_memory, fit_micro_batch
 from axonn_launch.cost.perf import StepTime, step_time
@@ -75,7 +82,8 @@ def resolve(cfg: LaunchConfig) -> Resolved:
     grid, memory = costed.grid, costed.memory
     train, checkpointing = choose_checkpoint_every(cfg, nodes, costed.train, costed.step)
     train = with_checkpoint_bandwidth(train, cfg.machine)
-    warnings = data_warnings(cfg) + missing_user_keys(cfg.machine, dry_run=cfg.dry_run)
+    warnings = data_warnings(cfg) + warmup_warnings(cfg.train)
+    warnings += missing_user_keys(cfg.machine, dry_run=cfg.dry_run, site=cfg.site)
     warnings += placement_warnings(cfg.machine, grid) + account_warnings(cfg.machine)
     warnings += broadcast_warnings(cfg, nodes)
     warnings += host_memory_warnings(cfg, grid, train, memory) + core_warnings(cfg.machine, grid)
@@ -471,10 +479,25 @@ def container_warnings(cfg: LaunchConfig, job_dir: str) -> list[str]:
     return [f"{problem} (a real submission stops here)"]
 
 
-def missing_user_keys(machine: MachineProfile, *, dry_run: bool) -> list[str]:
+def warmup_warnings(train: TrainConfig) -> list[str]:
+    """A run whose warm-up outlasts it never reaches ``train.lr`` (train/loop.py
+    learning_rate): a warning, with a warm-up that fits."""
+    steps = train.steps - train.schedule_start  # an extension warms up again from its start
+    if train.warmup_steps < steps:
+        return []
+    return [
+        f"train.warmup_steps={train.warmup_steps} >= the run's {steps} steps"
+        f" (train.steps={train.steps}): the learning rate never leaves its warm-up to reach"
+        f" train.lr; pass e.g. train.warmup_steps={max(1, steps // 10)}"
+    ]
+
+
+def missing_user_keys(
+    machine: MachineProfile, *, dry_run: bool, site: Site | None = None
+) -> list[str]:
     """Keys only the user knows; an error for a real submission, a warning for a dry run."""
     missing = [key for key in machine.required if not _lookup(machine, key)]
-    hint = f"site.accounts.{machine.name}"
+    hint = account_override(site or Site(), machine.name)
     messages = [
         f"machine.{key} is not set; pass machine.{key}=... or {hint}=... (or put it in"
         " conf/local/default.yaml)"

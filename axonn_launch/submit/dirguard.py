@@ -142,7 +142,9 @@ def check(job_dir: Path, cfg: LaunchConfig) -> Path:
     if not held:
         raise JobDirRefused(
             f"resume=true: {job_dir} holds no run to continue (no launched job.json, checkpoint"
-            " or summary.json); launch without resume=true"
+            " or summary.json); to continue an earlier run, name its dir: hydra.run.dir=<old"
+            " dir> resume=true, or python -m axonn_launch.jobs resubmit <old dir>; else launch"
+            " without resume=true"
         )
     return continuation_dir(job_dir, cfg)
 

@@ -23,7 +23,8 @@ from pathlib import Path
 from axonn_launch.common.durations import duration
 from axonn_launch.common.machine import SlurmSettings
 from axonn_launch.common.rules import micro_batch_candidates
-from axonn_launch.config.compose import LaunchConfig
+from axonn_launch.common.spec import TrainConfig
+from axonn_launch.config.compose import LaunchConfig, account_override
 from axonn_launch.config.resolve import Resolved, placeholder
 from axonn_launch.cost import planner
 from axonn_launch.cost.expected_goodput import Checkpointing, job_mtbf_seconds
@@ -56,6 +57,7 @@ def summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
         f" {nodes_reason(cfg, resolved)}",
         f"memory     {memory_words(cfg, resolved)}",
     ]
+    lines += goldfish_lines(train)
     if cfg.machine.scheduler == "slurm":
         lines += slurm_lines(cfg, run_time(cfg, resolved))
         lines += restart_lines(cfg, resolved, run_time(cfg, resolved))
@@ -63,6 +65,18 @@ def summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
         lines += checkpoint_lines(resolved.checkpointing, cfg)
     lines += [f"preflight  {preflight_words(cfg)}", f"job dir    {job_dir}"]
     return "\n".join(lines)
+
+
+def goldfish_lines(train: TrainConfig) -> list[str]:
+    """The Goldfish loss, when on (``train.goldfish.k`` > 0): which labels leave the loss."""
+    fish = train.goldfish
+    if fish.k <= 0:
+        return []
+    context = "" if fish.strategy == "static" else f", context h={fish.h}"
+    return [
+        f"loss       Goldfish: about 1 label in {fish.k} left out of the loss"
+        f" ({fish.strategy}{context}; train.goldfish.k=0: the standard loss)"
+    ]
 
 
 def nodes_reason(cfg: LaunchConfig, resolved: Resolved) -> str:
@@ -276,7 +290,9 @@ def account_words(cfg: LaunchConfig) -> str:
     if account:
         return account
     if "slurm.account" in cfg.machine.required:
-        return f"{placeholder('slurm.account')} (site.accounts.{cfg.machine.name}=...)"
+        return (
+            f"{placeholder('slurm.account')} ({account_override(cfg.site, cfg.machine.name)}=...)"
+        )
     return "none (the cluster's default)"
 
 

@@ -35,7 +35,12 @@ from axonn_launch.train.health.monitor import StepMonitor
 from axonn_launch.train.health.profile import ProfileWindow
 from axonn_launch.train.health.startup import log_startup, log_startup_time, node_name
 from axonn_launch.train.health.watchdog import Watchdog
-from axonn_launch.train.inference.generation import decode, default_prompt, generate_one
+from axonn_launch.train.inference.generation import (
+    byte_text,
+    decode,
+    default_prompt,
+    generate_one,
+)
 from axonn_launch.train.logs import setup_logging
 from axonn_launch.train.loop import NonFiniteError, TrainContext, evaluate, train_loop
 from axonn_launch.train.metrics import MetricsLogger
@@ -471,10 +476,32 @@ def print_sample(spec: JobSpec, env: DistEnv, model: GPT, device: torch.device) 
         expect=lambda seconds: announce_sample(env.rank, spec.train.sample_tokens, seconds),
         eos_ids=config_eos_ids(spec.model.init_from),  # none for the byte corpus's models
     )
-    text = decode(tokens, spec.train.data)
+    text = decode(tokens, spec.train.data)  # recorded as written (summary.json)
     if env.rank == 0:
-        log.info("--- sample (%d tokens) ---\n%s\n---", spec.train.sample_tokens, text)
+        shown = readable_sample(tokens, spec.train.data)
+        log.info("--- sample (%d tokens) ---\n%s\n---", spec.train.sample_tokens, shown)
     return text
+
+
+UNREADABLE = "\N{MIDDLE DOT}"  # a byte of the sample that is not text
+
+
+def readable_sample(tokens: list[int], data: str) -> str:
+    """The sample as the console shows it: for the byte-level corpus, text with each byte
+    that is not (undecodable, a control code) as a dot, and a note when most of it is not
+    text yet (a short run's model strings bytes together); token ids otherwise."""
+    if data != "shakespeare":
+        return decode(tokens, data)
+    text = byte_text(tokens, errors="replace")
+    shown = "".join(c if c in "\n\t" or (c.isprintable() and c != "\ufffd") else UNREADABLE
+                    for c in text)  # fmt: skip
+    unreadable = shown.count(UNREADABLE)
+    if unreadable * 4 <= len(shown):
+        return shown
+    return (
+        f"{shown}\n(not readable yet: {unreadable} of {len(shown)} characters are not text,"
+        f" shown as {UNREADABLE}; a longer run (train.steps) writes text)"
+    )
 
 
 def announce_sample(rank: int, n_tokens: int, seconds: float) -> None:

@@ -95,3 +95,12 @@ def test_launcher_help_names_the_other_commands(tmp_path):
     assert any(g.startswith("machine: ") and "frontier" in g for g in groups)  # Hydra's part
     assert "python -m axonn_launch machine=frontier model=gpt_320b dry_run=true" in out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_launcher_help_lists_the_machines_of_conf_machine(tmp_path):
+    from axonn_launch.config.compose import machine_choices
+
+    proc = run_help("axonn_launch", "--help", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("machine=NAME")]
+    assert line.split(None, 1)[1] == machine_choices() and "${" not in line

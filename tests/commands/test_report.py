@@ -149,6 +149,7 @@ def test_sweep_report_metric_against_swept_keys(real_job, tmp_path):
     assert "train.steps" not in markdown  # not swept
     assert report.main([str(sweep), "--out", str(out), "--metric", "tokens_per_s"]) == 0
     assert "| 3 | 2 | 0.003 | completed | 2000 |" in (out / "report.md").read_text()
+    assert report.fmt(61860.0, report.METRIC_FORMS["tokens_per_s"]) == "61860"  # not 6.186e+04
 
 
 def test_memorization_study(real_job, tmp_path):

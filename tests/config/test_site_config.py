@@ -17,6 +17,7 @@ def test_site_file_from_config_dir_supplies_the_account(tmp_path):
         "train.data=synthetic",
         "grid.x=8",
         "train.steps=100",  # fits its allocations: no wall-clock warning
+        "train.warmup_steps=10",  # within the run: no warm-up warning
         "dry_run=true",
         f"hydra.run.dir={job}",
     ]

@@ -166,7 +166,7 @@ def test_a_grid_sweep_plots_tokens_per_s_with_whole_ticks(tmp_path, monkeypatch)
     assert sorted(calls) == ["sweep_tokens_per_s_grid.x.png", "sweep_tokens_per_s_grid.z.png"]
     assert "metric: tokens_per_s (every swept key changes how the jobs run" in markdown
     for keywords in calls.values():
-        assert keywords["ylabel"] == "tokens_per_s"
+        assert keywords["ylabel"] == "tokens/s"
         assert keywords["xticks"] == [(1.0, "1"), (2.0, "2")]  # no 1.2, 1.4 ...
     # --metric still picks
     markdown, calls = plotted(sweep, monkeypatch, "--metric", "final_loss")
