@@ -27,15 +27,14 @@ from axonn_launch.common.jobdir import CONSOLE_LOG, JobPaths, RecordError, read_
 from axonn_launch.config.compose import CONFIG_MODULE, ConfigError, LaunchConfig, to_launch_config
 from axonn_launch.config.compose import compose as hydra_compose
 from axonn_launch.cost.perf import Calibration, profile_calibration
+from axonn_launch.records.jobdirs import JOB_DIR_HINT, NotAJobPath
+from axonn_launch.records.runs import runs
 from axonn_launch.records.status import (
-    JOB_DIR_HINT,
     RUN_RECOVERING,
     RUN_RUNNING,
     RUN_WAITING,
     JobStatus,
-    NotAJobPath,
     collect,
-    runs,
 )
 from axonn_launch.submit import chain, dirguard
 from axonn_launch.submit.pipeline import Outcome
@@ -215,12 +214,11 @@ def launch(
     run = config.with_values(**values)
     job_dir = Path(run.run_dir) if run.run_dir else default_job_dir(run.launch.name)
     with one_line_errors(), launcher_log() as log:
-        resolved = cli.check_run(run.tree, run.launch, str(job_dir.absolute()))
+        checked = cli.check_run(run.tree, run.launch, str(job_dir.absolute()))
         target = claimed_dir(job_dir.absolute(), run.launch)
         log.job_dir = target
         outcome = pipeline_launch(
-            run.launch,
-            resolved,
+            checked,
             job_dir=target,
             config=as_container(run.tree),
             command_line=[LAUNCHER, *run.overrides],

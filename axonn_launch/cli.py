@@ -1,7 +1,7 @@
 """`python -m axonn_launch [-m] key=value ...`: the Hydra application.
 
 A run is composed once, by Hydra, and resolved once, by ``ValidateRun`` before Hydra makes
-its job dir; ``hydra_entry`` launches that resolution (``run_resolution``). A sweep's or a
+its job dir; ``hydra_entry`` launches that resolution (``run_checks``). A sweep's or a
 study's points are composed and checked first (``check_arguments``). Bad input ends with
 one line and exit code 2, with nothing written or submitted. HYDRA_FULL_ERROR=1: tracebacks.
 """
@@ -41,9 +41,9 @@ from axonn_launch.config.compose import (
     split_argv,
     to_launch_config,
 )
-from axonn_launch.config.resolve import Resolved, check_job_dir, container_warnings, resolve
-from axonn_launch.submit import allocation, chain, in_job, local, rehearse, slurm
-from axonn_launch.submit.pipeline import EXIT_BAD_INPUT, launch
+from axonn_launch.config.resolve import resolve
+from axonn_launch.submit import chain, in_job, local, pipeline
+from axonn_launch.submit.pipeline import EXIT_BAD_INPUT, Checked, launch
 from axonn_launch.submit.sweep import (
     PointOutcome,
     check_objective,
@@ -89,8 +89,7 @@ def hydra_entry(cfg: DictConfig) -> PointOutcome:
         if launch_cfg.machine.scheduler != "local" or launch_cfg.dry_run:
             local.dismiss_early_supervisor()  # no local job to hand it: its imports stop
         outcome = launch(
-            launch_cfg,
-            run_resolution(launch_cfg),
+            run_checks(launch_cfg, job_dir),
             job_dir=job_dir,
             config=OmegaConf.to_container(cfg, resolve=True),
             command_line=list(sys.argv),
@@ -130,53 +129,52 @@ def point_config(cfg: DictConfig, hydra_cfg: Any) -> LaunchConfig:
 
 @dataclasses.dataclass
 class RunHandoff:
-    """A run's resolution, from ``ValidateRun`` to ``hydra_entry``. Hydra calls both in this
-    process but passes the task function only the config, so the callback leaves the
-    resolution here with the config it resolved, and the entry takes it once
-    (``run_resolution``). One slot: resolving never looks here."""
+    """A run's checks and resolution, from ``ValidateRun`` to ``hydra_entry``. Hydra calls
+    both in this process but passes the task function only the config, so the callback
+    leaves them here with the config it checked, and the entry takes them once
+    (``run_checks``). One slot: checking never looks here."""
 
     cfg: LaunchConfig | None = None
-    resolved: Resolved | None = None
+    checked: Checked | None = None
 
-    def hand(self, cfg: LaunchConfig, resolved: Resolved) -> None:
-        self.cfg, self.resolved = cfg, resolved
+    def hand(self, cfg: LaunchConfig, checked: Checked) -> None:
+        self.cfg, self.checked = cfg, checked
 
-    def take(self, cfg: LaunchConfig) -> Resolved | None:
-        """The resolution handed for ``cfg``, once; None when none was (a sweep point)."""
-        handed, resolved = self.cfg, self.resolved
-        self.cfg = self.resolved = None
-        return resolved if handed == cfg else None
+    def take(self, cfg: LaunchConfig) -> Checked | None:
+        """The checks handed for ``cfg``, once; None when none were (a sweep point)."""
+        handed, checked = self.cfg, self.checked
+        self.cfg = self.checked = None
+        return checked if handed == cfg else None
 
 
 RUN_HANDOFF = RunHandoff()
 
 
-def run_resolution(cfg: LaunchConfig) -> Resolved:
-    """The one resolution of this job: ``ValidateRun``'s for a run, made here for a sweep
-    point (Hydra calls no run callback for it)."""
+def run_checks(cfg: LaunchConfig, job_dir: Path) -> Checked:
+    """The one run of this job's checks, with its resolution: ``ValidateRun``'s for a run,
+    made here for a sweep point (Hydra calls no run callback for it)."""
     handed = RUN_HANDOFF.take(cfg)
-    return handed if handed is not None else resolve(rehearse.to_resolve(cfg))
+    return handed if handed is not None else pipeline.check(cfg, str(job_dir.resolve()))
 
 
 class ValidateRun(Callback):
     """A run (not a sweep) is checked and resolved here (conf/config.yaml's
     ``hydra.callbacks``): on the config Hydra composed, before Hydra creates the job dir,
     so that bad input writes nothing and the config is composed no more often than Hydra
-    does it itself. The resolution goes to ``hydra_entry`` (``RUN_HANDOFF``)."""
+    does it itself. The checks and resolution go to ``hydra_entry`` (``RUN_HANDOFF``)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        run_dir = OmegaConf.to_container(config.hydra.run, resolve=False).get("dir", "")
         tree = OmegaConf.masked_copy(config, [key for key in config if key != "hydra"])
         try:
             check_profile(config)  # one line naming the profile's file (compose.py)
             cfg = to_launch_config(tree)
-            resolved = check_run(tree, cfg, run_dir_prefix([f"hydra.run.dir={run_dir}"]))
+            checked = check_run(tree, cfg, run_dir_of(config))
         except ConfigError as exc:  # Hydra would only warn of an exception from a callback
             if _USER_FULL_ERROR.get() == "1":
                 traceback.print_exc()
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(EXIT_BAD_INPUT) from None
-        RUN_HANDOFF.hand(cfg, resolved)
+        RUN_HANDOFF.hand(cfg, checked)
 
 
 class LoggedNotPrinted(logging.Filter):
@@ -249,23 +247,21 @@ def run_dir_prefix(overrides: list[str]) -> str:
     return os.path.abspath(prefix or ".")
 
 
-def check_run(tree: DictConfig, cfg: LaunchConfig, run_dir: str = "") -> Resolved:
-    """Check a run and resolve it, once (a rehearsal's site config: ``rehearse.to_resolve``).
+def run_dir_of(config: DictConfig) -> str:
+    """The run's job dir, as Hydra will make it: resolved once here, as ``GuardJobDir`` does
+    (Hydra's ``now`` is cached on this config). A ``resume=true`` attempt's dir is beside it."""
+    return str(Path(os.path.abspath(str(OmegaConf.select(config, "hydra.run.dir")))).resolve())
+
+
+def check_run(tree: DictConfig, cfg: LaunchConfig, run_dir: str = "") -> Checked:
+    """Check a run and resolve it, once (``pipeline.check``), and the recovery settings.
     A study's data (``+study=...``) is prepared first (``prepare_study``)."""
     if "study" in tree:
         prepare_study(tree, cfg)
-    run_dir = run_dir or run_dir_prefix([])
-    if cfg.rehearse:
-        rehearse.prepare(cfg, run_dir)
-    checked = rehearse.to_resolve(cfg)
-    resolved = resolve(checked)
-    check_job_dir(run_dir, checked.machine)
-    slurm.require_slurm(checked)  # no Slurm here: one line, no job dir (submit/slurm.py)
-    allocation.check_fits(checked, resolved.nodes, resolved.tasks_per_node)  # under salloc
-    chain.settings_problem(checked)
-    in_job.check(checked)
-    container_warnings(checked, run_dir)
-    return resolved
+    checked = pipeline.check(cfg, run_dir or run_dir_prefix([]))
+    chain.settings_problem(checked.resolved.cfg)
+    in_job.check(checked.resolved.cfg)
+    return checked
 
 
 def study_callback(tree: DictConfig) -> Any:

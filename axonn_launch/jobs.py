@@ -25,16 +25,13 @@ from pathlib import Path
 from axonn_launch.common.jobdir import JobPaths, RecordError, read_record, run_root
 from axonn_launch.records import curves, failures, goodput
 from axonn_launch.records import logs as job_logs
+from axonn_launch.records.evidence import finished_by_itself
+from axonn_launch.records.jobdirs import DEFAULT_ROOT, JOB_DIR_HINT, NotAJobPath
+from axonn_launch.records.runs import pack_lines, runs
 from axonn_launch.records.status import (
-    DEFAULT_ROOT,
-    JOB_DIR_HINT,
     UNREADABLE_STATE,
     JobStatus,
-    NotAJobPath,
     collect,
-    finished_by_itself,
-    pack_lines,
-    runs,
     straggler_line,
     unreachable_line,
 )

@@ -1,7 +1,7 @@
 """Plots and a report.md for a job, a sweep or a memorization study.
 
 ``python -m axonn_launch.report PATH [--out DIR] [--metric NAME] [--plan FILE]``. Loss,
-tokens/s and step time are the job's own (``records.status.run_results``), so the report,
+tokens/s and step time are the job's own (``records.jobdirs.run_results``), so the report,
 the console's ``done:`` line and ``jobs status`` agree. Login-node code: matplotlib is
 imported only to draw (the ``plot`` extra); torch never.
 
@@ -22,13 +22,9 @@ from typing import Any
 
 from axonn_launch.common.jobdir import JobPaths, read_summary, run_root
 from axonn_launch.records import goodput, profile
-from axonn_launch.records.status import (
-    DRY_RUN_WORDS,
-    collect,
-    dry_run_problem,
-    run_results,
-    runs,
-)
+from axonn_launch.records.jobdirs import DRY_RUN_WORDS, dry_run_problem, run_results
+from axonn_launch.records.runs import runs
+from axonn_launch.records.status import collect
 from axonn_launch.submit.chain import attempts_of
 from axonn_launch.usage import raising_parser, run_tool
 

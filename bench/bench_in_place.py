@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from axonn_launch.common.jobdir import JobPaths, read_record, read_record_or_empty  # noqa: E402
-from axonn_launch.records.status import collect, runs  # noqa: E402
+from axonn_launch.records.runs import runs  # noqa: E402
+from axonn_launch.records.status import collect  # noqa: E402
 from axonn_launch.submit.chain import DONE, STOPPED, attempts_of, run_state  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "bench_in_place.md"

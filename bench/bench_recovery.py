@@ -40,7 +40,8 @@ sys.path.insert(0, str(REPO))
 
 from axonn_launch.common.jobdir import JobPaths, read_record, read_record_or_empty  # noqa: E402
 from axonn_launch.records.goodput import PARTS  # noqa: E402
-from axonn_launch.records.status import collect, runs  # noqa: E402
+from axonn_launch.records.runs import runs  # noqa: E402
+from axonn_launch.records.status import collect  # noqa: E402
 from axonn_launch.submit.chain import DONE, STOPPED, attempts_of, run_state  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "bench_recovery.md"

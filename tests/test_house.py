@@ -481,3 +481,61 @@ def test_the_job_reads_failure_class_names_from_the_one_table():
         if isinstance(node, ast.Constant) and node.value in failure_classes.DIAGNOSED
     ]
     assert not written, written
+
+
+RECORDS = "axonn_launch.records"
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def records_bindings(tree: ast.AST) -> set[str]:
+    """The local names a module binds to records/ modules (``from axonn_launch.records import
+    status``, ``import axonn_launch.records.status as s``)."""
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == RECORDS:
+            bound |= {alias.asname or alias.name for alias in node.names}
+        elif isinstance(node, ast.Import):
+            named = [a for a in node.names if in_folder(a.name, RECORDS) and a.asname]
+            bound |= {alias.asname for alias in named}
+    return bound
+
+
+def private_records_uses(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each private (underscore) name of records/ that ``source`` imports,
+    or reads off a records/ module it imported (``status._walk``)."""
+    tree = ast.parse(source)
+    found = []
+    bound = records_bindings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and in_folder(node.module or "", RECORDS):
+            found += [(node.lineno, a.name) for a in node.names if is_private(a.name)]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names if in_folder(a.name, RECORDS)]
+            found += [(node.lineno, n) for n in names if any(map(is_private, n.split(".")))]
+        elif isinstance(node, ast.Attribute) and read_off(node, bound):
+            found.append((node.lineno, f"{node.value.id}.{node.attr}"))
+    return found
+
+
+def read_off(node: ast.Attribute, bound: set[str]) -> bool:
+    """``node`` is ``<records module>._name``."""
+    return is_private(node.attr) and isinstance(node.value, ast.Name) and node.value.id in bound
+
+
+def test_no_module_outside_records_uses_its_private_helpers():
+    """What a module outside ``records/`` needs of it is public: a private helper is free to
+    change with its module. The check sees imports and module attributes, in functions too."""
+    sample = "from axonn_launch.records import status\ndef f():\n    return status._walk\n"
+    assert private_records_uses(sample) == [(3, "status._walk")]
+    sample = "from axonn_launch.records.jobdirs import _finite, run_results\n"
+    assert private_records_uses(sample) == [(1, "_finite")]
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for module, path in MODULES.items()
+        if not in_folder(module, RECORDS)
+        for line, name in private_records_uses(path.read_text())
+    ]
+    assert not found, "private helpers of records/ used outside it:\n" + "\n".join(found)

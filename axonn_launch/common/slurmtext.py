@@ -52,6 +52,22 @@ def base_state(state: str) -> str:
     return words[0].rstrip("+").upper() if words else ""
 
 
+# sinfo's short node states (``%t``) of a node that can run no job, and the flags Slurm
+# appends to a state (``*`` not responding, ``~`` powered off, ``#`` powering up, ``!``
+# pending power-down, ``%`` powering down, ``$`` maintenance, ``@`` pending reboot, ``^``
+# rebooting, ``-`` planned by the backfill scheduler)
+NODE_DOWN_STATES = frozenset(
+    {"down", "drain", "drng", "fail", "failg", "maint", "unk", "no_respond"}
+)
+NODE_STATE_FLAGS = "*~#!%$@^-"
+
+
+def node_down(state: str) -> bool:
+    """Whether sinfo's ``%t`` state of a node (``drain*``, ``down~``, ``idle``) says it can
+    run no job; its trailing flags do not count."""
+    return state.rstrip(NODE_STATE_FLAGS).lower() in NODE_DOWN_STATES
+
+
 def is_active(state: str) -> bool:
     """True while Slurm may still run the job (queued, running, held or requeued)."""
     return base_state(state) in ACTIVE_STATES

@@ -161,6 +161,79 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("axonn_point", point_suffix)
     if not OmegaConf.has_resolver("axonn_machines"):  # --help's list (conf/config.yaml)
         OmegaConf.register_new_resolver("axonn_machines", machine_choices)
+    register_site_path()
+
+
+# --- the site's own directory (docs/site.md) -------------------------------------------------
+
+SITE_ENV = "AXONN_SITE_DIR"  # a directory of machine/<name>.yaml and local/default.yaml
+
+
+def site_dir() -> Path | None:
+    """The site directory ``AXONN_SITE_DIR`` names, absolute; None when unset. A value that is
+    not a directory is a ConfigError naming it."""
+    import os
+
+    value = os.environ.get(SITE_ENV, "")
+    if not value:
+        return None
+    path = Path(value).expanduser().absolute()
+    if not path.is_dir():
+        raise ConfigError(
+            f"{SITE_ENV}={value!r}: not a directory; valid: a directory holding"
+            " machine/<name>.yaml and local/default.yaml (docs/site.md), or unset"
+        )
+    return path
+
+
+@contextlib.contextmanager
+def using_site(path: str | None) -> Iterator[None]:
+    """``AXONN_SITE_DIR`` set to ``path`` (None: unset) for the block, then as it was: a
+    resubmission composes with the site its job was launched with (job.json ``site_dir``)."""
+    import os
+
+    before = os.environ.get(SITE_ENV)
+    _set_env(SITE_ENV, path)
+    try:
+        yield
+    finally:
+        _set_env(SITE_ENV, before)
+
+
+def _set_env(name: str, value: str | None) -> None:
+    import os
+
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def site_record() -> str | None:
+    """The site directory as job.json records it (``site_dir``); None without one."""
+    path = site_dir()
+    return str(path) if path else None
+
+
+@functools.cache
+def register_site_path() -> None:
+    """Put the site directory on Hydra's search path, before the package's ``conf/``, for
+    every composition of this process: the launcher's, its sweeps' and ``compose``'s. A
+    site's ``machine/frontier.yaml`` replaces the packaged one of that name."""
+    from hydra.core.config_search_path import ConfigSearchPath, SearchPathQuery
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.search_path_plugin import SearchPathPlugin
+
+    class SiteSearchPath(SearchPathPlugin):
+        def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+            try:
+                path = site_dir()
+            except ConfigError:
+                return  # compose() and the unknown-machine line say so
+            if path is not None:
+                search_path.prepend(SITE_ENV, f"file://{path}", SearchPathQuery(provider="main"))
+
+    Plugins.instance().register(SiteSearchPath)
 
 
 def compose(overrides: list[str]):
@@ -171,6 +244,7 @@ def compose(overrides: list[str]):
     from omegaconf import open_dict
 
     register_resolvers()
+    site_dir()  # a site directory that is not one: one line, before Hydra's warnings
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
@@ -460,9 +534,8 @@ def machine_profile(name: str) -> MachineProfile:
     beyond its own), for tools that need a second machine, e.g. a rehearsal's local one."""
     from omegaconf import OmegaConf
 
-    text = resources.files(CONFIG_MODULE).joinpath("machine", f"{name}.yaml").read_text()
-    raw = OmegaConf.to_container(OmegaConf.create(text), resolve=True)
-    where = f"{CONFIG_MODULE.replace('.', '/')}/machine/{name}.yaml"
+    where, file = machine_files()[name]
+    raw = OmegaConf.to_container(OmegaConf.create(file.read_text()), resolve=True)
     try:
         return checked_profile(raw, lambda: raw)
     except ConfigError as exc:
@@ -478,13 +551,24 @@ def machine_names(scheduler: str = "") -> list[str]:
     memory per GPU up (this computer and the local cluster, then the sites), then by name."""
     import yaml
 
-    folder = resources.files(CONFIG_MODULE).joinpath("machine")
     load = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C parser where built
-    raw = {f.name.removesuffix(".yaml"): yaml.load(f.read_text(), load) for f in folder.iterdir()
-           if f.name.endswith(".yaml")}  # fmt: skip
+    raw = {name: yaml.load(file.read_text(), load) for name, (_, file) in machine_files().items()}
     names = [n for n, p in raw.items() if not scheduler or p.get("scheduler") == scheduler]
     gpu_memory = {n: raw[n].get("hardware", {}).get("mem_per_gpu_gb", 0) for n in names}
     return sorted(names, key=lambda n: (n != DEFAULT_MACHINE, gpu_memory[n], n))
+
+
+def machine_files() -> dict[str, tuple[str, Any]]:
+    """Each machine profile's name -> (the file as messages name it, its readable file): the
+    package's ``conf/machine/``, then the site directory's, whose profile of a name wins."""
+    packaged = resources.files(CONFIG_MODULE).joinpath("machine")
+    named = CONFIG_MODULE.replace(".", "/") + "/machine/"
+    files = {f.name.removesuffix(".yaml"): (named + f.name, f) for f in packaged.iterdir()
+             if f.name.endswith(".yaml")}  # fmt: skip
+    site = site_dir()
+    for f in sorted(site.joinpath("machine").glob("*.yaml")) if site else ():
+        files[f.stem] = (str(f), f)
+    return files
 
 
 def machine_choices() -> str:
@@ -500,6 +584,7 @@ def load(overrides: list[str]) -> LaunchConfig:
 def to_launch_config(cfg: Any) -> LaunchConfig:
     from omegaconf import OmegaConf
 
+    site_dir()  # the launcher's Hydra skips a site directory that is not one: said here
     try:
         raw = OmegaConf.to_container(cfg, resolve=True)
     except Exception as exc:
@@ -660,7 +745,8 @@ def explain_compose_error(exc: BaseException) -> str:
 # the end of the line for an unknown ``machine=NAME``: where a new profile goes
 HOW_TO_ADD_MACHINE = (
     "; to add one, write DIR/machine/{name}.yaml (start from a copy of one in"
-    " axonn_launch/conf/machine/) and pass --config-dir DIR"
+    " axonn_launch/conf/machine/ or docs/examples/site/) and set AXONN_SITE_DIR=DIR"
+    " (or pass --config-dir DIR to the launcher; docs/site.md)"
 )
 
 

@@ -28,6 +28,7 @@ from axonn_launch.config.compose import (
     Site,
     account_override,
 )
+from axonn_launch.config.rehearsal import what_resolves
 from axonn_launch.cost.expected_goodput import Checkpointing, predict
 from axonn_launch.cost.memory import MemoryEstimate, estimate_memory, fit_micro_batch
 from axonn_launch.cost.perf import StepTime, step_time
@@ -51,6 +52,7 @@ class Resolved:
     # with the micro_batch to run (as given, or chosen: rules.py) and the checkpoint interval
     # (as given, or auto's: cost/expected_goodput.py)
     train: TrainConfig
+    cfg: LaunchConfig  # the configuration resolved: the launch's, or a rehearsal's site_config
     step_time: StepTime | None = None  # the planner's prediction (cost/perf.py)
     planned: bool = False
     warnings: list[str] = field(default_factory=list)
@@ -70,7 +72,10 @@ class Costed:
 
 def resolve(cfg: LaunchConfig) -> Resolved:
     """Check ``cfg``, fix the grid, node count, micro-batch and checkpoint interval, and
-    cost them once; raises ConfigError. A launch calls it once (``cli.check_run``)."""
+    cost them once; raises ConfigError. A rehearsal (``cfg.rehearse``) resolves its site's
+    configuration (``rehearsal.site_config``), held in ``Resolved.cfg``. A launch calls it
+    once (``pipeline.check``)."""
+    cfg = what_resolves(cfg)
     check_name(cfg.name)
     check_scheduler_text(cfg)
     check_machine(cfg.machine)
@@ -93,6 +98,7 @@ def resolve(cfg: LaunchConfig) -> Resolved:
         tasks_per_node=per_node,
         memory=memory,
         train=train,
+        cfg=cfg,
         step_time=costed.step,
         planned=planned,
         warnings=warnings,

@@ -16,13 +16,14 @@ from pathlib import Path
 
 from axonn_launch.common.jobdir import JobPaths
 from axonn_launch.records.goodput import PARTS
-from axonn_launch.records.status import JobStatus, collect, runs
+from axonn_launch.records.runs import runs
+from axonn_launch.records.status import JobStatus, collect
 
 TAGS = ("goodput", *(f"{part}_s" for part in PARTS), "queue_s", "node_hours")
 
 
 def log_ended_runs(rows: list[JobStatus]) -> list[str]:
-    """Each ended run's goodput (``records/status.runs``' rows) into its TensorBoard
+    """Each ended run's goodput (``records/runs.runs``' rows) into its TensorBoard
     folder, once; the lines saying why one was not written."""
     said = (log_goodput(Path(r.run_dir or r.job_dir), r.goodput, r.step) for r in rows
             if r.goodput and r.step)  # fmt: skip

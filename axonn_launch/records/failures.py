@@ -34,8 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-# The Slurm text rules live in slurmtext; records/status.py and the tests read these
-# names from here.
+# The Slurm text rules live in slurmtext; records/ (scheduler_queries, evidence, status) and
+# the tests read these names from here.
 from axonn_launch.common import failure_classes, fserrors
 
 # The class names live in common/ (the job reads them too); this module owns their actions.

@@ -23,9 +23,9 @@ from axonn_launch.common.jobdir import (
     last_job_id,
     read_failures,
 )
+from axonn_launch.records.evidence import slurm_task_files, supervisor_cause, tail
 from axonn_launch.records.failures import KILLED_TASK
 from axonn_launch.records.firstfail import is_symptom
-from axonn_launch.records.status import slurm_task_files, supervisor_cause, tail
 
 HOST = re.compile(r" rank \d+ host (\S+) ")  # train/logs.py's FORMAT
 

@@ -41,12 +41,12 @@ from axonn_launch.common.jobdir import (
 )
 from axonn_launch.config.compose import ConfigError, LaunchConfig, RecoveryConfig, build
 from axonn_launch.records import failures, provenance
+from axonn_launch.records.runs import USER_STOP
 from axonn_launch.records.status import (
     RUN_DONE,
     RUN_RECOVERING,
     RUN_RUNNING,
     RUN_STOPPED,
-    USER_STOP,
     run_state,
 )
 from axonn_launch.submit import local

@@ -36,7 +36,9 @@ from axonn_launch.common.jobdir import (
 )
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.config.compose import ConfigError, LaunchConfig, to_launch_config
-from axonn_launch.records.status import collect, is_dry_run, squeue_states
+from axonn_launch.records.jobdirs import is_dry_run
+from axonn_launch.records.scheduler_queries import squeue_states
+from axonn_launch.records.status import collect
 from axonn_launch.submit import attempts, dirlock, local
 from axonn_launch.submit.duplicates import live_state
 

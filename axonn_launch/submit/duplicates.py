@@ -21,7 +21,8 @@ from pathlib import Path
 from axonn_launch.common.jobdir import JobPaths, last_job_id, read_record_or_empty
 from axonn_launch.common.slurmtext import ACTIVE_STATES, base_state
 from axonn_launch.config.compose import ConfigError, LaunchConfig
-from axonn_launch.records.status import is_dry_run, saved_config, squeue_states
+from axonn_launch.records.jobdirs import is_dry_run, saved_config
+from axonn_launch.records.scheduler_queries import squeue_states
 from axonn_launch.submit import local
 
 # keys that name or follow a run without changing what it trains

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from axonn_launch.common.corpus import json_lines
 from axonn_launch.common.jobdir import STEP_META, JobPaths
-from axonn_launch.records.status import dry_run_problem
+from axonn_launch.records.jobdirs import dry_run_problem
 
 OWN_KEYS = ("prompts", "out", "max_new_tokens", "temperature", "top_k", "batch_size",
             "tokenizer", "stop_at_eos")  # fmt: skip

@@ -28,8 +28,8 @@ from axonn_launch.common.jobdir import (
     write_record_file,
 )
 from axonn_launch.common.spec import JobSpec, RuntimeConfig
-from axonn_launch.config.compose import LaunchConfig, yaml_text
-from axonn_launch.config.resolve import Resolved, check_job_dir, container_warnings
+from axonn_launch.config.compose import LaunchConfig, site_record, yaml_text
+from axonn_launch.config.resolve import Resolved, check_job_dir, container_warnings, resolve
 from axonn_launch.records import failures, firstfail, provenance
 from axonn_launch.submit import (
     allocation,
@@ -84,9 +84,38 @@ class Outcome:
         return EXIT_JOB_FAILED if self.status in ("failed", "refused") else EXIT_OK
 
 
+@dataclass(frozen=True)
+class Checked:
+    """A launch's checks, each run once (``check``), and what they found: the config as
+    the user gave it (a rehearsal's site's own), its one resolution (of ``resolved.cfg``:
+    a rehearsal's site config), the rehearsal, the held allocation, and warnings."""
+
+    cfg: LaunchConfig
+    resolved: Resolved
+    rehearsal: rehearse.Rehearsal | None
+    held: allocation.Held | None
+    warnings: list[str]
+
+
+def check(cfg: LaunchConfig, job_dir: str) -> Checked:
+    """Every launch-time check of ``cfg`` into ``job_dir``, once, before anything is
+    written (``cli.ValidateRun`` for a run, ``cli.run_checks`` for a sweep point):
+    raises ConfigError, one line."""
+    rehearsal = rehearse.prepare(cfg, job_dir) if cfg.rehearse else None
+    resolved = resolve(cfg)
+    checked = resolved.cfg
+    check_job_dir(job_dir, checked.machine)
+    slurm.require_slurm(checked)  # a submission with no Slurm here: one line
+    held = allocation.check_fits(checked, resolved.nodes, resolved.tasks_per_node)
+    pack.check(checked, resolved.nodes)
+    warnings = container_warnings(checked, job_dir)
+    return Checked(
+        cfg, resolved, rehearsal, held, warnings + (rehearsal.warnings if rehearsal else [])
+    )
+
+
 def launch(
-    cfg: LaunchConfig,
-    resolved: Resolved,
+    checked: Checked,
     *,
     job_dir: Path,
     config: dict,
@@ -94,41 +123,26 @@ def launch(
     out=sys.stdout,
     record_extra: dict | None = None,
 ) -> Outcome:
-    """Write the job directory, then dry-run, run locally or submit ``cfg``. ``resolved``
-    is its one resolution, made by the caller before (``cli.run_resolution``: of
-    ``rehearse.to_resolve(cfg)``, a rehearsal's site config). ``record_extra``: more of job.json
+    """Write the job directory, then dry-run, run locally or submit the run ``checked``
+    holds (``check``: its checks, run once before). ``record_extra``: more of job.json
     from the start (a resubmission's attempt, lineage)."""
     job_dir = job_dir.resolve()
-    rehearsal = rehearse.prepare(cfg, str(job_dir)) if cfg.rehearse else None
-    checked = rehearse.to_resolve(cfg)  # the config ``resolved`` is of
-    warnings = checks_before_writing(checked, job_dir)  # raise ConfigError: nothing written
-    held = allocation.check_fits(checked, resolved.nodes, resolved.tasks_per_node)
-    pack.check(checked, resolved.nodes)
-    to_run = rehearse.as_run(checked, rehearsal) if rehearsal else checked
+    resolved, rehearsal, held = checked.resolved, checked.rehearsal, checked.held
+    to_run = rehearse.as_run(resolved.cfg, rehearsal) if rehearsal else resolved.cfg
     if held:  # a step of the held allocation: it never chains a recovery job
         to_run = replace(to_run, recovery=replace(to_run.recovery, mode="off"))
-    if rehearsal:
-        warnings += rehearsal.warnings
     config_yaml = resolved_yaml(config, resolved)  # the job dir's config.yaml
     if not (record_extra or {}).get("parent"):  # a new attempt continues its own run
         duplicates.refuse_duplicate(to_run, config_yaml, job_dir)
-    warnings = wallclock_warnings(to_run, resolved) + headroom_warnings(to_run, resolved) + warnings
-    warnings += chain.queue_rule_warnings(to_run)
+    warnings = wallclock_warnings(to_run, resolved) + headroom_warnings(to_run, resolved)
+    warnings += checked.warnings + chain.queue_rule_warnings(to_run)
     for warning in resolved.warnings + warnings:
         print(f"warning: {warning}", file=sys.stderr)
         log.warning(warning)
     batch = slurm_batch(to_run, resolved, job_dir, rehearsal)
     with dirguard.claimed(job_dir) as claim:  # one launch at a time; it makes the dir
-        run = Launch(to_run, cfg, resolved, rehearsal, claim, batch, held)
+        run = Launch(to_run, checked.cfg, resolved, rehearsal, claim, batch, held)
         return claimed_launch(run, job_dir, config_yaml, command_line, out, record_extra or {})
-
-
-def checks_before_writing(cfg: LaunchConfig, job_dir: Path) -> list[str]:
-    """What the resolution does not know: Slurm here (for a submission), and the job dir
-    itself (a sweep point's, interpolated) in the batch script and the container's mounts."""
-    slurm.require_slurm(cfg)  # a submission with no Slurm here: one line
-    check_job_dir(str(job_dir), cfg.machine)
-    return container_warnings(cfg, str(job_dir))
 
 
 def claimed_launch(
@@ -378,6 +392,7 @@ def job_record(
         "attempt": 1,
         "lineage": [],
         "command_line": command_line,
+        "site_dir": site_record(),  # AXONN_SITE_DIR: a resubmission composes with it
         "dry_run": cfg.dry_run,
         "predicted_step_s": predicted_step_s(cfg, resolved),  # None: no honest prediction
         "partition": cfg.machine.slurm.partition,

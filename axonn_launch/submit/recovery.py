@@ -20,6 +20,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from axonn_launch.common import slurmtext
+from axonn_launch.common.command import command_output
 from axonn_launch.common.jobdir import (
     add_skipped_step,
     checkpointed_step,
@@ -30,8 +32,8 @@ from axonn_launch.common.jobdir import (
     skipped_steps,
 )
 from axonn_launch.config.compose import RecoveryConfig
-from axonn_launch.records import failures
-from axonn_launch.records.status import JobStatus, collect, command_output
+from axonn_launch.records import curves, failures
+from axonn_launch.records.status import JobStatus, collect
 from axonn_launch.submit.chain import (
     DONE,
     RECOVERING,
@@ -41,6 +43,7 @@ from axonn_launch.submit.chain import (
     RUNNING,
     STOP,
     STOPPED,
+    attempts_of,
     chain_of,
     policy_of,
     set_chain,
@@ -53,8 +56,6 @@ from axonn_launch.submit.resubmit import (
     original_overrides,
     resubmit_one,
 )
-
-DOWN_STATES = ("down", "drain", "drng", "fail", "failg", "maint", "unk", "no_respond")
 
 
 def limit_reached(settings: RecoveryConfig, attempts: list[dict], started: float) -> str:
@@ -185,7 +186,7 @@ def usable_nodes(partition: str) -> list[str] | None:
     up = []
     for line in text.splitlines():
         name, _, state = line.strip().partition("|")
-        if name and state.rstrip("*~#!%$@^-").lower() not in DOWN_STATES:
+        if name and not slurmtext.node_down(state):
             up.append(name)
     return list(dict.fromkeys(up))
 
@@ -281,6 +282,17 @@ def status_once_reachable(
         time.sleep(poll_s)
 
 
+def goodput_written(root: Path) -> str:
+    """The run's goodput into its TensorBoard folder, written by its last recovery step
+    (afterany: it runs once the allocation has ended, so sacct knows its end); '' or
+    "; <why not>" in one line. Nothing is raised: ``jobs status`` can still write it."""
+    try:
+        said = curves.log_run_at_end(attempts_of(root))
+    except Exception as exc:  # noqa: BLE001 (the run is done; this is a record only)
+        said = [f"goodput not written: {type(exc).__name__}: {exc}"]
+    return "".join(f"; {line}" for line in said)
+
+
 def recover(job_dir: Path, out=sys.stdout) -> str:
     """The recovery step for the failed attempt in ``job_dir``; returns its one line."""
     job_dir = Path(job_dir).resolve()
@@ -295,7 +307,7 @@ def recover(job_dir: Path, out=sys.stdout) -> str:
         return f"{root}: {status.reason} ({status.unreachable}); nothing done"
     if status.failure == failures.COMPLETED:
         set_chain(root, settings, state=DONE)
-        return f"{root}: completed"
+        return f"{root}: completed{goodput_written(root)}"
     if status.failure == failures.RUNNING:  # its end never reached sacct: no verdict
         return f"{root}: Slurm still calls job {status.job_id} {status.state}; nothing done"
     action = policy_of(settings, status.failure)

@@ -17,18 +17,20 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from axonn_launch.common.machine import MachineProfile
-from axonn_launch.common.rules import or_list
 from axonn_launch.config import edf
-from axonn_launch.config.compose import ConfigError, LaunchConfig, machine_names, machine_profile
+from axonn_launch.config.compose import ConfigError, LaunchConfig, machine_profile
+from axonn_launch.config.rehearsal import (  # noqa: F401 (what a rehearsal resolves: config/)
+    LOCAL_MACHINE,
+    MAX_PARAMS,
+    NODES,
+    check_machine,
+    site_config,
+    site_machines,
+)
 
-LOCAL_MACHINE = "slurm_local"
 LOCAL_CLUSTER = "axonn"  # ClusterName in machines/slurm_local (lib.sh)
 START_SCRIPT = "machines/slurm_local/start.sh"
-NODES = 2  # the local cluster's nodes
 LOCAL_NODE_CPUS = 8  # what machines/slurm_local/lib.sh declares per node (CPUS_PER_NODE)
-# every rank of a rehearsal runs on this computer's CPUs: gpt_small (~30 M) is the largest
-# preset that trains there in reasonable time and memory on 16 ranks
-MAX_PARAMS = 50_000_000
 MODULE_FUNCTION = (
     'module() { echo "axonn_launch rehearsal: module $*" >&2; }  # the site\'s modules, recorded'
 )
@@ -62,52 +64,6 @@ class Rehearsal:
         lines += [f"  - {s}" for s in self.substitutions]
         lines += [f"  checked: {c}" for c in self.checks]
         return "\n".join(lines)
-
-
-def check_machine(cfg: LaunchConfig) -> None:
-    """Only a site's Slurm machine can be rehearsed."""
-    machine = cfg.machine
-    if machine.scheduler != "slurm" or machine.name == LOCAL_MACHINE:
-        raise ConfigError(
-            f"rehearse=true: machine={machine.name} already runs here; rehearse a site"
-            f" machine: machine={or_list(site_machines())}"
-        )
-
-
-def site_machines() -> list[str]:
-    """The machines a rehearsal can stand in for: the Slurm profiles but the local one."""
-    return [name for name in machine_names("slurm") if name != LOCAL_MACHINE]
-
-
-def site_config(cfg: LaunchConfig, login_python: str = sys.executable) -> LaunchConfig:
-    """The configuration the rehearsal validates and runs: the site's, on two nodes, with
-    this computer's interpreter (``machine.python``) and no site account to ask for."""
-    check_machine(cfg)
-    params = cfg.model.n_params()
-    if params > MAX_PARAMS:
-        raise ConfigError(
-            f"model={cfg.model.name} ({params / 1e6:,.0f} M parameters): a rehearsal runs every"
-            f" rank on this computer's CPUs, up to {MAX_PARAMS / 1e6:.0f} M parameters; rehearse"
-            " a small model of the same architecture (model=gpt_tiny or llama_tiny) with the"
-            " grid shape you plan"
-        )
-    if cfg.nodes not in (None, NODES):
-        raise ConfigError(
-            f"nodes={cfg.nodes}: a rehearsal runs on the local cluster's {NODES} nodes;"
-            f" leave nodes unset or set nodes={NODES}"
-        )
-    required = [key for key in cfg.machine.required if key != "slurm.account"]
-    local = machine_profile(LOCAL_MACHINE).broadcast  # node-local storage: the local nodes'
-    broadcast = replace(cfg.machine.broadcast, dir=local.dir, constraint="")
-    machine = replace(cfg.machine, python=login_python, required=required, broadcast=broadcast)
-    wait = True if cfg.wait is None else cfg.wait  # a rehearsal is followed to its end
-    return replace(cfg, nodes=NODES, machine=machine, wait=wait)
-
-
-def to_resolve(cfg: LaunchConfig) -> LaunchConfig:
-    """What a launch of ``cfg`` checks and resolves: a rehearsal's ``site_config``, else
-    ``cfg`` itself."""
-    return site_config(cfg) if cfg.rehearse else cfg
 
 
 def as_run(cfg: LaunchConfig, rehearsal: Rehearsal) -> LaunchConfig:

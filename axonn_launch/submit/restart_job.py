@@ -24,21 +24,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from axonn_launch.common import slurmtext
+from axonn_launch.common.command import command_output
 from axonn_launch.common.jobdir import (
     SLURM_RESULT,
     JobPaths,
     checkpointed_step,
+    last_metrics,
     read_record,
     record_lock,
     run_root,
     write_record_file,
 )
 from axonn_launch.records import failures
-from axonn_launch.records.status import (
+from axonn_launch.records.evidence import (
     EndedStep,
     attempt_start,
-    command_output,
-    last_metrics,
     log_sizes,
     slurm_task_files,
     step_evidence,
@@ -47,7 +47,6 @@ from axonn_launch.submit import chain
 from axonn_launch.submit.in_job import RECORD_KEY
 from axonn_launch.submit.pack import NODES_VARIABLE
 from axonn_launch.submit.recovery import (
-    DOWN_STATES,
     FAILURE_KEY,
     failure_key,
     fewer_nodes_overrides,
@@ -200,7 +199,7 @@ def held_nodes(job_id: str, environ: dict[str, str]) -> tuple[str, ...]:
     down = {
         name
         for name, _, state in (line.strip().partition("|") for line in states.splitlines())
-        if state.rstrip("*~#!%$@^-").lower() in DOWN_STATES
+        if slurmtext.node_down(state)
     }
     return tuple(n for n in held if n not in down)
 

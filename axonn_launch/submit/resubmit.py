@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from axonn_launch.common import slurmtext
+from axonn_launch.common.command import command_output
 from axonn_launch.common.jobdir import (
     CHECKPOINTS,
     JobPaths,
@@ -30,14 +31,10 @@ from axonn_launch.common.jobdir import (
     run_root,
     update_record,
 )
-from axonn_launch.config.compose import split_argv
+from axonn_launch.config.compose import SITE_ENV, split_argv, using_site
 from axonn_launch.records import failures
-from axonn_launch.records.status import (
-    DRY_RUN_STATE,
-    JobStatus,
-    command_output,
-    saved_config,
-)
+from axonn_launch.records.jobdirs import DRY_RUN_STATE, saved_config
+from axonn_launch.records.status import JobStatus
 from axonn_launch.submit import chain
 from axonn_launch.submit.attempts import attempt_dir, lineage_of, seed_from_checkpoint
 
@@ -167,6 +164,13 @@ def original_overrides(job_dir: Path, record: dict) -> list[str]:
         kept.append(f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]")
     config = saved_config(job_dir)
     return [_point_value(o, config) for o in kept]
+
+
+def recorded_site(record: dict) -> str | None:
+    """The site directory the job was launched with (job.json ``site_dir``, docs/site.md),
+    so that its profile is found again; a record from before sites were recorded: the
+    current ``AXONN_SITE_DIR``."""
+    return record["site_dir"] if "site_dir" in record else os.environ.get(SITE_ENV)
 
 
 def _point_value(override: str, config: dict | None) -> str:
@@ -308,7 +312,7 @@ def resubmit_one(status: JobStatus, args: argparse.Namespace, out) -> str:
     """Resubmit one job under its lock; returns the outcome: one line, then the step the new
     attempt starts from. An exclusion its partition cannot satisfy warns on stderr."""
     job_dir = Path(status.job_dir)
-    with job_lock(job_dir):
+    with job_lock(job_dir), using_site(recorded_site(read_record(job_dir))):
         record = read_record(job_dir)
         why_not = refusal(status, record, args)
         if why_not:
@@ -395,21 +399,18 @@ def submit_attempt(
     from omegaconf import OmegaConf
 
     from axonn_launch.config.compose import compose, to_launch_config
-    from axonn_launch.config.resolve import resolve
-    from axonn_launch.submit.pipeline import launch
-    from axonn_launch.submit.rehearse import to_resolve
+    from axonn_launch.submit.pipeline import check, launch
 
     composed = compose(overrides)
     # a new job, even from inside one (a recovery job's allocation, a batch script): never
     # a step of the allocation it is run in (submit/allocation.py)
     cfg = dataclasses.replace(to_launch_config(composed), allocation="new")
-    resolved = resolve(to_resolve(cfg))  # a bad override fails here, before anything is written
+    checked = check(cfg, str(Path(target).resolve()))  # a bad override fails here: nothing written
     resumed_from = seed_from_checkpoint(job_dir, target)
     argv0 = (record.get("command_line") or ["axonn_launch"])[0]
     lineage = lineage_of(job_dir, record, status)
     return launch(
-        cfg,
-        resolved,
+        checked,
         job_dir=target,
         config=OmegaConf.to_container(composed, resolve=True),
         command_line=[argv0, *overrides],

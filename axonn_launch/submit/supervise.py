@@ -209,7 +209,8 @@ def record_class(job_dir: Path, job_id: str, record: dict) -> None:
     """``failure`` and ``failure_reason`` as ``jobs status`` classifies the ended job; a job
     whose training finished is ``completed`` whatever failed after it (as status settles)."""
     from axonn_launch.records import failures
-    from axonn_launch.records.status import job_status, preflight_of
+    from axonn_launch.records.jobdirs import preflight_of
+    from axonn_launch.records.status import job_status
 
     try:
         row = job_status(job_dir, record, None, preflight_of(job_dir, record))

@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 from axonn_launch.common.jobdir import read_record_or_empty, read_summary
 from axonn_launch.config.compose import ConfigError, LaunchConfig
-from axonn_launch.records.status import RunResults, run_results
+from axonn_launch.records.jobdirs import RunResults, run_results
 from axonn_launch.submit import pack
 from axonn_launch.submit.pipeline import Outcome
 from axonn_launch.submit.summary import command_path, plural

@@ -146,3 +146,29 @@ def test_sacct_and_squeue_commands_ask_for_what_the_parsers_read():
     assert command[command.index("-o") + 1] == "JobID,State,ExitCode,NodeList,Submit,Start,End"
     assert command[-2:] == ["-j", "1,2"] and "-P" in command and "-X" in command
     assert slurmtext.squeue_command()[-1] == "%i|%T|%N"
+
+
+@pytest.mark.parametrize(
+    ("state", "down"),
+    [
+        ("idle", False),
+        ("alloc", False),
+        ("mix-", False),  # planned by the backfill scheduler: still up
+        ("idle~", False),  # powered off: Slurm powers it up for a job
+        ("down", True),
+        ("DOWN", True),
+        ("drain*", True),  # not responding as well
+        ("drng@", True),
+        ("down~", True),
+        ("fail#", True),
+        ("maint$", True),
+        ("unk*", True),
+        ("no_respond", True),
+        ("down*~", True),  # several flags
+        ("idle*", False),  # not responding, but not a down state by itself
+        ("drained", False),  # sinfo's %t is short: the long name is not its %t
+        ("", False),
+    ],
+)
+def test_a_node_state_is_down_whatever_flags_follow_it(state, down):
+    assert slurmtext.node_down(state) is down

@@ -195,9 +195,16 @@ def test_the_planner_keeps_x_inside_a_node(tmp_path):
 
 
 def test_a_big_model_on_the_builtin_corpus_warns(tmp_path):
-    proc = run("axonn_launch", "machine=frontier", "model=gpt_320b", "dry_run=true",
-               "site.accounts.frontier=CSC123", "train.steps=50",  # fits its allocations
-               cwd=tmp_path)  # fmt: skip
+    proc = run(
+        "axonn_launch",
+        "machine=frontier",
+        "model=gpt_320b",
+        "dry_run=true",
+        "site.accounts.frontier=CSC123",
+        "train.steps=50",  # fits its allocations
+        "train.warmup_steps=5",
+        cwd=tmp_path,
+    )  # fmt: skip (warm-up: its own warning)
     assert proc.returncode == 0
     assert proc.stderr.splitlines() == [
         "warning: model=gpt_320b (323.0 B parameters) on train.data=shakespeare, the built-in"

@@ -30,7 +30,7 @@ from axonn_launch.common.jobdir import (
     write_record_file,
     write_summary,
 )
-from axonn_launch.records.status import run_results
+from axonn_launch.records.jobdirs import run_results
 from axonn_launch.submit.chain import ownership_problem
 from tests.cli_server import run_module
 

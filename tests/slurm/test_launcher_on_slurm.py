@@ -150,7 +150,8 @@ def test_sweep_submits_one_job_per_point_with_its_node_count(slurm_cluster, earl
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/job.json"))]
     assert sorted(r["nodes"] for r in records) == [1, 2]
-    assert all(r["status"] == "submitted" for r in records)
+    # submitted; or already completed: its recovery job (afterany) settles a success
+    assert all(r["status"] in ("submitted", "completed") for r in records), records
     job_ids = [r["job_ids"][0] for r in records]
     states = wait_for_states(job_ids)
     assert set(states.values()) == {"COMPLETED"}, states

@@ -185,7 +185,7 @@ def test_a_stopped_rank_is_a_hang_named_with_its_node_and_the_run_resumes_exactl
     assert "Thread" in (stacks / "rank_0.txt").read_text()
     (failed,) = chain(root)["attempts"]
     assert (failed["class"], failed["action"]) == ("hang", "resume")
-    shown = jobs_cli("status", str(root), cwd=root.parent).stdout
+    shown = jobs_cli("status", "--attempts", str(root), cwd=root.parent).stdout
     assert "hang" in shown and "rank 3" in shown and "n2" in shown and str(stacks) in shown
     attempts = attempts_of(root)
     assert final_loss(attempts[-1]) == reference_loss(runs["reference"])
@@ -430,7 +430,7 @@ def test_a_hang_outside_a_collective_names_its_section_and_its_node_is_left_out(
     ], record
     (failed,) = chain(root)["attempts"]
     assert (failed["class"], failed["action"]) == ("hang", "resume_exclude")
-    shown = jobs_cli("status", str(root), cwd=root.parent).stdout
+    shown = jobs_cli("status", "--attempts", str(root), cwd=root.parent).stdout
     assert "hang" in shown and "compute" in shown and "rank 3 (n2)" in shown, shown
     last = attempts_of(root)[-1]
     assert read_record(last)["excluded_nodes"] == ["n2"]
@@ -453,7 +453,7 @@ def test_a_straggler_alone_is_named_by_rank_and_node_and_left_out(runs):
     assert not [r for r in failure_records(root) if r.get("failure_class") == "hang"]
     (failed,) = chain(root)["attempts"]
     assert (failed["class"], failed["action"]) == ("rank_killed", "resume_exclude"), failed
-    shown = jobs_cli("status", str(root), cwd=root.parent).stdout
+    shown = jobs_cli("status", "--attempts", str(root), cwd=root.parent).stdout
     assert "rank 3 (n2)" in shown and "straggler" in shown.lower(), shown
     last = attempts_of(root)[-1]
     record = read_record(last)

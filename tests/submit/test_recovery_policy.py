@@ -274,7 +274,7 @@ def test_a_node_the_user_left_out_stays_out_when_a_failed_node_is_readmitted(tmp
 def decision_recorded(job_dir, failure: str, action: str) -> dict:
     """What the restart decision records in the run's chain for the job's ended step (its
     own functions), when it hands the failure over to the chain."""
-    from axonn_launch.records.status import EndedStep
+    from axonn_launch.records.evidence import EndedStep
     from axonn_launch.submit import restart_job
 
     record = json.loads(JobPaths(job_dir).record.read_text())

@@ -49,10 +49,11 @@ def test_a_typo_in_any_point_stops_the_sweep_before_anything_runs(tmp_path, fake
         ["-m", "machine=slurm_local,nosuch", "dry_run=true"], cwd=tmp_path, path_prefix=bindir
     )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
+    (said,) = result.stderr.strip().splitlines()  # one line, with how to add a machine
+    assert said.startswith(
         "error: machine='nosuch': no such machine; valid: alps, frontier, local, perlmutter,"
-        " slurm_local"
-    ]
+        " slurm_local; to add one, write DIR/machine/nosuch.yaml"
+    ), said
     assert not (tmp_path / "jobs").exists()
 
 

@@ -178,11 +178,12 @@ class StepMonitor:
     # stragglers
 
     def exchange(self, step: int, logger) -> None:
-        """Collective over the world: every rank's median own work and blocked seconds
-        per step since the last exchange (a median, so that one step in which the
-        operating system paused a rank does not name it); rank 0 names the stragglers."""
+        """Collective over the world: every rank's least own work of a step since the
+        last exchange (noise, a step in which the operating system paused the rank, only
+        ever adds time: a straggler is slow even in its best step) and its median blocked
+        seconds; rank 0 names the stragglers."""
         steps = self.clock.take() or [(0.0, 0.0)]
-        mine = [statistics.median(w for w, _ in steps), statistics.median(b for _, b in steps)]
+        mine = [min(w for w, _ in steps), statistics.median(b for _, b in steps)]
         world = dist.get_world_size() if dist.is_initialized() else 1
         if world == 1:
             return

@@ -23,7 +23,7 @@ from axonn_launch.common import jobdir
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.spec import JobSpec, RuntimeConfig, TrainConfig
 from axonn_launch.config.compose import ConfigError, compose, load, to_launch_config
-from axonn_launch.records import status
+from axonn_launch.records import jobdirs, status
 from axonn_launch.submit import resubmit
 from axonn_launch.submit.pipeline import write_record
 from axonn_launch.train.health import faults
@@ -356,7 +356,7 @@ def test_two_excluded_nodes_compose_into_one_sbatch_value():
     assert cfg.machine.slurm.extra_sbatch == {"exclude": "n1,n2"}
     again = resubmit.new_overrides([override], [], ("n3",))
     assert again[0] == "+machine.slurm.extra_sbatch.exclude=n1,n2,n3"
-    assert status.slow_nodes_of({"slow_nodes": ["n1", "n2;rm -rf /", "$(x)"]}) == ["n1"]
+    assert jobdirs.slow_nodes_of({"slow_nodes": ["n1", "n2;rm -rf /", "$(x)"]}) == ["n1"]
 
 
 def test_nccl_warnings_in_its_log_file_still_classify_the_failure(tmp_path, monkeypatch):

@@ -1,0 +1,106 @@
+"""A site keeps its machine profiles and its accounts in its own directory, named by
+AXONN_SITE_DIR (docs/site.md): every composing command finds them there, a resubmission
+finds them again from the job's job.json, and the package is left as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from axonn_launch.config.compose import ConfigError, load, machine_names, using_site
+from tests.cli_server import run_module
+from tests.conftest import REPO
+
+EXAMPLE = REPO / "docs" / "examples" / "site"
+LUMI = ["machine=lumi", "model=gpt_5b", "train.data=synthetic", "train.steps=100",
+        "train.warmup_steps=10"]  # fmt: skip
+
+
+def fake_slurm(tmp_path: Path) -> Path:
+    """sbatch that submits job 1, sacct that says job 1 lost its node, a quiet squeue."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    scripts = {
+        "sbatch": "echo 'Submitted batch job 1'",
+        "sacct": "echo '1|NODE_FAIL|0:0|n1'",
+        "squeue": "true",
+        "sinfo": "echo 'standard-g*|n[1-4]'",
+    }
+    for tool, body in scripts.items():
+        (bindir / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (bindir / tool).chmod(0o755)
+    return bindir
+
+
+def package_status() -> str:
+    return subprocess.run(["git", "status", "--porcelain", "axonn_launch/"], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+
+
+def test_launcher_plan_sweep_and_resubmit_use_a_site_outside_the_package(tmp_path):
+    site = shutil.copytree(EXAMPLE, tmp_path / "site")
+    base = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "AXONN_SITE_DIR")}
+    base["PATH"] = f"{fake_slurm(tmp_path)}{os.pathsep}{base['PATH']}"
+    env = {**base, "AXONN_SITE_DIR": str(site)}
+    before = package_status()
+
+    def run(module: str, args: list[str], environ: dict) -> subprocess.CompletedProcess:
+        proc = run_module(module, args, cwd=tmp_path, env=environ, timeout=180)
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    job = tmp_path / "jobs" / "lumi"
+    run("axonn_launch", [*LUMI, "grid.x=8", f"hydra.run.dir={job}"], env)
+    assert json.loads((job / "job.json").read_text())["site_dir"] == str(site)
+    plan = run("axonn_launch.plan", [*LUMI, "nodes=2"], env)
+    assert "2 node(s) of lumi = 16 GPUs (MI250X-GCD)" in plan.stdout  # the site's profile
+    sweep = tmp_path / "sweep"
+    run("axonn_launch", ["-m", *LUMI, "grid.x=8,16", "dry_run=true", f"hydra.sweep.dir={sweep}"],
+        env)  # fmt: skip
+    # the resubmission is told nothing of the site: job.json says where it is
+    resubmitted = run("axonn_launch.jobs", ["resubmit", str(job.parent)], base)
+    assert "resubmitted 1 (node_failure)" in resubmitted.stdout
+    scripts = [job / "submission.sh", *sweep.glob("*/submission.sh"),
+               job.with_name("lumi_attempt2") / "submission.sh"]  # fmt: skip
+    assert len(scripts) == 4
+    for script in scripts:
+        text = script.read_text()
+        assert "#SBATCH --account=project_465000000" in text, script
+        assert "#SBATCH --partition=standard-g" in text, script
+    assert package_status() == before
+
+
+def test_a_site_profile_replaces_the_packaged_one_of_its_name(tmp_path):
+    site = shutil.copytree(EXAMPLE, tmp_path / "site")
+    frontier = (REPO / "axonn_launch/conf/machine/frontier.yaml").read_text()
+    (site / "machine" / "frontier.yaml").write_text(
+        frontier.replace("partition: batch", "partition: extended")
+    )
+    with using_site(str(site)):
+        assert load(["machine=frontier"]).machine.slurm.partition == "extended"
+        assert "lumi" in machine_names("slurm")
+    assert load(["machine=frontier"]).machine.slurm.partition == "batch"
+    assert "lumi" not in machine_names("slurm")
+
+
+def test_a_site_dir_that_is_not_one_is_one_line(tmp_path):
+    with using_site(str(tmp_path / "missing")), pytest.raises(ConfigError) as error:
+        load(["machine=local"])
+    assert str(error.value).startswith(f"AXONN_SITE_DIR='{tmp_path / 'missing'}': not a directory")
+    with pytest.raises(ConfigError) as unknown:
+        load(["machine=lumi"])
+    assert "set AXONN_SITE_DIR=DIR" in str(unknown.value)
+
+
+def test_a_broken_site_profile_is_one_line_naming_its_file(tmp_path):
+    site = shutil.copytree(EXAMPLE, tmp_path / "site")
+    lumi = site / "machine" / "lumi.yaml"
+    lumi.write_text(lumi.read_text().replace("  gpus_per_node: 8\n", ""))
+    with using_site(str(site)), pytest.raises(ConfigError) as error:
+        load(["machine=lumi"])
+    assert str(error.value).startswith(f"{lumi}: machine.hardware.gpus_per_node: missing")
