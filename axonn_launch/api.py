@@ -9,6 +9,7 @@ Login-node code: never imports torch (a local job's ranks run in their own proce
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -21,11 +22,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
 
-from axonn_launch import cli, jobs
-from axonn_launch import plan as planner
 from axonn_launch.common.jobdir import CONSOLE_LOG, JobPaths, RecordError, read_record_or_empty
 from axonn_launch.config.compose import CONFIG_MODULE, ConfigError, LaunchConfig, to_launch_config
 from axonn_launch.config.compose import compose as hydra_compose
+from axonn_launch.cost import plan_report as planner
 from axonn_launch.cost.perf import Calibration, profile_calibration
 from axonn_launch.records.jobdirs import JOB_DIR_HINT, NotAJobPath
 from axonn_launch.records.runs import runs
@@ -36,10 +36,10 @@ from axonn_launch.records.status import (
     JobStatus,
     collect,
 )
-from axonn_launch.submit import chain, dirguard
+from axonn_launch.submit import chain, dirguard, pipeline
 from axonn_launch.submit.pipeline import Outcome
 from axonn_launch.submit.pipeline import launch as pipeline_launch
-from axonn_launch.submit.resubmit import resubmit_one
+from axonn_launch.submit.resubmit import MAX_ATTEMPTS, resubmit_one
 from axonn_launch.submit.sweep import check_objective
 from axonn_launch.usage import one_line
 
@@ -214,7 +214,7 @@ def launch(
     run = config.with_values(**values)
     job_dir = Path(run.run_dir) if run.run_dir else default_job_dir(run.launch.name)
     with one_line_errors(), launcher_log() as log:
-        checked = cli.check_run(run.tree, run.launch, str(job_dir.absolute()))
+        checked = pipeline.check_run(run.tree, run.launch, str(job_dir.absolute()))
         target = claimed_dir(job_dir.absolute(), run.launch)
         log.job_dir = target
         outcome = pipeline_launch(
@@ -314,8 +314,9 @@ def resubmit(
 ) -> Job:
     """``jobs resubmit JOB_DIR OVERRIDES``: the next attempt of a failed job (or an
     extension of a completed one, with ``train.steps=N``). A refusal raises ``LaunchError``."""
-    args = jobs.parser().parse_args(["resubmit", str(job_dir)])
-    args.overrides = [str(o) for o in overrides]
+    args = argparse.Namespace(
+        overrides=[str(o) for o in overrides], only=None, max_attempts=MAX_ATTEMPTS, dry_run=False
+    )  # jobs resubmit's defaults
     row = status(job_dir)
     with one_line_errors(ValueError, TypeError):
         said = resubmit_one(row, args, out or sys.stdout)

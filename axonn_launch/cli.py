@@ -41,9 +41,8 @@ from axonn_launch.config.compose import (
     split_argv,
     to_launch_config,
 )
-from axonn_launch.config.resolve import resolve
-from axonn_launch.submit import chain, in_job, local, pipeline
-from axonn_launch.submit.pipeline import EXIT_BAD_INPUT, Checked, launch
+from axonn_launch.submit import chain, local, pipeline
+from axonn_launch.submit.pipeline import EXIT_BAD_INPUT, Checked, check_run, launch, study_callback
 from axonn_launch.submit.sweep import (
     PointOutcome,
     check_objective,
@@ -253,48 +252,12 @@ def run_dir_of(config: DictConfig) -> str:
     return str(Path(os.path.abspath(str(OmegaConf.select(config, "hydra.run.dir")))).resolve())
 
 
-def check_run(tree: DictConfig, cfg: LaunchConfig, run_dir: str = "") -> Checked:
-    """Check a run and resolve it, once (``pipeline.check``), and the recovery settings.
-    A study's data (``+study=...``) is prepared first (``prepare_study``)."""
-    if "study" in tree:
-        prepare_study(tree, cfg)
-    checked = pipeline.check(cfg, run_dir or run_dir_prefix([]))
-    chain.settings_problem(checked.resolved.cfg)
-    in_job.check(checked.resolved.cfg)
-    return checked
-
-
-def study_callback(tree: DictConfig) -> Any:
-    """The study's Hydra callback (``submit/study_data.PrepareStudy``), which checks its
-    settings as it is made: a bad one is one line here."""
-    from axonn_launch.submit.study_data import PrepareStudy, StudyError
-
-    try:
-        return PrepareStudy(tree.study)
-    except StudyError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def prepare_study(tree: DictConfig, cfg: LaunchConfig) -> None:
-    """A study's data is prepared by its Hydra callback when the run starts, after the
-    check of ``train.data``; so once the rest is valid (checked as a dry run, which only
-    warns about missing data) it is prepared here. The run is then resolved again, with
-    its data: a study run resolves twice."""
-    from axonn_launch.submit.study_data import StudyError
-
-    resolve(dataclasses.replace(cfg, dry_run=True))
-    try:
-        study_callback(tree).ensure()
-    except StudyError as exc:
-        raise ConfigError(str(exc)) from None
-
-
 def check_trial(tree: DictConfig, cfg: LaunchConfig, point: list[str], sweeper: str) -> None:
     """An optimizing sweeper may pick any point of its search space, and one invalid trial
     stops it (Hydra's ``max_failure_rate`` is 0): so every combination of choices and of
     interval ends must be valid before the first trial runs."""
     try:
-        check_run(tree, cfg)
+        check_run(tree, cfg, run_dir_prefix([]))
     except ConfigError as exc:
         trial = " ".join(point)
         raise ConfigError(f"{exc} (a trial the {sweeper} sweeper may pick: {trial})") from None

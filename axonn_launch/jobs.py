@@ -36,7 +36,7 @@ from axonn_launch.records.status import (
     unreachable_line,
 )
 from axonn_launch.submit import chain
-from axonn_launch.submit.resubmit import resubmit_one
+from axonn_launch.submit.resubmit import MAX_ATTEMPTS, resubmit_one
 from axonn_launch.usage import run_tool
 
 # --- status output -------------------------------------------------------------------------
@@ -373,7 +373,11 @@ def parser() -> argparse.ArgumentParser:
         help=f"only these classes: {', '.join(failures.CLASSES)} (completed: with train.steps=N)",
     )
     again.add_argument(
-        "--max-attempts", type=int, default=5, metavar="N", help="attempts per job, all told"
+        "--max-attempts",
+        type=int,
+        default=MAX_ATTEMPTS,
+        metavar="N",
+        help="attempts per job, all told",
     )
     halt = commands.add_parser(
         "stop",

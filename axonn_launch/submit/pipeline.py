@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from axonn_launch.common.jobdir import (
     JobPaths,
@@ -28,7 +29,7 @@ from axonn_launch.common.jobdir import (
     write_record_file,
 )
 from axonn_launch.common.spec import JobSpec, RuntimeConfig
-from axonn_launch.config.compose import LaunchConfig, site_record, yaml_text
+from axonn_launch.config.compose import ConfigError, LaunchConfig, site_record, yaml_text
 from axonn_launch.config.resolve import Resolved, check_job_dir, container_warnings, resolve
 from axonn_launch.records import failures, firstfail, provenance
 from axonn_launch.submit import (
@@ -112,6 +113,42 @@ def check(cfg: LaunchConfig, job_dir: str) -> Checked:
     return Checked(
         cfg, resolved, rehearsal, held, warnings + (rehearsal.warnings if rehearsal else [])
     )
+
+
+def check_run(tree: Any, cfg: LaunchConfig, run_dir: str) -> Checked:
+    """Check a run and resolve it, once (``pipeline.check``), and the recovery settings.
+    A study's data (``+study=...``) is prepared first (``prepare_study``)."""
+    if "study" in tree:
+        prepare_study(tree, cfg)
+    checked = check(cfg, run_dir)
+    chain.settings_problem(checked.resolved.cfg)
+    in_job.check(checked.resolved.cfg)
+    return checked
+
+
+def study_callback(tree: Any) -> Any:
+    """The study's Hydra callback (``submit/study_data.PrepareStudy``), which checks its
+    settings as it is made: a bad one is one line here."""
+    from axonn_launch.submit.study_data import PrepareStudy, StudyError
+
+    try:
+        return PrepareStudy(tree.study)
+    except StudyError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def prepare_study(tree: Any, cfg: LaunchConfig) -> None:
+    """A study's data is prepared by its Hydra callback when the run starts, after the
+    check of ``train.data``; so once the rest is valid (checked as a dry run, which only
+    warns about missing data) it is prepared here. The run is then resolved again, with
+    its data: a study run resolves twice."""
+    from axonn_launch.submit.study_data import StudyError
+
+    resolve(replace(cfg, dry_run=True))
+    try:
+        study_callback(tree).ensure()
+    except StudyError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def launch(

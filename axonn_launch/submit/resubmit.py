@@ -44,6 +44,9 @@ RESHAPING_KEYS = ("grid", "nodes", "train.micro_batch", "train.activation_checkp
 EXCLUDE_KEY = "+machine.slurm.extra_sbatch.exclude"
 
 
+MAX_ATTEMPTS = 5  # jobs resubmit --max-attempts: attempts per job, all told
+
+
 def interrupted_mark(target: str) -> bool:
     """A ``resubmitted_as`` whose attempt never got its job.json: the resubmission that
     wrote it died (its process was killed, its node went down) before submitting. Asked

@@ -11,6 +11,7 @@ import sys
 
 from axonn_launch.records.curves import TAGS
 from tests.conftest import run_launcher
+from tests.submit.test_local_supervisor import poll
 from tests.train.tracker_files import as_float32, tb_series
 
 RUN = ["machine=local", "model=gpt_tiny", "train.steps=3", "train.warmup_steps=0",
@@ -23,7 +24,11 @@ def test_a_run_that_ends_has_its_goodput_in_tensorboard_without_jobs_status(tmp_
     launched = run_launcher([*RUN, f"hydra.run.dir={root}"], cwd=tmp_path, timeout=300)
     assert launched.returncode == 0, launched.stdout[-2000:] + launched.stderr[-2000:]
     assert "goodput not written" not in launched.stderr, launched.stderr[-2000:]
-    written = json.loads((root / "tensorboard" / "goodput.json").read_text())
+    # the launcher follows the run to its end (job.json final), and the supervisor writes
+    # the goodput just after that record: wait for the supervisor, not for the launcher
+    goodput = root / "tensorboard" / "goodput.json"
+    poll(goodput.is_file, 60, "the supervisor's goodput record")
+    written = json.loads(goodput.read_text())
     assert written["step"] == 3 and 0 < written["goodput"] <= 1, written
     for tag in ("goodput", "useful_s", "node_hours"):
         assert tb_series(root / "tensorboard", f"goodput/{tag}") == [
