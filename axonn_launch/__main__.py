@@ -11,7 +11,7 @@ MISSING_HINT = (
 
 
 def _main() -> None:
-    from axonn_launch.submit.local import start_early_supervisor
+    from axonn_launch.scheduler.processes import start_early_supervisor
 
     start_early_supervisor(sys.argv[1:])  # a local job's imports start before Hydra's
     try:

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -22,8 +23,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
 
+from axonn_launch.batch.resubmit import MAX_ATTEMPTS, resubmit_one
 from axonn_launch.common.jobdir import CONSOLE_LOG, JobPaths, RecordError, read_record_or_empty
-from axonn_launch.config.compose import CONFIG_MODULE, ConfigError, LaunchConfig, to_launch_config
+from axonn_launch.config.compose import (
+    CONFIG_MODULE,
+    SITE_ENV,
+    ConfigError,
+    LaunchConfig,
+    site_record,
+    to_launch_config,
+    using_site,
+)
 from axonn_launch.config.compose import compose as hydra_compose
 from axonn_launch.cost import plan_report as planner
 from axonn_launch.cost.perf import Calibration, profile_calibration
@@ -39,7 +49,6 @@ from axonn_launch.records.status import (
 from axonn_launch.submit import chain, dirguard, pipeline
 from axonn_launch.submit.pipeline import Outcome
 from axonn_launch.submit.pipeline import launch as pipeline_launch
-from axonn_launch.submit.resubmit import MAX_ATTEMPTS, resubmit_one
 from axonn_launch.submit.sweep import check_objective
 from axonn_launch.usage import one_line
 
@@ -84,6 +93,7 @@ class RunConfig:
     launch: LaunchConfig
     tree: Any  # the composed DictConfig
     run_dir: str = ""  # hydra.run.dir as given; "" = the launcher's default under ./jobs
+    site: str | None = None  # the site directory it was composed with (AXONN_SITE_DIR)
 
     def with_values(self, **values: Any) -> RunConfig:
         """This run with top-level keys changed (``dry_run=True``), in all three views."""
@@ -103,29 +113,35 @@ class RunConfig:
 
 
 def compose(overrides: Sequence[str] = (), site: str | Path | None = None) -> RunConfig:
-    """The run that ``python -m axonn_launch OVERRIDES`` launches. ``site``: a directory of
-    site profiles (``machine/<name>.yaml``, ...) composed over the packaged ones, as
-    ``--config-dir`` does. ``hydra.run.dir=DIR`` names the job dir."""
+    """The run that ``python -m axonn_launch OVERRIDES`` launches. ``site``: a site directory
+    (``machine/<name>.yaml``, ``local/default.yaml``), used as ``AXONN_SITE_DIR=site`` uses
+    it (docs/site.md), by this composition and by ``launch``, which records it for
+    resubmission; None: ``AXONN_SITE_DIR``'s, if set. ``hydra.run.dir=DIR`` names the job dir."""
     given = [str(o) for o in overrides]
     bad = [o for o in given if o.startswith("-") or "=" not in o]
     if bad:
         raise LaunchError(f"{bad[0]!r}: expected KEY=VALUE (a Hydra override)")
-    if site is not None:
-        given.append(site_override(Path(site)))
     run_dirs = [o.split("=", 1)[1] for o in given if o.startswith(RUN_DIR_KEY + "=")]
     to_compose = [o for o in given if not o.startswith(RUN_DIR_KEY + "=")]
-    with one_line_errors():
+    with one_line_errors(), using_site(site_path(site)):
         tree = hydra_compose(to_compose)
         cfg = to_launch_config(tree)
         check_objective(cfg)
-    return RunConfig(tuple(given), cfg, tree, run_dirs[-1] if run_dirs else "")
+        used = site_record()
+    return RunConfig(tuple(given), cfg, tree, run_dirs[-1] if run_dirs else "", used)
 
 
-def site_override(site: Path) -> str:
-    """The override ``--config-dir SITE`` stands for (``cli.check_arguments``)."""
-    if not site.is_dir():
-        raise LaunchError(f"site={site}: not a directory of site profiles")
-    return f"hydra.searchpath=[file://{site.resolve()}]"
+def site_path(site: str | Path | None) -> str | None:
+    """``site`` as ``AXONN_SITE_DIR`` takes it (absolute); None: the environment's."""
+    if site is None:
+        return os.environ.get(SITE_ENV)
+    path = Path(site).expanduser()
+    if not path.is_dir():
+        raise LaunchError(
+            f"site={str(site)!r}: not a directory; valid: a directory holding"
+            " machine/<name>.yaml and local/default.yaml (docs/site.md), or None"
+        )
+    return str(path.absolute())
 
 
 def plan(
@@ -213,7 +229,7 @@ def launch(
     values = {k: v for k, v in (("dry_run", dry_run), ("wait", wait)) if v is not None}
     run = config.with_values(**values)
     job_dir = Path(run.run_dir) if run.run_dir else default_job_dir(run.launch.name)
-    with one_line_errors(), launcher_log() as log:
+    with one_line_errors(), using_site(run.site), launcher_log() as log:
         checked = pipeline.check_run(run.tree, run.launch, str(job_dir.absolute()))
         target = claimed_dir(job_dir.absolute(), run.launch)
         log.job_dir = target

@@ -41,7 +41,8 @@ from axonn_launch.config.compose import (
     split_argv,
     to_launch_config,
 )
-from axonn_launch.submit import chain, local, pipeline
+from axonn_launch.scheduler import processes
+from axonn_launch.submit import chain, pipeline
 from axonn_launch.submit.pipeline import EXIT_BAD_INPUT, Checked, check_run, launch, study_callback
 from axonn_launch.submit.sweep import (
     PointOutcome,
@@ -86,7 +87,7 @@ def hydra_entry(cfg: DictConfig) -> PointOutcome:
     try:
         launch_cfg = point_config(cfg, hydra_cfg if sweeping else None)
         if launch_cfg.machine.scheduler != "local" or launch_cfg.dry_run:
-            local.dismiss_early_supervisor()  # no local job to hand it: its imports stop
+            processes.dismiss_early_supervisor()  # no local job to hand it: its imports stop
         outcome = launch(
             run_checks(launch_cfg, job_dir),
             job_dir=job_dir,
@@ -264,7 +265,7 @@ def check_trial(tree: DictConfig, cfg: LaunchConfig, point: list[str], sweeper: 
 
 
 def main() -> None:
-    local.start_early_supervisor(sys.argv[1:])  # a local job's imports start meanwhile
+    processes.start_early_supervisor(sys.argv[1:])  # a local job's imports start meanwhile
     try:
         check_arguments(sys.argv[1:])
     except ConfigError as exc:

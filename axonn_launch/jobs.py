@@ -2,7 +2,7 @@
 bring back the ones worth bringing back.
 
 ``status`` prints one row per job directory and why each failed job failed; ``resubmit``
-submits a new attempt of each failed job whose class allows it (``submit/resubmit.py``);
+submits a new attempt of each failed job whose class allows it (``batch/resubmit.py``);
 ``logs`` prints (and follows) a job's rank logs, by rank, node or the first failure
 (``records/logs.py``); ``sync`` uploads a run's offline W&B runs.
 ``--help`` shows the options. Login-node code: never imports torch.
@@ -22,6 +22,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from axonn_launch.batch.resubmit import MAX_ATTEMPTS, resubmit_one
 from axonn_launch.common.jobdir import JobPaths, RecordError, read_record, run_root
 from axonn_launch.records import curves, failures, goodput
 from axonn_launch.records import logs as job_logs
@@ -36,7 +37,6 @@ from axonn_launch.records.status import (
     unreachable_line,
 )
 from axonn_launch.submit import chain
-from axonn_launch.submit.resubmit import MAX_ATTEMPTS, resubmit_one
 from axonn_launch.usage import run_tool
 
 # --- status output -------------------------------------------------------------------------

@@ -1,13 +1,13 @@
 """``python -m axonn_launch.restart <job_dir> <exit status>``: run by a Slurm job's batch
 script after its training step failed; prints the next step's srun options, or exits 1
-when the job is to end (``submit/restart_job.py``)."""
+when the job is to end (``batch/restart.py``)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from axonn_launch.submit.restart_job import run_decision
+from axonn_launch.batch.restart import run_decision
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or not sys.argv[2].isdigit():

@@ -39,7 +39,7 @@ from axonn_launch.common.grid import Grid  # noqa: E402
 from axonn_launch.common.models import ModelSpec  # noqa: E402
 from axonn_launch.common.spec import JobSpec, RuntimeConfig, TrainConfig  # noqa: E402
 from axonn_launch.cost.jobcost import PROCESS_BYTES, job_cost  # noqa: E402
-from axonn_launch.submit.local import free_port, rank_env  # noqa: E402
+from axonn_launch.scheduler.processes import free_port, rank_env  # noqa: E402
 
 MODELS = {
     "wide": [

@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 from axonn_launch.common.grid import Grid  # noqa: E402
 from axonn_launch.common.hf import INDEX, hf_config_from_spec, hf_segments  # noqa: E402
 from axonn_launch.common.models import ModelSpec  # noqa: E402
-from axonn_launch.submit.local import free_port, rank_env  # noqa: E402
+from axonn_launch.scheduler.processes import free_port, rank_env  # noqa: E402
 
 MB = 1 << 20
 GRIDS = {"x2z2": Grid(x=2, z=2), "z4": Grid(z=4)}

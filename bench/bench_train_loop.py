@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 from axonn_launch.common.grid import Grid  # noqa: E402
 from axonn_launch.common.models import ModelSpec  # noqa: E402
 from axonn_launch.common.spec import JobSpec, RuntimeConfig, TrainConfig  # noqa: E402
-from axonn_launch.submit.local import free_port, rank_env  # noqa: E402
+from axonn_launch.scheduler.processes import free_port, rank_env  # noqa: E402
 
 TINY = ModelSpec("gpt_tiny", n_layer=2, d_model=64, n_head=4, vocab_size=256, max_seq_len=64)
 

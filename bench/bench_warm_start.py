@@ -7,7 +7,7 @@ Three commands run in turn, round after round, so machine noise hits them alike:
 - the default job, ``python -m axonn_launch train.steps=5 train.sample_tokens=0`` (4 ranks,
   x=2 z=2), with the warm start (ranks forked from one process that imported the job side,
   ``train/zygote.py``, the default; its supervisor, and with it those imports, start
-  before the launcher composes the job: ``submit/local.py``'s ``start_early_supervisor``);
+  before the launcher composes the job: ``scheduler/processes.py``'s ``start_early_supervisor``);
 - the same job with ``AXONN_RANK_START=exec``: every rank starts Python afresh. This is
   today's code with the old way of starting ranks: a proxy for "before", labelled so;
 - the same job at the commit before the warm start (``--before-commit``, default 7d72489,

@@ -46,7 +46,7 @@ from axonn_launch.common.spec import (  # noqa: E402
     TrainConfig,
     WatchdogConfig,
 )
-from axonn_launch.submit.local import free_port, rank_env  # noqa: E402
+from axonn_launch.scheduler.processes import free_port, rank_env  # noqa: E402
 from bench import pairs as paired  # noqa: E402
 
 SMALL = ModelSpec("gpt_bench", n_layer=2, d_model=128, n_head=4, vocab_size=256, max_seq_len=256)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "axonn_launch"
 ROOT = PACKAGE.parent
-FOLDERS = ("common", "cost", "config", "records", "submit")  # bottom to top
+FOLDERS = ("common", "scheduler", "cost", "config", "records", "submit", "batch")  # bottom to top
 BRIDGE = ("axonn_launch.submit.task", "axonn_launch.train")
 LOGIN_COMMANDS = ("axonn_launch.cli", "axonn_launch.plan", "axonn_launch.jobs", "axonn_launch.data",
                   "axonn_launch.api")  # fmt: skip
@@ -148,8 +148,8 @@ def find_cycle(edges: list[Edge]) -> list[Edge] | None:
 
 
 def layer(module: str) -> int | None:
-    parts = module.split(".")
-    if len(parts) > 2 and parts[1] in FOLDERS:
+    parts = module.split(".")  # a folder's own package (its registry's face) is in it too
+    if len(parts) > 1 and parts[1] in FOLDERS:
         return FOLDERS.index(parts[1])
     return None
 
@@ -437,7 +437,7 @@ WHERE_TO_ADD = {
                              "axonn_launch/train/models/registry.py", "conf/model/llama_*.yaml"],
     "A failure class": ["axonn_launch/records/failures.py", "conf/recovery/auto.yaml"],
     "A command": ["axonn_launch/plan.py", "axonn_launch/usage.py"],
-    "A scheduler": ["axonn_launch/common/machine.py", "axonn_launch/submit/local.py",
+    "A scheduler": ["axonn_launch/common/machine.py", "axonn_launch/scheduler/processes.py",
                     "axonn_launch/submit/pipeline.py"],
     "A metric sink": ["axonn_launch/train/sinks.py", "axonn_launch/common/tracking.py"],
 }  # fmt: skip

@@ -1,7 +1,7 @@
 """Running an external tool and reading what it printed: its stdout, or why there is none.
 
-Shared by the scheduler queries (``records/scheduler_queries.py``) and the steps that ask
-Slurm about nodes (``submit/recovery.py``, ``restart_job.py``, ``resubmit.py``). No torch.
+Shared by the scheduler queries (``scheduler/slurm_queries.py``) and the steps that ask
+Slurm about nodes (``batch/recovery.py``, ``restart_job.py``, ``resubmit.py``). No torch.
 """
 
 from __future__ import annotations

@@ -181,7 +181,7 @@ def is_job_dir(names: Iterator[str] | list[str]) -> bool:
 # someone else's job). Fields not named here pass as they are (records from newer code).
 
 # A Slurm job id: digits, optionally ``_<array task>`` or ``+<het component>``; a local
-# one: ``local-<pid>`` of its supervisor (submit/supervise.py).
+# one: ``local-<pid>`` of its supervisor (batch/supervise.py).
 SLURM_JOB_ID = re.compile(r"\d+(?:_\d+|\+\d+)?")
 LOCAL_JOB_ID = re.compile(r"local-\d+")
 JOB_ID_FORMS = "a Slurm id (digits, optionally _<array> or +<het>) or local-<pid>"

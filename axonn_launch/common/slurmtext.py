@@ -135,11 +135,6 @@ def _expand_ranges(ranges: str) -> list[str]:
     return values
 
 
-def sacct_command(job_ids: list[str]) -> list[str]:
-    """One sacct call for the allocation line (``-X``) of every job in ``job_ids``."""
-    return ["sacct", "-X", "-n", "-P", "-o", ",".join(SACCT_FIELDS), "-j", ",".join(job_ids)]
-
-
 def parse_sacct(text: str) -> dict[str, JobRow]:
     """Rows of ``sacct -X -n -P -o JobID,State,ExitCode,NodeList,Submit,Start,End`` by job
     id; ``times`` only once the job has ended (sacct says Unknown before). A row without
@@ -164,10 +159,6 @@ def sacct_times(fields: list[str]) -> tuple[float, float, float] | None:
     return (submit, start, end) if submit <= start <= end else None
 
 
-def squeue_command() -> list[str]:
-    return ["squeue", "-h", "-o", SQUEUE_FORMAT]
-
-
 def parse_squeue(text: str) -> dict[str, JobRow]:
     """Rows of ``squeue -h -o '%i|%T|%N'`` by job id (queued and running jobs only)."""
     rows = {}
@@ -178,14 +169,10 @@ def parse_squeue(text: str) -> dict[str, JobRow]:
     return rows
 
 
-# Whose job an id is (submit/chain.py checks it before scancel): id, name, stdout path.
+# Whose job an id is (submit/chain.py checks it before cancelling): id, name, stdout path.
 # ``StdOut`` is the --output pattern as given (``%j`` unexpanded); it comes last, so a
 # ``|`` in a path cannot shift the other fields.
 SQUEUE_OWNER_FORMAT = "JobID:|,Name:|,StdOut:"
-
-
-def squeue_owner_command() -> list[str]:
-    return ["squeue", "-h", "-O", SQUEUE_OWNER_FORMAT]
 
 
 def parse_squeue_owners(text: str) -> dict[str, tuple[str, str]]:

@@ -1,7 +1,7 @@
 """A run's goodput in its TensorBoard folder, beside its curves: once every attempt has
 ended, the parts of the allocated time (``records/goodput.py``), the queue, the node-hours
 and the goodput itself, at the run's last step, under ``goodput/``. The job's own side
-writes them when the run ends (a local run's supervisor: ``submit/supervise.py``), and
+writes them when the run ends (a local run's supervisor: ``batch/supervise.py``), and
 ``jobs status`` the first time it finds the run ended without them (the scheduler's times
 are known only then), and again if the run was extended since. Login-node code:
 tensorboard's own event writer, never torch; a failure to write is one line and never

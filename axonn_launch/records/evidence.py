@@ -27,7 +27,7 @@ from axonn_launch.common.jobdir import (
 )
 from axonn_launch.records import failures
 from axonn_launch.records.failures import Evidence
-from axonn_launch.records.scheduler_queries import SchedulerInfo
+from axonn_launch.scheduler.slurm_queries import SchedulerInfo
 
 LOG_TAIL_BYTES = 16384
 
@@ -225,7 +225,7 @@ def attempt_start(record: dict) -> float:
 
 
 def local_evidence(job_dir: Path, record: dict, expected: int) -> Evidence:
-    """machine=local: the supervisor's record (``submit/supervise.py``), then the logs.
+    """machine=local: the supervisor's record (``batch/supervise.py``), then the logs.
 
     A job its supervisor stopped on a signal (the user's Ctrl-C or SIGTERM) is cancelled,
     as ``scancel`` is on Slurm. A rank killed by a signal is explained by its own log

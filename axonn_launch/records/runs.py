@@ -13,13 +13,13 @@ from pathlib import Path
 
 from axonn_launch.common.jobdir import PACK_PLAN, PACKS, read_record_or_empty
 from axonn_launch.records import failures, goodput
-from axonn_launch.records.scheduler_queries import HELD_WORDS
 from axonn_launch.records.status import (
     RUN_RUNNING,
     RUN_WAITING,
     JobStatus,
     run_state,
 )
+from axonn_launch.scheduler.slurm_queries import HELD_WORDS
 
 
 def runs(rows: list[JobStatus]) -> list[JobStatus]:

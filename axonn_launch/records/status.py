@@ -1,7 +1,7 @@
 """What happened to each job: its state, the step it reached, its loss, and when it failed,
 its failure class and the evidence for it (``records/failures.py``, ``records/evidence.py``).
 
-States come from one batched ``sacct`` call for all jobs (``records/scheduler_queries.py``);
+States come from one batched ``sacct`` call for all jobs (``scheduler/slurm_queries.py``);
 without accounting, from ``squeue`` for queued jobs and from submitit's result pickles and
 the logs for ended ones. A job the preflight stopped counts as a node failure of the slow
 nodes it named. Job dirs are found by ``records/jobdirs.py``; one row per run is
@@ -51,8 +51,8 @@ from axonn_launch.records.jobdirs import (
     stragglers_of,
     with_later_attempts,
 )
-from axonn_launch.records.scheduler_queries import SchedulerInfo, expected_starts, scheduler_view
 from axonn_launch.records.storage import storage_reason, unwritable_job_dir
+from axonn_launch.scheduler.slurm_queries import SchedulerInfo, expected_starts, scheduler_view
 
 
 @dataclass
@@ -283,7 +283,7 @@ def action_of(
     diagnosis: Diagnosis, record: dict, run_now: str, preflight: dict | None, stragglers: dict
 ) -> str:
     """What is done about the job: while a chain recovers its run, what the chain does
-    (submit/recovery.py's ``recover``: the run's policy; a resume leaves out the slow nodes
+    (batch/recovery.py's ``recover``: the run's policy; a resume leaves out the slow nodes
     of its preflight and, with ``exclude_stragglers``, the stragglers' nodes); otherwise
     what ``jobs resubmit`` does (records/failures.py's RECOVERY holds both)."""
     if run_now not in CHAIN_ACTS or diagnosis.failure not in failures.CHAIN_POLICY:

@@ -3,7 +3,7 @@ batch script, as rendered for sbatch (``submit/render.py``), as a step of that a
 instead of submitting it; ``allocation=new`` always submits a new job.
 
 Launches by the launcher's own machinery inside a Slurm job (a recovery job's resubmission,
-``jobs resubmit``, a sweep's points) always submit a new job: ``submit/resubmit.py`` sets
+``jobs resubmit``, a sweep's points) always submit a new job: ``batch/resubmit.py`` sets
 ``allocation=new``, and a sweep point is never run in the allocation of its sweep.
 """
 
@@ -119,7 +119,7 @@ def run_step(
     from submitit.core.utils import DelayedSubmission
     from submitit.core.utils import JobPaths as SubmititPaths
 
-    from axonn_launch.submit.slurm import print_new
+    from axonn_launch.scheduler.slurm_jobs import print_new
 
     paths = SubmititPaths(folder, job_id=allocation.job_id, task_id=0)
     paths.submitted_pickle.parent.mkdir(parents=True, exist_ok=True)  # folder has %j

@@ -1,6 +1,6 @@
 """A run's attempts side by side: ``<job_dir>_attempt<N>``, each started from a hard-linked
 copy of its parent's latest checkpoint and its metrics up to it, its job.json naming the
-attempts before it (``lineage``). Made by ``jobs resubmit`` (submit/resubmit.py) and by a
+attempts before it (``lineage``). Made by ``jobs resubmit`` (batch/resubmit.py) and by a
 launch with ``resume=true`` (submit/dirguard.py).
 
 Login-node code: never imports torch.

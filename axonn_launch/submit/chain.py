@@ -1,6 +1,6 @@
 """Runs that heal themselves: when an attempt of a Slurm job fails, classify it and act on
 its class, with no person in the loop. This module chains the recovery jobs, keeps the
-run's record and stops a run; ``submit/recovery.py`` is the recovery step itself.
+run's record and stops a run; ``batch/recovery.py`` is the recovery step itself.
 
 Each attempt is submitted with a recovery job chained to it (``sbatch
 --dependency=afterany``), so recovery works under ``wait=false`` and after the login
@@ -49,14 +49,14 @@ from axonn_launch.records.status import (
     RUN_STOPPED,
     run_state,
 )
-from axonn_launch.submit import local
+from axonn_launch.scheduler import processes
 
 RESUME, RESUME_EXCLUDE, STOP, ROLLBACK = (
     failures.RESUME, failures.RESUME_EXCLUDING, failures.STOP, failures.ROLLBACK,
 )  # fmt: skip
 POLICY_ACTIONS = (RESUME, RESUME_EXCLUDE, STOP, ROLLBACK)
 # an action that only some classes take: rollback resumes from the newest checkpoint
-# before a non-finite step and skips that step's batch (submit/recovery.py)
+# before a non-finite step and skips that step's batch (batch/recovery.py)
 ACTION_CLASSES = {ROLLBACK: (failures.NON_FINITE,)}
 # Resume what a fresh start cures; leave out the nodes that failed; never loop on a bug:
 # the failure-class table's by_chain column (records/failures.py's RECOVERY).
@@ -382,7 +382,7 @@ def ownership_problem(job_dir: Path, name: str, found_name: str, stdout: str) ->
 def stop_local_attempt(job_dir: Path) -> list[int]:
     """SIGTERM to a running local attempt's supervisor: it stops the ranks, records the
     end and, stopped by a signal, recovers nothing. The pids it was sent to."""
-    return local.signal_supervisors([job_dir], signal.SIGTERM)
+    return processes.signal_supervisors([job_dir], signal.SIGTERM)
 
 
 def settings_problem(cfg: LaunchConfig) -> None:

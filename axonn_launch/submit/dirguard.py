@@ -37,9 +37,10 @@ from axonn_launch.common.jobdir import (
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.config.compose import ConfigError, LaunchConfig, to_launch_config
 from axonn_launch.records.jobdirs import is_dry_run
-from axonn_launch.records.scheduler_queries import squeue_states
 from axonn_launch.records.status import collect
-from axonn_launch.submit import attempts, dirlock, local
+from axonn_launch.scheduler import processes
+from axonn_launch.scheduler.slurm_queries import squeue_states
+from axonn_launch.submit import attempts, dirlock
 from axonn_launch.submit.duplicates import live_state
 
 EXIT_BAD_INPUT = 2
@@ -88,7 +89,7 @@ def live_job(job_dir: Path) -> str | None:
         return holder
     job_id = last_job_id(read_record_or_empty(job_dir))
     if job_id.startswith("local-"):  # between the launcher's letting go and its supervisor's hold
-        return dirlock.local_holder(job_id) if local.live_supervisors([job_dir]) else None
+        return dirlock.local_holder(job_id) if processes.live_supervisors([job_dir]) else None
     ids = [i for i in dict.fromkeys([job_id, dirlock.recorded_job_id(job_dir)]) if i]
     slurm_ids = [i for i in ids if not i.startswith("local-")]
     queued = squeue_states(slurm_ids) if slurm_ids else {}

@@ -22,8 +22,8 @@ from axonn_launch.common.jobdir import JobPaths, last_job_id, read_record_or_emp
 from axonn_launch.common.slurmtext import ACTIVE_STATES, base_state
 from axonn_launch.config.compose import ConfigError, LaunchConfig
 from axonn_launch.records.jobdirs import is_dry_run, saved_config
-from axonn_launch.records.scheduler_queries import squeue_states
-from axonn_launch.submit import local
+from axonn_launch.scheduler import processes
+from axonn_launch.scheduler.slurm_queries import squeue_states
 
 # keys that name or follow a run without changing what it trains
 IGNORED_KEYS = ("name", "wait", "dry_run", "force")
@@ -81,7 +81,7 @@ def identical_jobs(config: dict, job_dir: Path) -> list[Existing]:
     queued = squeue_states(slurm_ids) if slurm_ids else {}
     found = []
     for folder, job_id in same:
-        if job_id.startswith("local-") and local.live_supervisors([folder]):
+        if job_id.startswith("local-") and processes.live_supervisors([folder]):
             found.append(Existing(folder, job_id, "RUNNING"))
         elif job_id in queued and live_state(queued[job_id].state):
             found.append(Existing(folder, job_id, queued[job_id].state))

@@ -5,7 +5,7 @@ take a failed node's place.
 
 Here: whether a job restarts in place, its batch script's loop (``render.InPlace``), its
 sbatch options and what job.json keeps; the decision after a failure is
-``submit/restart_job.py``. Why in the batch script: ``docs/recovery.md`` ("in place").
+``batch/restart.py``. Why in the batch script: ``docs/recovery.md`` ("in place").
 """
 
 from __future__ import annotations

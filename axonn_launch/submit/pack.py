@@ -2,7 +2,7 @@
 allocations instead of one job each. A point is checked, written and rendered as usual,
 then waits (job.json ``status: packed``); when the sweep has seen every point, the points
 that share their batch options are planned into packs and each pack is one ``sbatch``.
-Inside it, ``axonn_launch.pack`` (``submit/pack_job.py``) runs each point's own batch
+Inside it, ``axonn_launch.pack`` (``batch/pack_runner.py``) runs each point's own batch
 script as steps on nodes of the pack, starting later points as earlier ones end.
 
 A point keeps its own job dir, job.json, classification and restarts in place; a failed

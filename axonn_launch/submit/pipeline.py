@@ -6,6 +6,7 @@ Never imports torch: this runs on login nodes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from axonn_launch import scheduler
 from axonn_launch.common.jobdir import (
     JobPaths,
     last_job_id,
@@ -32,6 +34,7 @@ from axonn_launch.common.spec import JobSpec, RuntimeConfig
 from axonn_launch.config.compose import ConfigError, LaunchConfig, site_record, yaml_text
 from axonn_launch.config.resolve import Resolved, check_job_dir, container_warnings, resolve
 from axonn_launch.records import failures, firstfail, provenance
+from axonn_launch.scheduler import processes, slurm_jobs
 from axonn_launch.submit import (
     allocation,
     chain,
@@ -39,11 +42,9 @@ from axonn_launch.submit import (
     dirlock,
     duplicates,
     in_job,
-    local,
     pack,
     rehearse,
     render,
-    slurm,
 )
 from axonn_launch.submit.summary import (
     command_path,
@@ -106,13 +107,26 @@ def check(cfg: LaunchConfig, job_dir: str) -> Checked:
     resolved = resolve(cfg)
     checked = resolved.cfg
     check_job_dir(job_dir, checked.machine)
-    slurm.require_slurm(checked)  # a submission with no Slurm here: one line
+    require_scheduler(checked)  # a submission with no Slurm here: one line
     held = allocation.check_fits(checked, resolved.nodes, resolved.tasks_per_node)
     pack.check(checked, resolved.nodes)
     warnings = container_warnings(checked, job_dir)
     return Checked(
         cfg, resolved, rehearsal, held, warnings + (rehearsal.warnings if rehearsal else [])
     )
+
+
+def require_scheduler(cfg: LaunchConfig) -> None:
+    """A submission needs its scheduler's commands here (a laptop has no Slurm): raises
+    ConfigError, one line naming what is missing and what runs without them. A dry run
+    submits nothing; a rehearsal says the same of the local cluster (``rehearse.py``)."""
+    why = (
+        ""
+        if cfg.dry_run or cfg.rehearse
+        else scheduler.of(cfg.machine).unavailable(cfg.machine.name)
+    )
+    if why:
+        raise ConfigError(why)
 
 
 def check_run(tree: Any, cfg: LaunchConfig, run_dir: str) -> Checked:
@@ -289,7 +303,7 @@ def register_packed(run: Launch, job_dir: Path, script: str, recovery: bool = Fa
 
 
 def wait_for_pack(run: Launch, job_dir: Path, record: dict, script: str, *, out) -> Outcome:
-    """A packed point: its job pickled for its pack's run (``submit/pack_job.py``), then it
+    """A packed point: its job pickled for its pack's run (``batch/pack_runner.py``), then it
     waits to be packed and submitted when the sweep has seen every point. A job array's
     task is a job of its own: its recovery job is written now, chained once submitted."""
     from submitit.core.utils import DelayedSubmission
@@ -512,7 +526,7 @@ def _write_record(job_dir: Path, record: dict) -> None:
 def run_local(
     cfg: LaunchConfig, resolved: Resolved, job_dir: Path, record: dict, claim: dirlock.Claim
 ) -> Outcome:
-    """Start the job's supervisor (``submit/supervise.py``), which owns the ranks and writes
+    """Start the job's supervisor (``batch/supervise.py``), which owns the ranks and writes
     job.json's final state; with ``wait``, follow it, passing SIGINT, SIGTERM and SIGHUP
     on to it (it stops the ranks). With recovery on, a failed job's supervisor starts the
     next attempt: ``wait`` then follows the run to its end, passing those signals on to
@@ -520,24 +534,24 @@ def run_local(
     to the supervisor as it is released."""
     world_size = resolved.grid.world_size
     detached = cfg.wait is False
-    print(local.starting_line(world_size, detached=detached), flush=True)
-    supervisor = local.start_supervisor(
+    print(processes.starting_line(world_size, detached=detached), flush=True)
+    supervisor = processes.start_supervisor(
         job_dir=job_dir,
         world_size=world_size,
         env=dict(cfg.machine.env),
         console=detached_console(job_dir) if detached else None,
     )
     job_id = f"local-{supervisor.pid}"
-    with contextlib.nullcontext() if detached else local.passing_stop_signals(supervisor):
+    with contextlib.nullcontext() if detached else processes.passing_stop_signals(supervisor):
         write_record(job_dir, record, job_ids=[job_id], status="running")
         claim.name(f"local job {job_id} (pid {supervisor.pid} on {socket.gethostname()})", job_id)
-        local.release(supervisor)
+        processes.release(supervisor)
         claim.release()  # the supervisor holds it from now on (supervise.py)
         log.info("started %s: %d local rank processes", job_id, world_size)
         if detached:
             print(f"started {job_id}; job dir {job_dir}\n{next_line(job_dir, ran=False)}")
             return Outcome("submitted", str(job_dir), job_id, resolved.nodes)
-        code = local.wait_supervisor(supervisor)
+        code = processes.wait_supervisor(supervisor)
     status = final_local_status(job_dir, record, code)
     log.info("%s %s (exit code %d)", job_id, status, code)
     saved = stopped_by_user(record)
@@ -572,7 +586,7 @@ def resume_line(job_dir: Path, step: int) -> str:
 def follow_local_run(job_dir: Path, root: Path) -> str:
     """Follow a local run with recovery on, which its supervisors carry on (the chain is
     recorded: this attempt's supervisor ran the recovery step), to its end; its state."""
-    with local.passing_stop_signals_to_run(lambda: chain.attempts_of(root)):
+    with processes.passing_stop_signals_to_run(lambda: chain.attempts_of(root)):
         state = chain.follow(root, sys.stdout)
     newest = chain.attempts_of(root)[-1].resolve()
     if state != chain.DONE and newest != job_dir:
@@ -584,7 +598,10 @@ def final_local_status(job_dir: Path, record: dict, code: int) -> str:
     """job.json's final status, as the supervisor wrote it; written here from its exit
     code if it could not (it was killed)."""
     on_disk = read_record_or_empty(job_dir)
-    if last_job_id(on_disk) == last_job_id(record) and on_disk.get("status") in local.FINAL_STATES:
+    if (
+        last_job_id(on_disk) == last_job_id(record)
+        and on_disk.get("status") in processes.FINAL_STATES
+    ):
         record.update(on_disk)
         return str(on_disk["status"])
     status = "completed" if code == 0 else "failed"
@@ -635,13 +652,13 @@ def submit_slurm(run: Launch, job_dir: Path, record: dict, *, out) -> Outcome:
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's errors
-            job = slurm.submit(
+            job = slurm_jobs.submit(
                 folder=batch.folder,
                 params=batch.params,
                 job=TrainJob(str(job_dir), cfg.machine.task_env, chained=chain.enabled(cfg)),
                 max_requeue=cfg.max_requeue,
                 python=batch.python,
-                restarts=batch.restarts,
+                script=functools.partial(render.as_submitted, restarts=batch.restarts),
             )
     except (FailedJobError, OSError) as exc:
         return refused(cfg, resolved, job_dir, record, exc)
@@ -668,7 +685,7 @@ def follow_slurm_job(
     cfg: LaunchConfig, job, job_dir: Path, record: dict, nodes: int, out
 ) -> Outcome:
     """Stream the job to its end (and its run's, with recovery on); the outcome."""
-    state = slurm.follow(job, out=out)
+    state = slurm_jobs.follow(job, out=out)
     log.info("Slurm job %s ended %s", job.job_id, state)
     status = "completed" if state == "COMPLETED" else "failed"
     if status == "failed":
@@ -682,18 +699,18 @@ def follow_slurm_job(
 
 def detach(job_id: str, job_dir: Path, nodes: int, out) -> Outcome:
     """A Ctrl-C while following a Slurm job: one line, and the job keeps running. A second
-    Ctrl-C within ``slurm.SECOND_CTRL_C_S`` stops it as ``jobs stop`` does (its recovery
+    Ctrl-C within ``slurm_jobs.SECOND_CTRL_C_S`` stops it as ``jobs stop`` does (its recovery
     job too), and says so in one more line; a third is ignored while that runs."""
-    with slurm.SecondCtrlC() as second:
+    with slurm_jobs.SecondCtrlC() as second:
         status, stop = (jobs_command(verb, job_dir) for verb in ("status", "stop"))
         print(
             f"detached: job {job_id} keeps running; see it: {status}; stop it: {stop}"
-            f" (or press Ctrl-C again within {slurm.SECOND_CTRL_C_S:.0f} s)",
+            f" (or press Ctrl-C again within {slurm_jobs.SECOND_CTRL_C_S:.0f} s)",
             file=out,
             flush=True,
         )
         log.info("Ctrl-C: detached from Slurm job %s, which keeps running", job_id)
-        if not second.within(slurm.SECOND_CTRL_C_S):
+        if not second.within(slurm_jobs.SECOND_CTRL_C_S):
             return Outcome("interrupted", str(job_dir), job_id, nodes, "detached")
         try:
             said = chain.stop(job_dir)

@@ -319,7 +319,7 @@ class InPlace:
     """Restarts of the training step inside its own Slurm job (``recovery.in_job_restarts``):
     the step runs on ``nodes`` of the job's nodes (the rest are spares) with ``tasks``
     tasks; after a failure that no signal caused, ``python -m axonn_launch.restart
-    <job_dir> <exit status>`` decides (``submit/restart_job.py``) and prints the next step's
+    <job_dir> <exit status>`` decides (``batch/restart.py``) and prints the next step's
     srun options, or exits non-zero and the job ends as the step did."""
 
     python: str  # the interpreter that runs the decision: the launcher's own
@@ -327,7 +327,7 @@ class InPlace:
     nodes: int
     tasks: int
     # a packed sweep's point: its first step runs on the nodes its pack names in this
-    # variable (submit/pack_job.py)
+    # variable (batch/pack_runner.py)
     nodes_variable: str = ""
 
     def first_step(self) -> str:

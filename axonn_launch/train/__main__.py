@@ -7,7 +7,7 @@ The launcher starts one such process per rank with ``RANK``, ``WORLD_SIZE``,
 
 SIGUSR2 asks this rank to save a checkpoint at the next step boundary and stop, as it asks
 a Slurm task (``submit/task.py``): a local job's supervisor sends it on a first Ctrl-C
-(``submit/local.py``). The rank then ends with code 0, its summary saying ``stopped``.
+(``scheduler/processes.py``). The rank then ends with code 0, its summary saying ``stopped``.
 """
 
 from __future__ import annotations

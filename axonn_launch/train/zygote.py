@@ -69,12 +69,12 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> int:
     and torch loads numpy, before this module runs (``axonn_launch.train`` imports torch);
     the ranks do no BLAS work in numpy (torch has its own pools, sized in each rank), so
     the supervisor starts this process with ``OPENBLAS_NUM_THREADS=1`` unless the user set
-    it (``submit/local.py``).
+    it (``scheduler/processes.py``).
 
     The objects the imports made are frozen (``gc.freeze``): no rank's collection scans
     them again (a full one took each rank 0.5 s at its end, and wrote to every page it
     shares with the zygote). The collector is off while importing (the supervisor starts
-    this process with it off already: ``submit/local.py``'s ``ZYGOTE_BOOT``) and on again
+    this process with it off already: ``scheduler/processes.py``'s ``ZYGOTE_BOOT``) and on again
     for the ranks. Their operator registrations are not undone at a rank's exit
     (``keep_registrations_at_exit``)."""
     import importlib

@@ -16,7 +16,7 @@ from axonn_launch.common.slurmtext import (
     parse_squeue,
 )
 from axonn_launch.records import failures
-from axonn_launch.submit import slurm
+from axonn_launch.scheduler import slurm_jobs, slurm_queries
 
 BOOTSTRAP = Path(slurmtext.__file__).parents[1] / "train" / "parallel" / "bootstrap.py"
 
@@ -66,7 +66,7 @@ def test_launcher_failures_and_job_side_share_one_expansion():
     assert "def expand_hostlist" not in source and "def _expand" not in source
     assert failures.ACTIVE_STATES is slurmtext.ACTIVE_STATES
     assert failures.base_state is slurmtext.base_state
-    assert not hasattr(slurm, "ACTIVE_STATES")
+    assert not hasattr(slurm_jobs, "ACTIVE_STATES")
 
 
 @pytest.mark.parametrize(
@@ -142,10 +142,10 @@ def test_parse_squeue():
 
 
 def test_sacct_and_squeue_commands_ask_for_what_the_parsers_read():
-    command = slurmtext.sacct_command(["1", "2"])
+    command = slurm_queries.sacct_command(["1", "2"])
     assert command[command.index("-o") + 1] == "JobID,State,ExitCode,NodeList,Submit,Start,End"
     assert command[-2:] == ["-j", "1,2"] and "-P" in command and "-X" in command
-    assert slurmtext.squeue_command()[-1] == "%i|%T|%N"
+    assert slurm_queries.squeue_command()[-1] == "%i|%T|%N"
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,8 @@ import json, sys
 from types import SimpleNamespace
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from axonn_launch.config import resolve as resolution
-from axonn_launch.submit import render, slurm
+from axonn_launch.scheduler import slurm_jobs
+from axonn_launch.submit import render
 counts = {}
 def count(owner, name, key):
     original = getattr(owner, name)
@@ -31,7 +32,7 @@ count(resolution, "resolve", "resolve")
 count(resolution, "fit_micro_batch", "memory priced by resolve")
 count(resolution, "step_time", "step time priced by resolve")
 count(render, "python_copy", "python_copy")
-slurm.submit = lambda **kwargs: SimpleNamespace(job_id="4242")  # sbatch's answer
+slurm_jobs.submit = lambda **kwargs: SimpleNamespace(job_id="4242")  # sbatch's answer
 from axonn_launch.cli import main  # after the wrappers: it imports the counted resolve
 sys.argv = ["axonn_launch", *sys.argv[1:]]
 try:

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from axonn_launch.submit import local
+from axonn_launch.scheduler import processes
 from tests.conftest import run_launcher
 
 # startup (4), training, the GEMM tuning summary, step 1, step 2, the sample, done: 10; and,
@@ -83,13 +83,13 @@ def test_the_starting_line_says_when_python_compiles_first(tmp_path, monkeypatch
     package.mkdir()
     (package / "__init__.py").write_text("X = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert not local.bytecode_cached(("fresh_pkg",))
+    assert not processes.bytecode_cached(("fresh_pkg",))
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(package)], check=True)
-    assert local.bytecode_cached(("fresh_pkg",))
-    assert not local.bytecode_cached(("no_such_package_here",))
-    monkeypatch.setattr(local, "bytecode_cached", lambda: False)
-    assert local.starting_line(4).endswith("; the first run compiles Python: up to a minute")
-    monkeypatch.setattr(local, "bytecode_cached", lambda: True)
-    assert local.starting_line(4) == (
+    assert processes.bytecode_cached(("fresh_pkg",))
+    assert not processes.bytecode_cached(("no_such_package_here",))
+    monkeypatch.setattr(processes, "bytecode_cached", lambda: False)
+    assert processes.starting_line(4).endswith("; the first run compiles Python: up to a minute")
+    monkeypatch.setattr(processes, "bytecode_cached", lambda: True)
+    assert processes.starting_line(4) == (
         "starting 4 ranks (rank 0 logs here, the others to logs/rank_<N>.log)"
     )

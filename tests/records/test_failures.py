@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from axonn_launch import jobs
-from axonn_launch.records import failures, scheduler_queries, status
+from axonn_launch.batch import resubmit
+from axonn_launch.records import failures, status
 from axonn_launch.records.failures import Diagnosis, Evidence, classify
-from axonn_launch.submit import resubmit
+from axonn_launch.scheduler import slurm_queries
 from axonn_launch.train.health import faults
 
 # --- literal texts, as Slurm, submitit, torch and the kernel write them ---------------------
@@ -669,4 +670,4 @@ def test_rank_killed_while_saving_leaves_a_loadable_latest_checkpoint(tmp_path):
     ],
 )  # fmt: skip
 def test_a_pending_job_s_start_is_slurm_s_estimate_or_said_to_be_unknown(when, why, line):
-    assert scheduler_queries.start_words(when, why) == line
+    assert slurm_queries.start_words(when, why) == line

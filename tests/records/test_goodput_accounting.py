@@ -148,7 +148,7 @@ SACCT_D = """\
 def test_every_allocation_of_a_requeued_job_counts(tmp_path):
     """sacct -D: a job requeued in place (one job dir) ran twice; the first allocation is
     allocated time (its steps after the last save lost), not queue time."""
-    from axonn_launch.records.scheduler_queries import sacct_infos
+    from axonn_launch.scheduler.slurm_queries import sacct_infos
 
     (first, second) = sacct_infos(SACCT_D)["812"].allocations
     t0 = first[1]  # the first allocation's start

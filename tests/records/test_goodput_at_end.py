@@ -1,5 +1,5 @@
 """The job, not ``jobs status``, writes the run's goodput into its TensorBoard folder when
-the run ends: a local run's supervisor does (``submit/supervise.py`` through
+the run ends: a local run's supervisor does (``batch/supervise.py`` through
 ``records/curves.py``). One short real run; nothing runs ``jobs status`` before the check,
 and the figures written are the ones ``jobs status`` then gives."""
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from axonn_launch.common.jobdir import JobPaths, write_json_atomically
-from axonn_launch.records import failures, scheduler_queries, status
+from axonn_launch.records import failures, status
 from axonn_launch.records.failures import Evidence, classify
+from axonn_launch.scheduler import slurm_queries
 
 # as torch's gloo and NCCL print them (tests/records/test_failures.py has more)
 GLOO_PEER_CLOSED = (
@@ -207,7 +208,7 @@ def test_status_names_the_stragglers_also_while_the_job_runs(tmp_path):
     report = {"step": 300, "median_s": 0.14, "stragglers": [
         {"rank": 3, "node": "n2", "compute_s": 0.34, "ratio": 2.43, "score": 31.0}]}  # fmt: skip
     write_json_atomically(JobPaths(job_dir).stragglers, report)
-    row = status.job_status(job_dir, record, scheduler_queries.SchedulerInfo("RUNNING"), None)
+    row = status.job_status(job_dir, record, slurm_queries.SchedulerInfo("RUNNING"), None)
     assert row.stragglers == report["stragglers"] and row.straggler_step == 300
     assert (
         status.straggler_line(row) == "stragglers at step 300: rank 3 (n2) 2.4x the median own work"
@@ -229,7 +230,7 @@ def submit_time(stamp: float) -> str:
 
 
 def test_sacct_duplicates_give_every_allocation_and_the_newest_state():
-    infos = scheduler_queries.sacct_infos(SACCT_REQUEUED)
+    infos = slurm_queries.sacct_infos(SACCT_REQUEUED)
     assert (infos["701"].state, infos["701"].exit_code) == ("FAILED", "75:0")
     assert len(infos["701"].allocations) == 3
     assert infos["701"].allocations[-1] == infos["701"].times

@@ -1,5 +1,5 @@
 """One recovery-action vocabulary: ``jobs status`` says, for every failure class, what the
-chain then does (``submit/recovery.py``'s ``recover``, which records its action in the
+chain then does (``batch/recovery.py``'s ``recover``, which records its action in the
 run's ``chain.attempts``), and without a chain what ``jobs resubmit`` does; both read the
 one table, ``records/failures.py``'s ``RECOVERY``. Login-node only: no ranks run."""
 
@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from axonn_launch import jobs
+from axonn_launch.batch import recovery
 from axonn_launch.common.jobdir import JobPaths, write_json_atomically, write_record_file
 from axonn_launch.records import failures, status
 from axonn_launch.records.failures import Diagnosis
-from axonn_launch.submit import recovery
 
 NODE = "n2"  # the node a class that excludes nodes names
 

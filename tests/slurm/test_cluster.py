@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import submitit
 
-from axonn_launch.submit import slurm
+from axonn_launch.scheduler import slurm_jobs
 from tests.conftest import run_launcher
 
 from .conftest import (
@@ -261,7 +261,7 @@ def test_submitit_reattaches_from_job_json_alone_with_every_task(
     try:
         assert job.num_tasks == 4 and len(job._sub_jobs) == 4
         streamed = io.StringIO()
-        state = slurm.follow(job, out=streamed)
+        state = slurm_jobs.follow(job, out=streamed)
         assert state == "COMPLETED", (job.stderr() or "")[-2000:]
         # rank 0's log carries the startup record of the whole job
         assert "startup: 4 ranks on" in streamed.getvalue()

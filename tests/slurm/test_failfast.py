@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from axonn_launch.common import slurmtext
+from axonn_launch.scheduler.slurm_queries import sacct_command
 from tests.conftest import run_launcher
 
 from .conftest import SlurmCluster, wait_for
@@ -67,7 +68,7 @@ def test_failing_setup_line_fails_the_job_with_its_text_and_no_srun_step(
     )
     assert lines[job_id] == "FAILED"
     sacct = subprocess.run(
-        slurmtext.sacct_command([job_id]), capture_output=True, text=True, timeout=30, check=True
+        sacct_command([job_id]), capture_output=True, text=True, timeout=30, check=True
     )
     row = slurmtext.parse_sacct(sacct.stdout)[job_id]  # NodeList may still be settling
     assert (row.state, row.exit_code) == ("FAILED", "1:0")

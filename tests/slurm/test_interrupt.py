@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from axonn_launch.submit.slurm import SECOND_CTRL_C_S
+from axonn_launch.scheduler.slurm_jobs import SECOND_CTRL_C_S
 from tests.slurm.test_faults import wait_until
 
 pytestmark = [pytest.mark.slurm]

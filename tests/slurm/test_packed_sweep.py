@@ -174,7 +174,7 @@ def test_auto_packs_fit_the_two_node_default_partition(tmp_path):
     import re
     import subprocess
 
-    from axonn_launch.records.scheduler_queries import held_for_good
+    from axonn_launch.scheduler.slurm_queries import held_for_good
 
     sweep_dir = tmp_path / "sweep"
     args = ["-m", "machine=slurm_local", "sweep.pack=auto", "train.seed=1,2,3,4", *TRAIN,

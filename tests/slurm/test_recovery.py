@@ -1,5 +1,5 @@
 """Runs that heal themselves, on the real local cluster, with no command typed after the
-launch: each attempt's chained recovery job (``submit/chain.py``, ``submit/recovery.py``)
+launch: each attempt's chained recovery job (``submit/chain.py``, ``batch/recovery.py``)
 classifies the failure and acts by policy.
 
 All runs are submitted at once by one fixture (``wait=false``) and run side by side; each
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from axonn_launch.batch.recovery import exclusion, grow_overrides, nodes_up, usable_nodes
 from axonn_launch.common.jobdir import JobPaths, checkpointed_step, read_record, skipped_steps
 from axonn_launch.submit.chain import DONE, STOPPED, attempts_of, run_state
-from axonn_launch.submit.recovery import exclusion, grow_overrides, nodes_up, usable_nodes
 from tests.conftest import run_launcher
 from tests.slurm.conftest import NODE_SCRIPT, node_states
 from tests.slurm.test_faults import (

@@ -17,7 +17,7 @@ from tests.conftest import REPO
 COUNTING_LAUNCH = """
 import json, sys
 from axonn_launch.config import resolve as resolution
-from axonn_launch.submit import allocation, pack, rehearse, slurm
+from axonn_launch.submit import allocation, pack, rehearse
 counts = {}
 def count(owner, name):
     original = getattr(owner, name)
@@ -27,9 +27,11 @@ def count(owner, name):
     setattr(owner, name, counted)
 for owner, name in [
     (resolution, "resolve"), (resolution, "check_job_dir"), (resolution, "container_warnings"),
-    (slurm, "require_slurm"), (allocation, "check_fits"), (pack, "check"), (rehearse, "prepare"),
+    (allocation, "check_fits"), (pack, "check"), (rehearse, "prepare"),
 ]:
     count(owner, name)
+from axonn_launch.submit import pipeline  # after the wrappers: it imports resolve's names
+count(pipeline, "require_scheduler")
 from axonn_launch.cli import main  # after the wrappers: it imports the counted checks
 sys.argv = ["axonn_launch", *sys.argv[1:]]
 try:
@@ -37,7 +39,14 @@ try:
 finally:
     print(json.dumps(counts), file=sys.stderr)
 """
-CHECKS = ("resolve", "check_job_dir", "container_warnings", "require_slurm", "check_fits", "check")
+CHECKS = (
+    "resolve",
+    "check_job_dir",
+    "container_warnings",
+    "require_scheduler",
+    "check_fits",
+    "check",
+)
 
 
 def launch_counts(tmp_path: Path, *overrides: str) -> dict[str, int]:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from axonn_launch.common.jobdir import read_record, read_summary
-from axonn_launch.submit import duplicates, local
+from axonn_launch.scheduler import processes
+from axonn_launch.submit import duplicates
 from tests.cli_server import run_module
 from tests.conftest import REPO, run_launcher
 from tests.submit.test_local_supervisor import poll
@@ -42,10 +43,10 @@ def runs(tmp_path_factory) -> dict:
     detached = run_launcher([*RUN, "wait=false", f"hydra.run.dir={first}"], cwd=REPO)
     assert detached.returncode == 0, detached.stderr[-2000:]
     again = run_launcher([*RUN, "wait=false", f"hydra.run.dir={second}"], cwd=REPO)
-    live = local.live_supervisors([first])  # the first run still going after the second
+    live = processes.live_supervisors([first])  # the first run still going after the second
     poll(lambda: read_record(first).get("status") != "running", RUN_ENDS_S, "run 1 ended")
     assert read_record(first)["status"] == "completed", (first / "axonn_launch.log").read_text()
-    poll(lambda: not local.live_supervisors([first]), 30, "its supervisor ended")
+    poll(lambda: not processes.live_supervisors([first]), 30, "its supervisor ended")
     extended = jobs("resubmit", str(first), f"train.steps={2 * N}", "wait=true")
     return {"root": root, "first": first, "second": second, "again": again, "live": live,
             "extended": extended, "extension": root / "runs" / "first_attempt2"}  # fmt: skip

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from axonn_launch.batch.restart import next_nodes, stop_reason
 from axonn_launch.config.compose import RecoveryConfig
 from axonn_launch.records import failures
 from axonn_launch.records.status import split_at_restarts
 from axonn_launch.submit import chain
-from axonn_launch.submit.restart_job import next_nodes, stop_reason
 from tests.conftest import run_launcher
 
 LOCAL_SLURM = ["machine=slurm_local", "grid.x=2", "grid.z=2", "nodes=2", "dry_run=true"]

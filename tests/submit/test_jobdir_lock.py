@@ -18,7 +18,8 @@ import pytest
 
 from axonn_launch.common.jobdir import JobPaths, read_record, update_record, write_record_file
 from axonn_launch.config.compose import ConfigError, LaunchConfig, compose, to_launch_config
-from axonn_launch.submit import dirguard, dirlock, local
+from axonn_launch.scheduler import processes
+from axonn_launch.submit import dirguard, dirlock
 from tests.conftest import REPO, run_launcher
 from tests.submit.test_local_supervisor import poll
 
@@ -52,9 +53,9 @@ def run(tmp_path_factory) -> dict:
     first = run_launcher([*RUN, "wait=false", f"hydra.run.dir={job}"], cwd=REPO, env=SLOW)
     assert first.returncode == 0, first.stderr[-3000:]
     second = run_launcher([*RUN, "train.lr=1e-3", f"hydra.run.dir={job}"], cwd=REPO)
-    live = local.live_supervisors([job])  # still running after the second launch
+    live = processes.live_supervisors([job])  # still running after the second launch
     poll(lambda: read_record(job).get("status") != "running", RUN_ENDS_S, "the run ended")
-    poll(lambda: not local.live_supervisors([job]), 30, "its supervisor ended")
+    poll(lambda: not processes.live_supervisors([job]), 30, "its supervisor ended")
     summary = JobPaths(job).summary.read_bytes()
     again = run_launcher([*RUN, f"hydra.run.dir={job}"], cwd=REPO)
     other = run_launcher(["model=llama_tiny", *RUN[2:], "resume=true", f"hydra.run.dir={job}"],

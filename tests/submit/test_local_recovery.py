@@ -1,5 +1,5 @@
 """Local runs that heal themselves: with ``recovery=on`` a machine=local job's supervisor
-(``submit/supervise.py``) runs the recovery step itself when its attempt fails, and the
+(``batch/supervise.py``) runs the recovery step itself when its attempt fails, and the
 next attempt gets a detached supervisor of its own, so the run needs nobody logged in.
 Real 2-rank gloo jobs of gpt_tiny through the launcher, faults from ``AXONN_FAULT``;
 ``recovery.backoff_s=0`` so that nothing waits.

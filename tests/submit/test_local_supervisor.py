@@ -1,4 +1,4 @@
-"""Every machine=local job has a supervisor (``submit/supervise.py``), waited for
+"""Every machine=local job has a supervisor (``batch/supervise.py``), waited for
 or not. Real 4-rank gloo jobs of gpt_tiny, through the commands a user types: a rank
 killed with SIGKILL, or a SIGTERM to the launcher, leaves no rank running and job.json
 final with its failure class; ``jobs resubmit ... wait=true`` follows the new attempt to

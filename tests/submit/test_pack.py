@@ -241,8 +241,8 @@ def test_a_pack_that_could_never_start_is_refused_in_one_line(shapes, width, lin
 
 def test_a_pack_held_for_a_reason_that_never_clears_is_not_shown_as_running():
     from axonn_launch.records.runs import pack_word
-    from axonn_launch.records.scheduler_queries import held_for_good, start_words
     from axonn_launch.records.status import JobStatus
+    from axonn_launch.scheduler.slurm_queries import held_for_good, start_words
 
     assert held_for_good("PartitionNodeLimit") and held_for_good("AssocMaxNodesPerJob")
     assert not held_for_good("Resources") and not held_for_good("Priority")

@@ -1,5 +1,5 @@
 """The recovery policy, limits, notifier and settings (``submit/chain.py``,
-``submit/recovery.py``), without a cluster; ``tests/slurm/test_recovery.py`` runs them."""
+``batch/recovery.py``), without a cluster; ``tests/slurm/test_recovery.py`` runs them."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from axonn_launch.batch import recovery, resubmit
+from axonn_launch.batch.recovery import limit_reached
 from axonn_launch.common.jobdir import (
     JobPaths,
     skipped_steps,
@@ -17,8 +19,7 @@ from axonn_launch.common.jobdir import (
 )
 from axonn_launch.config.compose import RecoveryConfig
 from axonn_launch.records import failures
-from axonn_launch.submit import chain, recovery, resubmit
-from axonn_launch.submit.recovery import limit_reached
+from axonn_launch.submit import chain
 from tests.conftest import run_launcher
 
 
@@ -170,7 +171,7 @@ def test_rollback_skips_the_step_once_and_the_next_attempt_holds_it(tmp_path, mo
     job_dir = failed_attempt(tmp_path, NON_FINITE_RECORD)
     target = tmp_path / "run_attempt2"
 
-    def resubmitted(status, args, out):  # the resubmission, as submit/resubmit.py makes it
+    def resubmitted(status, args, out):  # the resubmission, as batch/resubmit.py makes it
         assert status.failure == failures.NON_FINITE and status.detail["step"] == 7
         target.mkdir()
         write_record_file(job_dir, {**json.loads(JobPaths(job_dir).record.read_text()),
@@ -274,15 +275,15 @@ def test_a_node_the_user_left_out_stays_out_when_a_failed_node_is_readmitted(tmp
 def decision_recorded(job_dir, failure: str, action: str) -> dict:
     """What the restart decision records in the run's chain for the job's ended step (its
     own functions), when it hands the failure over to the chain."""
+    from axonn_launch.batch import restart
     from axonn_launch.records.evidence import EndedStep
-    from axonn_launch.submit import restart_job
 
     record = json.loads(JobPaths(job_dir).record.read_text())
     ended = EndedStep("local-999999999", 1, ("n2",), 2, time.time())
     diagnosis = failures.Diagnosis(failure, f"{failure} at step 7", ("n2",), {"step": 7})
-    attempt = restart_job.attempt_of(job_dir, ended, diagnosis, action)
+    attempt = restart.attempt_of(job_dir, ended, diagnosis, action)
     attempt[recovery.FAILURE_KEY] = recovery.failure_key(ended.job_id, record)
-    restart_job.record_attempt(job_dir, record, attempt, "1 of the 2 nodes left: the chain")
+    restart.record_attempt(job_dir, record, attempt, "1 of the 2 nodes left: the chain")
     return attempt
 
 

@@ -2,7 +2,7 @@
 
 from itertools import islice
 
-from axonn_launch.submit.slurm import Pacer, check_delays
+from axonn_launch.scheduler.slurm_jobs import Pacer, check_delays
 
 
 class VirtualClock:

@@ -22,7 +22,7 @@ import pytest
 from axonn_launch import jobs
 from axonn_launch.common.jobdir import read_record, write_record_file
 from axonn_launch.records.status import SEEN, collect
-from axonn_launch.submit import slurm
+from axonn_launch.scheduler import slurm_jobs
 
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
 pytestmark = pytest.mark.skipif(
@@ -122,7 +122,7 @@ def test_a_follower_says_once_that_accounting_is_unreachable(unreachable, tmp_pa
             cloudpickle_dump(("success", {"steps": STEPS}), job.paths.result_pickle)
 
     with open(out, "w") as handle:
-        state = slurm.follow(job, out=handle, clock=clock, sleep=sleep)
+        state = slurm_jobs.follow(job, out=handle, clock=clock, sleep=sleep)
     assert state == "COMPLETED"
     assert job.watcher.num_calls - calls >= 6  # sacct was asked (and failed) again and again
     lines = out.read_text().splitlines()

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from axonn_launch.common.jobdir import RESUBMIT_LOCK, read_record, read_record_or_empty
-from axonn_launch.submit import chain, local
+from axonn_launch.scheduler import processes
+from axonn_launch.submit import chain
 from tests.conftest import run_launcher
 from tests.submit.test_local_supervisor import poll, reap  # noqa: F401 (a fixture)
 
@@ -74,7 +75,7 @@ def race(failed: Path, folder: Path, first: str, head_start: str) -> tuple[str, 
 
 
 def new_attempt_running(root: Path) -> bool:
-    return bool(local.live_supervisors(chain.launched_attempts(root)[1:]))
+    return bool(processes.live_supervisors(chain.launched_attempts(root)[1:]))
 
 
 @pytest.mark.parametrize(

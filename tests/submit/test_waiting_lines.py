@@ -7,7 +7,7 @@ import io
 import os
 import sys
 
-from axonn_launch.submit.slurm import QueueLines
+from axonn_launch.scheduler.slurm_jobs import QueueLines
 from tests.conftest import run_launcher
 from tests.submit.test_slurm_follow import VirtualClock, checks_over
 

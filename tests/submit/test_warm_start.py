@@ -1,4 +1,4 @@
-"""The warm start of local jobs (``train/zygote.py``, ``submit/local.py``): ranks forked from
+"""The warm start of local jobs (``train/zygote.py``, ``scheduler/processes.py``): ranks forked from
 one process that imported the job side train exactly as ranks that each start Python
 afresh (``AXONN_RANK_START=exec``), each is a process of its own with its own name and log,
 and the process they fork from had one thread when it forked: one with more refuses to fork,
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from axonn_launch.submit import local
+from axonn_launch.scheduler import processes
 from tests.conftest import REPO, run_launcher
 
 JOB = ["machine=local", "model=gpt_tiny", "train.steps=4", "train.sample_tokens=0",
@@ -29,7 +29,7 @@ JOB = ["machine=local", "model=gpt_tiny", "train.steps=4", "train.sample_tokens=
 
 def launch(root: Path, mode: str) -> Path:
     job = root / mode
-    env = {local.RANK_START_VAR: mode}
+    env = {processes.RANK_START_VAR: mode}
     proc = run_launcher([*JOB, f"hydra.run.dir={job}"], cwd=REPO, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return job
@@ -59,7 +59,7 @@ def test_forked_ranks_train_exactly_as_fresh_ones(runs):
 
 
 def test_the_zygote_forks_from_one_thread_and_ends_when_nothing_is_asked(tmp_path):
-    warm = local.WarmStart(tmp_path, env={**os.environ})
+    warm = processes.WarmStart(tmp_path, env={**os.environ})
     deadline = time.monotonic() + 120
     while not warm.threads and time.monotonic() < deadline and warm.process.poll() is None:
         time.sleep(0.05)
@@ -76,9 +76,9 @@ def test_a_forked_rank_gets_its_exit_code_and_its_log(tmp_path):
     rank fail at once, as ``python -m axonn_launch.train`` would (code 1), its traceback in
     its own log. (tests/submit/test_local_supervisor.py finds running forked ranks by their name,
     ``axonn-rank-<N>``, and kills one.)"""
-    warm = local.WarmStart(tmp_path, env={**os.environ})
-    ranks = local.start_ranks(job_dir=tmp_path, world_size=2, warm=warm)
-    assert all(isinstance(r, local.ForkedRank) for r in ranks)  # forked: no refusal
+    warm = processes.WarmStart(tmp_path, env={**os.environ})
+    ranks = processes.start_ranks(job_dir=tmp_path, world_size=2, warm=warm)
+    assert all(isinstance(r, processes.ForkedRank) for r in ranks)  # forked: no refusal
     codes = [rank.wait(timeout=120) for rank in ranks]
     warm.close()
     assert codes == [1, 1] and [r.returncode for r in ranks] == [1, 1]
@@ -86,9 +86,9 @@ def test_a_forked_rank_gets_its_exit_code_and_its_log(tmp_path):
 
 
 def test_the_old_way_is_one_variable_away():
-    assert local.warm_start_wanted({})
-    assert not local.warm_start_wanted({local.RANK_START_VAR: "exec"})
-    code = "import axonn_launch.submit.local, sys; print('torch' in sys.modules)"
+    assert processes.warm_start_wanted({})
+    assert not processes.warm_start_wanted({processes.RANK_START_VAR: "exec"})
+    code = "import axonn_launch.scheduler.processes, sys; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"  # the supervisor's side stays free of torch
 
@@ -102,8 +102,8 @@ def test_ranks_start_afresh_when_the_zygote_cannot_import(tmp_path):
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text("raise ImportError('this torch is broken')\n")
     extra = {"PYTHONPATH": f"{stub.parent}{os.pathsep}{REPO}"}
-    warm = local.WarmStart(tmp_path, env={**os.environ, **extra})
-    procs = local.start_ranks(job_dir=tmp_path, world_size=2, env=extra, warm=warm)
+    warm = processes.WarmStart(tmp_path, env={**os.environ, **extra})
+    procs = processes.start_ranks(job_dir=tmp_path, world_size=2, env=extra, warm=warm)
     assert all(isinstance(p, subprocess.Popen) for p in procs)  # the fresh way
     assert [p.wait(timeout=120) for p in procs] == [1, 1]
     assert warm.process.poll() is not None
@@ -119,8 +119,8 @@ def test_a_zygote_with_a_second_thread_refuses_to_fork_in_one_line(tmp_path, cap
     (here it fails on its own, code 1: the job dir has no spec.json). One rank: each
     fresh one imports torch."""
     extra = {"OPENBLAS_NUM_THREADS": "2"}
-    warm = local.WarmStart(tmp_path, env={**os.environ, **extra})
-    (proc,) = local.start_ranks(job_dir=tmp_path, world_size=1, env=extra, warm=warm)
+    warm = processes.WarmStart(tmp_path, env={**os.environ, **extra})
+    (proc,) = processes.start_ranks(job_dir=tmp_path, world_size=1, env=extra, warm=warm)
     assert isinstance(proc, subprocess.Popen)  # the fresh way
     assert proc.wait(timeout=120) == 1
     assert warm.process.poll() is not None and warm.pids == {}  # it forked nothing
@@ -153,14 +153,14 @@ def test_the_refusal_names_a_python_thread_by_name_and_ident():
 
 
 def test_only_a_plain_local_run_starts_its_supervisor_early():
-    wanted = local.early_start_wanted
+    wanted = processes.early_start_wanted
     env = {}
     assert wanted([], env) and wanted(["train.steps=5", "machine=local", "grid.x=2"], env)
     assert not wanted(["machine=frontier"], env)
     assert not wanted(["dry_run=true"], env) and not wanted(["rehearse=True"], env)
     assert not wanted(["wait=false"], env)  # a detached job's supervisor writes to a file
     assert not wanted(["-m", "grid.x=1,2"], env) and not wanted(["--help"], env)
-    assert not wanted([], {local.RANK_START_VAR: "exec"})
+    assert not wanted([], {processes.RANK_START_VAR: "exec"})
 
 
 def child_pids(pid: int) -> list[int]:
@@ -170,12 +170,12 @@ def child_pids(pid: int) -> list[int]:
 
 def test_an_early_supervisor_takes_its_job_and_names_its_job_dir(tmp_path, monkeypatch):
     """Handed a job, it and its zygote show the job dir in their command lines, as when
-    started with it (``ps``; ``local.live_supervisors`` finds it by it)."""
-    monkeypatch.setattr(local, "EARLY_SUPERVISOR", [])
-    local.start_early_supervisor(["train.steps=1"])
-    (early,) = local.EARLY_SUPERVISOR
-    supervisor = local.start_supervisor(job_dir=tmp_path, world_size=2, env={})
-    assert supervisor is early and local.EARLY_SUPERVISOR == []
+    started with it (``ps``; ``processes.live_supervisors`` finds it by it)."""
+    monkeypatch.setattr(processes, "EARLY_SUPERVISOR", [])
+    processes.start_early_supervisor(["train.steps=1"])
+    (early,) = processes.EARLY_SUPERVISOR
+    supervisor = processes.start_supervisor(job_dir=tmp_path, world_size=2, env={})
+    assert supervisor is early and processes.EARLY_SUPERVISOR == []
     deadline = time.monotonic() + 60
     argv: list[bytes] = []
     while str(tmp_path).encode() not in argv and time.monotonic() < deadline:
@@ -189,11 +189,11 @@ def test_an_early_supervisor_takes_its_job_and_names_its_job_dir(tmp_path, monke
 
 
 def test_an_early_supervisor_without_a_job_ends_without_a_word(tmp_path, monkeypatch):
-    monkeypatch.setattr(local, "EARLY_SUPERVISOR", [])
-    local.start_early_supervisor([])
-    (early,) = local.EARLY_SUPERVISOR
-    local.dismiss_early_supervisor()  # a dry run, another machine, or bad input
-    assert early.wait(timeout=60) == 0 and local.EARLY_SUPERVISOR == []
+    monkeypatch.setattr(processes, "EARLY_SUPERVISOR", [])
+    processes.start_early_supervisor([])
+    (early,) = processes.EARLY_SUPERVISOR
+    processes.dismiss_early_supervisor()  # a dry run, another machine, or bad input
+    assert early.wait(timeout=60) == 0 and processes.EARLY_SUPERVISOR == []
 
 
 def test_the_early_zygote_is_started_afresh_when_the_job_changes_its_environment(
@@ -201,7 +201,7 @@ def test_the_early_zygote_is_started_afresh_when_the_job_changes_its_environment
 ):
     """It imported under the launcher's environment: one that the job changes (but for the
     thread counts each rank sets itself) needs a zygote that imports under the job's."""
-    from axonn_launch.submit import supervise
+    from axonn_launch.batch import supervise
 
     class Warm:
         def __init__(self, job_dir: Path) -> None:
@@ -210,9 +210,9 @@ def test_the_early_zygote_is_started_afresh_when_the_job_changes_its_environment
         def close(self, *, kill: bool = False) -> None:
             self.closed = kill
 
-    monkeypatch.setattr(local, "WarmStart", Warm)
+    monkeypatch.setattr(processes, "WarmStart", Warm)
     monkeypatch.setattr(os, "environ", dict(os.environ))
-    early = Warm(Path(local.BLANK))
+    early = Warm(Path(processes.BLANK))
     same = {**os.environ, "OMP_NUM_THREADS": "1"}
     assert supervise.take_environment(same, early, tmp_path) is early and not early.closed
     assert os.environ == same

@@ -17,7 +17,7 @@ from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import JobSpec, OverlapConfig, RuntimeConfig, TrainConfig
 from axonn_launch.common.tracking import ProfileConfig
 from axonn_launch.records.profile import read_profiles
-from axonn_launch.submit.local import WarmStart, free_port, rank_env
+from axonn_launch.scheduler.processes import WarmStart, free_port, rank_env
 from axonn_launch.train import run_job
 from axonn_launch.train.loop import learning_rate
 from axonn_launch.train.models.gpt import GPT
@@ -94,7 +94,7 @@ def write_job(job_dir: Path, grid: Grid, **train) -> JobSpec:
 
 def launch(job_dir: Path, world_size: int, module: str, *args: str) -> list[str]:
     """Run all ranks of ``python -m module job_dir args...`` to completion; returns each
-    rank's stdout. The ranks fork from the launcher's warm start (``submit/local.py``),
+    rank's stdout. The ranks fork from the launcher's warm start (``scheduler/processes.py``),
     which imports torch once for them all, as a local job's ranks do."""
     port = free_port()
     base = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}

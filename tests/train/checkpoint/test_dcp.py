@@ -180,7 +180,7 @@ def test_resume_on_another_grid_continues_the_run(saved):
 
 
 def _in_one_process(cases, root: str) -> dict:
-    from axonn_launch.submit.local import free_port
+    from axonn_launch.scheduler.processes import free_port
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1

@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from axonn_launch import jobs
+from axonn_launch.batch import resubmit
 from axonn_launch.common import jobdir
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.spec import JobSpec, RuntimeConfig, TrainConfig
 from axonn_launch.config.compose import ConfigError, compose, load, to_launch_config
 from axonn_launch.records import jobdirs, status
-from axonn_launch.submit import resubmit
 from axonn_launch.submit.pipeline import write_record
 from axonn_launch.train.health import faults
 from axonn_launch.train.health.preflight import (

@@ -23,6 +23,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from axonn_launch.batch.recovery import (
+    FAILURE_KEY,
+    failure_key,
+    fewer_nodes_overrides,
+    limit_reached,
+)
+from axonn_launch.batch.resubmit import new_overrides, original_overrides
 from axonn_launch.common import slurmtext
 from axonn_launch.common.command import command_output
 from axonn_launch.common.jobdir import (
@@ -46,13 +53,6 @@ from axonn_launch.records.evidence import (
 from axonn_launch.submit import chain
 from axonn_launch.submit.in_job import RECORD_KEY
 from axonn_launch.submit.pack import NODES_VARIABLE
-from axonn_launch.submit.recovery import (
-    FAILURE_KEY,
-    failure_key,
-    fewer_nodes_overrides,
-    limit_reached,
-)
-from axonn_launch.submit.resubmit import new_overrides, original_overrides
 
 RESUMING = (chain.RESUME, chain.RESUME_EXCLUDE)
 
@@ -174,7 +174,7 @@ def stop_reason(root: Path, settings: dict, failure: str, action: str) -> str:
 
 
 def attempt_of(job_dir: Path, ended: EndedStep, diagnosis: failures.Diagnosis, action: str) -> dict:
-    """The chain's record of the attempt that ended in place (``submit/recovery.py``'s
+    """The chain's record of the attempt that ended in place (``batch/recovery.py``'s
     fields, with the step's nodes)."""
     metrics = last_metrics(job_dir)
     return {"job_dir": str(job_dir), "job_id": ended.job_id, "class": diagnosis.failure,

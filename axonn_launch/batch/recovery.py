@@ -1,6 +1,7 @@
-"""The recovery step (``python -m axonn_launch.recover``): classify the failed attempt, apply
-the policy and the limits, shrink the grid when nodes are gone, and resubmit. How the step
-is started, and the run's record, are ``submit/chain.py``'s.
+"""The recovery step (``python -m axonn_launch.recover``, ``main`` here): classify the failed
+attempt, apply the policy and the limits, shrink the grid when nodes are gone, and resubmit;
+when the step itself fails, stop the run in one line. How the step is started, and the run's
+record, are ``submit/chain.py``'s.
 
 Each attempt the chain records (``chain.attempts`` in the run's job.json) keeps its class,
 action, the step its metrics reached, the step it failed at (a hang's or a non-finite
@@ -20,6 +21,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from axonn_launch.batch.resubmit import (
+    EXCLUDE_KEY,
+    excluded_nodes,
+    original_overrides,
+    resubmit_one,
+)
 from axonn_launch.common import slurmtext
 from axonn_launch.common.command import command_output
 from axonn_launch.common.jobdir import (
@@ -50,12 +57,6 @@ from axonn_launch.submit.chain import (
     settings_of,
 )
 from axonn_launch.submit.in_job import RECORD_KEY
-from axonn_launch.submit.resubmit import (
-    EXCLUDE_KEY,
-    excluded_nodes,
-    original_overrides,
-    resubmit_one,
-)
 
 
 def limit_reached(settings: RecoveryConfig, attempts: list[dict], started: float) -> str:
@@ -360,3 +361,31 @@ def resubmit(status, job_dir: Path, root: Path, settings: RecoveryConfig,
     elif chain_of(root).get("state") != STOPPED:  # a jobs stop meanwhile keeps its reason
         set_chain(root, settings, state=STOPPED, stop={"reason": line, "class": status.failure})
     return line
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The recovery job's process: ``python -m axonn_launch.recover <attempt dir>``, the
+    command the recovery script names (``submit/chain.py``). People need not call it."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m axonn_launch.recover <attempt dir>", file=sys.stderr)
+        return 2
+    try:
+        print(recover(Path(args[0])), flush=True)
+    except Exception as exc:  # the chain must end in a state, never hang in "recovering"
+        print(stop_after_error(Path(args[0]), exc), file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def stop_after_error(job_dir: Path, exc: Exception) -> str:
+    """Stop the run whose recovery step failed, saying why in one line."""
+    why = f"the recovery step failed: {type(exc).__name__}: {exc}".splitlines()[0]
+    try:
+        record = read_record(job_dir)
+        root = run_root(job_dir.resolve(), record)
+        set_chain(root, settings_of(read_record(root)), state=STOPPED,
+                  stop={"reason": why, "class": str(record.get("failure", ""))})  # fmt: skip
+    except (OSError, ValueError) as error:
+        return f"{why} (and its record could not be written: {error})"
+    return f"{root}: stop: {why}"

@@ -1,5 +1,5 @@
-"""``python -m axonn_launch.submit.supervise <job_dir> <world_size>``: the
-owner of a local job's rank processes, started by the launcher (``submit/local.py``)
+"""``python -m axonn_launch.batch.supervise <job_dir> <world_size>``: the
+owner of a local job's rank processes, started by the launcher (``scheduler/processes.py``)
 whether it waits for the job or not.
 
 It starts the ranks (forked from the warm start, ``train/zygote.py``), stops them all
@@ -7,7 +7,7 @@ when one fails or on a signal, writes job.json's final state and, with ``recover
 runs the recovery step of a failed attempt. Login-node code: never imports torch.
 
 The early start, the signals and the final record: ``docs/launch.md``
-("submit/supervise.py").
+("batch/supervise.py").
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from axonn_launch.common.jobdir import (
     write_record_file,
 )
 from axonn_launch.common.proctitle import rename_argument
-from axonn_launch.submit import dirlock, local
+from axonn_launch.scheduler import processes
+from axonn_launch.submit import dirlock
 
 
 class StopRequest:
@@ -44,7 +45,7 @@ class StopRequest:
         self.count = 0
 
     def install(self) -> None:
-        for sig in local.STOP_SIGNALS:
+        for sig in processes.STOP_SIGNALS:
             signal.signal(sig, self.handle)
 
     def handle(self, signum: int, _frame) -> None:
@@ -59,59 +60,61 @@ class StopRequest:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {local.SUPERVISOR}")
+    parser = argparse.ArgumentParser(prog=f"python -m {processes.SUPERVISOR}")
     parser.add_argument("job_dir", type=Path)
-    parser.add_argument("world_size", help=f"the number of ranks, or {local.EARLY}")
+    parser.add_argument("world_size", help=f"the number of ranks, or {processes.EARLY}")
     args = parser.parse_args(argv)
     stop = StopRequest()
     stop.install()
     job_id = f"local-{os.getpid()}"
-    if args.world_size == local.EARLY:
+    if args.world_size == processes.EARLY:
         return supervise_early(job_id, stop)
     # the warm start imports the job side while the launcher writes job.json
-    warm = local.WarmStart(args.job_dir) if local.warm_start_wanted() else None
+    warm = processes.WarmStart(args.job_dir) if processes.warm_start_wanted() else None
     return supervise_when_released(args.job_dir, int(args.world_size), job_id, stop, warm)
 
 
 def supervise_early(job_id: str, stop: StopRequest) -> int:
-    """Started before the launcher composed the job (``local.start_early_supervisor``): the
+    """Started before the launcher composed the job (``processes.start_early_supervisor``): the
     warm start imports meanwhile. Then the job, a JSON line (job dir, number of ranks,
     environment), or the end of the input: the launcher needs no local job, and this ends
     without a word or a record."""
-    warm = local.WarmStart(Path(local.BLANK))
+    warm = processes.WarmStart(Path(processes.BLANK))
     line = sys.stdin.buffer.readline()
     if not line.strip():
         warm.close(kill=True)
         return 0
     job = json.loads(line)
     job_dir = Path(job["job_dir"])
-    rename_argument(local.BLANK, str(job_dir))  # ps names the job dir, as ever
+    rename_argument(processes.BLANK, str(job_dir))  # ps names the job dir, as ever
     warm = take_environment(job["env"], warm, job_dir)
     return supervise_when_released(job_dir, int(job["world_size"]), job_id, stop, warm)
 
 
-def take_environment(env: dict[str, str], warm: local.WarmStart, job_dir: Path) -> local.WarmStart:
+def take_environment(
+    env: dict[str, str], warm: processes.WarmStart, job_dir: Path
+) -> processes.WarmStart:
     """Make ``env`` this process's environment (the ranks' base, as for a supervisor started
     with it); the warm start is kept when it imported with the same one, but for the
-    variables each rank sets again (``local.THREAD_VARS``), else started afresh with it."""
+    variables each rank sets again (``processes.THREAD_VARS``), else started afresh with it."""
     before = dict(os.environ)
     os.environ.clear()
     os.environ.update(env)
     changed = {k for k in before.keys() | env.keys() if before.get(k) != env.get(k)}
-    if changed - set(local.THREAD_VARS):
+    if changed - set(processes.THREAD_VARS):
         warm.close(kill=True)
-        return local.WarmStart(job_dir)
+        return processes.WarmStart(job_dir)
     return warm
 
 
 def supervise_when_released(
-    job_dir: Path, world_size: int, job_id: str, stop: StopRequest, warm: local.WarmStart | None
+    job_dir: Path, world_size: int, job_id: str, stop: StopRequest, warm: processes.WarmStart | None
 ) -> int:
-    """Once the launcher says job.json names this process (``local.GO``), take the job dir's
+    """Once the launcher says job.json names this process (``processes.GO``), take the job dir's
     lock from it (held while this process lives: a second launch into the dir is refused)
     and supervise the job; else (it ended, or a stop came first) record that no rank
     started."""
-    if sys.stdin.buffer.readline() != local.GO or stop():
+    if sys.stdin.buffer.readline() != processes.GO or stop():
         if warm is not None:
             warm.close(kill=True)
         return abandon(job_dir, job_id, stop())
@@ -126,17 +129,17 @@ def supervise(
     world_size: int,
     job_id: str,
     stop: StopRequest,
-    warm: local.WarmStart | None = None,
+    warm: processes.WarmStart | None = None,
 ) -> int:
     """Start the ranks (forked from ``warm`` when given), wait for them (stopping the rest
     when one fails), record the end."""
     oom = hostmem.OomWatch.start()  # the OOM killer's count before the ranks start
-    procs = local.start_ranks(
+    procs = processes.start_ranks(
         job_dir=job_dir, world_size=world_size, warm=warm, stop_requested=stop
     )
     pids = [p.pid for p in procs]
     update_ours(job_dir, job_id, rank_pids=pids)
-    ending = local.with_saved_step(local.wait_ranks(procs, stop, stop.saving), job_dir)
+    ending = processes.with_saved_step(processes.wait_ranks(procs, stop, stop.saving), job_dir)
     if ending.exit_code:
         say(ending.describe(pids))
     record_oom_kill(job_dir, ending, pids, oom)
@@ -157,7 +160,7 @@ def abandon(job_dir: Path, job_id: str, stopped_by: str) -> int:
 
 
 def record_oom_kill(
-    job_dir: Path, ending: local.Ending, pids: list[int], oom: hostmem.OomWatch
+    job_dir: Path, ending: processes.Ending, pids: list[int], oom: hostmem.OomWatch
 ) -> None:
     """A rank that died of SIGKILL, which the kernel's OOM killer sent (its cgroup's count
     rose, or the kernel log names it): its failure record says so, with the evidence
@@ -177,7 +180,7 @@ def record_oom_kill(
     record_failure(job_dir, rank, hostmem.HostOutOfMemory(line), found)
 
 
-def record_end(job_dir: Path, job_id: str, ending: local.Ending, pids: list[int]) -> None:
+def record_end(job_dir: Path, job_id: str, ending: processes.Ending, pids: list[int]) -> None:
     """Final state first (so job.json is final even if classifying fails), then the class
     that ``jobs status`` gives the job."""
     ended_by: dict = {}
@@ -185,7 +188,7 @@ def record_end(job_dir: Path, job_id: str, ending: local.Ending, pids: list[int]
         code = ending.failed[ending.cause]
         ended_by = {"rank": ending.cause, "pid": pids[ending.cause], "returncode": code}
         if code < 0:
-            ended_by["signal"] = local.signal_name(-code)
+            ended_by["signal"] = processes.signal_name(-code)
     elif ending.stopped_by:
         ended_by = {"signal": ending.stopped_by}
         if ending.saved_step is not None:  # by the user, saved: jobs resubmit resumes it
@@ -230,7 +233,7 @@ def recover_run(job_dir: Path, job_id: str, stop: StopRequest) -> None:
     if not failed or "recovery" not in record:
         settle_done(job_dir, record)
         return
-    from axonn_launch.submit.recovery import recover  # composes configs: only when needed
+    from axonn_launch.batch.recovery import recover  # composes configs: only when needed
 
     line = why = ""
     try:

@@ -1,10 +1,10 @@
 """machine=local: one process per rank on this computer, torchrun-style, owned by a
-supervisor (``axonn_launch.submit.supervise``) whether the launcher waits or not.
+supervisor (``axonn_launch.batch.supervise``) whether the launcher waits or not.
 
 The launcher starts the supervisor in a session of its own, names it in job.json
 (``local-<supervisor pid>``), then lets it start the ranks; no rank outlives it.
 
-Signals, stopping and recovery of a local run: ``docs/launch.md`` ("submit/local.py").
+Signals, stopping and recovery of a local run: ``docs/launch.md`` ("scheduler/processes.py").
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from axonn_launch.common.jobdir import JobPaths, last_job_id, read_record_or_empty, read_summary
 
-SUPERVISOR = "axonn_launch.submit.supervise"
+SUPERVISOR = "axonn_launch.batch.supervise"
 RANK_MODULE = "axonn_launch.train"  # python -m axonn_launch.train <job_dir>: one rank
 ZYGOTE = "axonn_launch.train.zygote"  # the warm start's process (job side: torch)
 # ``python -m ZYGOTE ...`` with the garbage collector off from the first import on: the

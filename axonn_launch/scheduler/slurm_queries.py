@@ -9,33 +9,13 @@ Login-node code: never imports torch.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
 from axonn_launch.common import slurmtext
 from axonn_launch.common.command import command_output, command_result
+from axonn_launch.scheduler.base import SchedulerInfo, SchedulerView
 
-
-@dataclass(frozen=True)
-class SchedulerInfo:
-    state: str = ""
-    exit_code: str = ""
-    nodelist: str = ""
-    times: tuple[float, float, float] | None = None  # submit, start, end once ended
-    # every ended allocation (submit, start, end), oldest first: a job requeued in place
-    # (a time limit, a preemption) ran in several (sacct -D)
-    allocations: tuple[tuple[float, float, float], ...] = ()
-    # nodes a resize took from the job (sacct's RESIZING rows' nodes the newest row lacks):
-    # a failed node of a ``--no-kill`` job, its batch host included
-    lost_nodes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class SchedulerView:
-    """What Slurm said of the jobs: their states, and why it could not be asked at all
-    (``unreachable``: neither sacct nor squeue answered; '' when one did)."""
-
-    infos: dict[str, SchedulerInfo] = field(default_factory=dict)
-    unreachable: str = ""
+# the commands this module runs (``slurm.py`` runs the others)
+SACCT, SQUEUE = "sacct", "squeue"
 
 
 def scheduler_states(job_ids: list[str]) -> dict[str, SchedulerInfo]:
@@ -49,10 +29,10 @@ def scheduler_view(job_ids: list[str]) -> SchedulerView:
     ids = sorted({j for j in job_ids if j and not j.startswith("local-")})
     if not ids:
         return SchedulerView()
-    out, sacct_said = command_result([*slurmtext.sacct_command(ids), "--duplicates"])
+    out, sacct_said = command_result([*sacct_command(ids), "--duplicates"])
     if out is not None:
         return SchedulerView(sacct_infos(out))
-    queued, squeue_said = command_result(slurmtext.squeue_command())
+    queued, squeue_said = command_result(squeue_command())
     if queued is None:
         return SchedulerView({}, f"squeue: {squeue_said}; sacct: {sacct_said}")
     return SchedulerView(squeue_infos(queued, ids))
@@ -62,7 +42,7 @@ def sacct_states(job_ids: list[str]) -> dict[str, SchedulerInfo] | None:
     """None when sacct is missing or fails (no accounting). Asked with ``--duplicates``:
     without it sacct shows a requeued job's newest allocation only, and the earlier ones
     (allocated time, maybe hung) would pass for time in the queue."""
-    out = command_output([*slurmtext.sacct_command(job_ids), "--duplicates"])
+    out = command_output([*sacct_command(job_ids), "--duplicates"])
     return None if out is None else sacct_infos(out)
 
 
@@ -100,7 +80,7 @@ def expected_starts(job_ids: list[str]) -> dict[str, str]:
     (``squeue --start``: its scheduler's estimate, N/A before one is made); one call."""
     if not job_ids:
         return {}
-    command = ["squeue", "-h", "--start", "-j", ",".join(sorted(job_ids)), "-o", "%i|%S|%r"]
+    command = [SQUEUE, "-h", "--start", "-j", ",".join(sorted(job_ids)), "-o", "%i|%S|%r"]
     found = {}
     for line in (command_output(command) or "").splitlines():
         job, _, rest = line.strip().partition("|")
@@ -143,10 +123,20 @@ def start_words(when: str, why: str) -> str:
 
 def squeue_states(job_ids: list[str]) -> dict[str, SchedulerInfo]:
     """Queued and running jobs only; a job squeue does not list has ended."""
-    return squeue_infos(command_output(slurmtext.squeue_command()) or "", job_ids)
+    return squeue_infos(command_output(squeue_command()) or "", job_ids)
 
 
 def squeue_infos(text: str, job_ids: list[str]) -> dict[str, SchedulerInfo]:
     """The rows of ``squeue`` output ``text`` for ``job_ids``."""
     rows, wanted = slurmtext.parse_squeue(text), set(job_ids)
     return {job: SchedulerInfo(r.state, "", r.nodelist) for job, r in rows.items() if job in wanted}
+
+
+def sacct_command(job_ids: list[str]) -> list[str]:
+    """One sacct call for the allocation line (``-X``) of every job in ``job_ids``."""
+    fields = ",".join(slurmtext.SACCT_FIELDS)
+    return [SACCT, "-X", "-n", "-P", "-o", fields, "-j", ",".join(job_ids)]
+
+
+def squeue_command() -> list[str]:
+    return [SQUEUE, "-h", "-o", slurmtext.SQUEUE_FORMAT]

@@ -1,4 +1,5 @@
-"""Submitting to Slurm through submitit, and following a job to its end."""
+"""Submitting to Slurm through submitit, and following a job to its end (the Slurm
+scheduler's, ``slurm.py``). Login-node code: no torch."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import contextlib
 import logging
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,9 +17,7 @@ from typing import Any
 
 from axonn_launch.common import slurmtext
 from axonn_launch.common.durations import duration
-from axonn_launch.config.compose import ConfigError, LaunchConfig
-from axonn_launch.submit.render import InPlace, as_submitted
-from axonn_launch.submit.task import TrainJob
+from axonn_launch.scheduler.slurm import SQUEUE
 
 # sacct is asked at 1, 2, 4 ... s, then once a minute (submitit's own watcher backs off to
 # a minute too); the log is streamed every STREAM_S seconds in between.
@@ -30,45 +28,26 @@ PENDING_EVERY_S = 50.0
 # squeue's reason before the scheduler looked at the job: it usually starts within seconds,
 # so its first pending line waits for a real reason, or this long
 UNSEEN_REASON, UNSEEN_FOR_S = "None", 5.0
-SUBMIT_COMMANDS = ("sbatch", "srun")  # submitit's executor looks for srun; sbatch submits
 SECOND_CTRL_C_S = 5.0  # a second Ctrl-C this soon after a detach stops the job
-
-
-def require_slurm(cfg: LaunchConfig) -> None:
-    """A submission to Slurm needs its commands on PATH (a laptop has none): raises
-    ConfigError, one line naming what is missing and what runs without them. A dry run
-    submits nothing; a rehearsal says the same of the local cluster itself
-    (``rehearse.py``)."""
-    if cfg.machine.scheduler != "slurm" or cfg.dry_run or cfg.rehearse:
-        return
-    missing = [name for name in SUBMIT_COMMANDS if shutil.which(name) is None]
-    if missing:
-        raise ConfigError(
-            f"machine={cfg.machine.name} submits to Slurm, but {' and '.join(missing)}"
-            f" {'is' if len(missing) == 1 else 'are'} not on PATH (no Slurm here): dry_run=true"
-            " shows its batch script without submitting, machine=local trains on this"
-            " computer, and rehearse=true runs a site's script on the local Slurm cluster"
-            " (machines/slurm_local/start.sh)"
-        )
 
 
 def submit(
     *,
     folder: Path,
     params: dict[str, Any],
-    job: TrainJob,
+    job: Callable[[], Any],
     max_requeue: int,
     python: str,
-    restarts: InPlace | None = None,
+    script: Callable[[str], str] = str,
 ) -> Any:
     """Submit ``job`` with submitit's Slurm executor; each task runs ``python``. The batch
-    script is submitit's with its log paths escaped and its signals relayed to the ranks
-    (``render.as_submitted``), the same text ``render.script_of`` gives for submission.sh."""
+    script is ``script`` of submitit's (the launcher's: its log paths escaped and its
+    signals relayed to the ranks, ``render.as_submitted``)."""
     import submitit
 
     class Executor(submitit.SlurmExecutor):
         def _make_submission_file_text(self, command: str, uid: str) -> str:
-            return as_submitted(super()._make_submission_file_text(command, uid), restarts)
+            return script(super()._make_submission_file_text(command, uid))
 
     executor = Executor(folder=folder, max_num_timeout=max_requeue, python=shlex.quote(python))
     executor.update_parameters(**params)
@@ -206,7 +185,7 @@ def queue_state(job_id: str, from_results: Callable[[], str], results_written: b
     """squeue's state of a job (UNKNOWN when squeue fails too); once it left the queue, its
     results' state, or FAILED when its tasks left none."""
     try:
-        done = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
+        done = subprocess.run([SQUEUE, "-h", "-j", job_id, "-o", "%T"], capture_output=True,
                               text=True, timeout=60, check=False)  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return "UNKNOWN"
@@ -262,7 +241,7 @@ def pending_reason(job_id: str) -> str:
     squeue does not say."""
     try:
         done = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%r"],
+            [SQUEUE, "-h", "-j", job_id, "-o", "%r"],
             capture_output=True, text=True, timeout=30, check=False,
         )  # fmt: skip
     except (OSError, subprocess.SubprocessError):

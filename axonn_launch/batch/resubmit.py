@@ -4,7 +4,7 @@ overrides plus the given ones (validated like any launch), and ``--exclude`` for
 node or collective failure points at and for the slow nodes its preflight named.
 
 Idempotent (a per-job lock and a ``resubmitted_as`` mark); a completed job given a larger
-``train.steps`` is extended instead. Details: ``docs/recovery.md`` ("submit/resubmit.py").
+``train.steps`` is extended instead. Details: ``docs/recovery.md`` ("batch/resubmit.py").
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def refusal(status: JobStatus, record: dict, args: argparse.Namespace) -> str | 
     if status.attempt >= args.max_attempts:
         return f"attempt {status.attempt} reached --max-attempts {args.max_attempts}"
     if getattr(args, "decided", False):  # the recovery policy chose to resume this class
-        return stopped_meanwhile(Path(status.job_dir), record)  # (submit/recovery.py)
+        return stopped_meanwhile(Path(status.job_dir), record)  # (batch/recovery.py)
     if status.action == failures.RETRY_WITH_NEW_GRID and not reshapes(args.overrides):
         return f"{status.failure}: would fail again; resubmit with a new grid or node count"
     if status.action not in RETRIABLE + (failures.RETRY_WITH_NEW_GRID,):
