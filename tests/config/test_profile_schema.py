@@ -25,7 +25,7 @@ MISTAKES = [
     (lambda t: t.replace(GPUS, ""), "machine.hardware.gpus_per_node: missing; a Slurm machine"),
     (lambda t: re.sub(r"\n  mem_per_gpu_gb:[^\n]*", "", t), "machine.hardware.mem_per_gpu_gb"),
     (lambda t: t.replace("\nscheduler: slurm", ""), "machine.scheduler: missing"),
-    (lambda t: t.replace("\nname: lumi", ""), "machine.name: missing"),
+    (lambda t: t.replace("\nname: newsite", ""), "machine.name: missing"),
     (lambda t: re.sub(r"\n  partition:[^\n]*", "", t), "machine.slurm.partition: missing"),
     (lambda t: t.replace(GPUS, "  gpus_per_nod: 8\n"),
      "machine.hardware.gpus_per_nod: unknown key; did you mean machine.hardware.gpus_per_node?"),
@@ -37,46 +37,47 @@ MISTAKES = [
 def site_dir(tmp_path, text: str):
     site = tmp_path / "site"
     (site / "machine").mkdir(parents=True)
-    (site / "machine" / "lumi.yaml").write_text(text)
+    (site / "machine" / "newsite.yaml").write_text(text)
     return site
 
 
-def lumi(text: str = FRONTIER) -> str:
-    return text.replace("name: frontier", "name: lumi").replace(
-        "accounts.frontier", "accounts.lumi"
+def newsite(text: str = FRONTIER) -> str:
+    return text.replace("name: frontier", "name: newsite").replace(
+        "accounts.frontier", "accounts.newsite"
     )
 
 
 @pytest.mark.parametrize("breaks,expected", MISTAKES, ids=[e.split(":")[0] for _, e in MISTAKES])
 def test_a_profile_mistake_is_one_line_naming_file_and_key(breaks, expected, tmp_path):
-    site = site_dir(tmp_path, breaks(lumi()))
+    site = site_dir(tmp_path, breaks(newsite()))
     work = tmp_path / "cwd"
     work.mkdir()
-    result = run_launcher(["--config-dir", str(site), "machine=lumi", "dry_run=true"], cwd=work)
+    result = run_launcher(["--config-dir", str(site), "machine=newsite", "dry_run=true"], cwd=work)
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert result.returncode == 2 and len(lines) == 1, result.stderr + result.stdout
-    assert lines[0].startswith(f"error: {site / 'machine' / 'lumi.yaml'}: {expected}"), lines[0]
+    assert lines[0].startswith(f"error: {site / 'machine' / 'newsite.yaml'}: {expected}"), lines[0]
     assert "Traceback" not in result.stderr + result.stdout and list(work.iterdir()) == []
 
 
 def test_a_new_site_is_told_how_to_add_a_machine_and_its_account(tmp_path):
-    unknown = run_launcher(["machine=lumi"], cwd=tmp_path)
+    unknown = run_launcher(["machine=newsite"], cwd=tmp_path)
     assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1
     assert (
-        "valid: alps, frontier, local, perlmutter, slurm_local; to add one, write" in unknown.stderr
+        "valid: alps, frontier, local, lumi, perlmutter, slurm_local; to add one, write"
+        in unknown.stderr
     )
-    assert "DIR/machine/lumi.yaml" in unknown.stderr
+    assert "DIR/machine/newsite.yaml" in unknown.stderr
     assert "--config-dir DIR" in unknown.stderr and list(tmp_path.iterdir()) == []
-    site = site_dir(tmp_path, lumi())
+    site = site_dir(tmp_path, newsite())
     work = tmp_path / "cwd"
     work.mkdir()
-    dry = run_launcher(["--config-dir", str(site), "machine=lumi", "dry_run=true"], cwd=work)
+    dry = run_launcher(["--config-dir", str(site), "machine=newsite", "dry_run=true"], cwd=work)
     assert dry.returncode == 0, dry.stderr
-    assert "or +site.accounts.lumi=..." in dry.stderr  # a new key needs Hydra's +
-    plan = run_module("axonn_launch.plan", [f"hydra.searchpath=[file://{site}]", "machine=lumi"],
+    assert "or +site.accounts.newsite=..." in dry.stderr  # a new key needs Hydra's +
+    plan = run_module("axonn_launch.plan", [f"hydra.searchpath=[file://{site}]", "machine=newsite"],
                       cwd=work)  # fmt: skip
     assert plan.returncode == 0, plan.stderr
-    assert "(+site.accounts.lumi=...):" in plan.stdout.splitlines()[-2]
+    assert "(+site.accounts.newsite=...):" in plan.stdout.splitlines()[-2]
     known = run_module("axonn_launch.plan", ["machine=frontier"], cwd=work)
     assert "(site.accounts.frontier=...):" in known.stdout.splitlines()[-2]
 

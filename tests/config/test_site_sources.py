@@ -29,7 +29,7 @@ from axonn_launch.common.machine import (
 from axonn_launch.config.compose import load
 from axonn_launch.submit.render import setup_lines
 
-SITES = ("perlmutter", "frontier", "alps")
+SITES = ("perlmutter", "frontier", "alps", "lumi")
 CITATION = re.compile(r"^(https?://\S+|[\w.-]+/[\w.-]+:\S+)")
 ENV_GROUPS = ("env", "multinode_env", "task_env")
 # the planner's inputs that a profile cites (plan prints them with their sources)

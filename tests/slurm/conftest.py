@@ -18,6 +18,7 @@ until no other module uses it, and no other starts meanwhile.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -31,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from axonn_launch.common import slurmtext
+from tests.conftest import run_launcher
 
 REPO = Path(__file__).resolve().parents[2]
 START_SCRIPT = REPO / "machines" / "slurm_local" / "start.sh"
@@ -259,6 +261,28 @@ def slurm_cluster() -> SlurmCluster:
             pytest.fail(reason + " (AXONN_REQUIRE_SLURM=1)")
         pytest.skip(reason + " (run machines/slurm_local/start.sh or set AXONN_START_SLURM=1)")
     return SlurmCluster(partition=PARTITION, nodes=NODES)
+
+
+@pytest.fixture(scope="session")
+def local_losses(tmp_path_factory) -> Callable[[str, list[str]], float]:
+    """The final loss of ``machine=local`` with a model and overrides (the grid, the train
+    settings), run once per session for each: the rehearsals (test_rehearsal.py,
+    test_site_rehearsal.py), all on this worker (conftest.suite_scope), share one run of
+    a model and grid."""
+    cache: dict[tuple[str, ...], float] = {}
+
+    def loss(model: str, overrides: list[str]) -> float:
+        key = (model, *overrides)
+        if key not in cache:
+            job_dir = tmp_path_factory.mktemp("local") / "job"
+            args = ["machine=local", f"model={model}", *overrides, f"hydra.run.dir={job_dir}"]
+            result = run_launcher(args, cwd=job_dir.parent, timeout=600)
+            assert result.returncode == 0, result.stderr[-3000:]
+            last = (job_dir / "metrics.jsonl").read_text().splitlines()[-1]
+            cache[key] = json.loads(last)["loss"]
+        return cache[key]
+
+    return loss
 
 
 @pytest.fixture(autouse=True)

@@ -60,24 +60,6 @@ def sacct_steps(job_id: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def local_losses(tmp_path_factory):
-    """machine=local on the same grid, once per (model, world size)."""
-    cache: dict[tuple[str, int], float] = {}
-
-    def loss(model: str, world: int) -> float:
-        if (model, world) not in cache:
-            job_dir = tmp_path_factory.mktemp("local") / "job"
-            args = ["machine=local", f"model={model}", *GRID[world], *TRAIN]
-            result = run_launcher([*args, f"hydra.run.dir={job_dir}"], cwd=job_dir.parent,
-                                  timeout=600)  # fmt: skip
-            assert result.returncode == 0, result.stderr[-3000:]
-            cache[model, world] = final_loss(job_dir)
-        return cache[model, world]
-
-    return loss
-
-
-@pytest.fixture(scope="module")
 def linked_venv(tmp_path_factory) -> Path:
     """A venv (its own ``bin/python`` and ``pyvenv.cfg``) whose site-packages entries are
     absolute links to this venv's: it runs as this one does from wherever it is copied."""
@@ -162,7 +144,7 @@ def test_rehearsal_runs_the_sites_script_and_matches_local(
         assert "ranks from slurm step (srun --mpi=cray_shasta)" in log
         modules = (job_dir / "slurm" / job_id).glob("*_0_log.err")
         assert "axonn_launch rehearsal: module load" in next(modules).read_text()
-    assert final_loss(job_dir) == local_losses(model, world)
+    assert final_loss(job_dir) == local_losses(model, [*GRID[world], *TRAIN])
     if broadcast:
         check_python_broadcast(job_dir, record, script, log, linked_venv)
 

@@ -47,6 +47,13 @@ CASES = {
         "site.accounts.perlmutter=m0000_g",
     ],
     "alps": ["machine=alps", "model=gpt_5b", "grid.x=4", "grid.z=2", "site.accounts.alps=a-00"],
+    "lumi": [
+        "machine=lumi",
+        "model=gpt_5b",
+        "grid.x=8",
+        "grid.z=2",
+        "site.accounts.lumi=project_4650",
+    ],
     "slurm_local": ["machine=slurm_local", "grid.x=2", "grid.z=2"],
 }
 
@@ -332,7 +339,7 @@ def test_usr2_and_term_to_the_batch_shell_reach_the_step_and_srun_status_is_kept
 
 # --- the Flight Recorder on the NCCL/RCCL machines -----------------------------------------
 
-GPU_SITES = ("perlmutter", "frontier", "alps")
+GPU_SITES = ("perlmutter", "frontier", "alps", "lumi")
 
 
 @pytest.mark.parametrize("machine", GPU_SITES)

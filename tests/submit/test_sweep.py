@@ -51,7 +51,7 @@ def test_a_typo_in_any_point_stops_the_sweep_before_anything_runs(tmp_path, fake
     assert result.returncode == 2
     (said,) = result.stderr.strip().splitlines()  # one line, with how to add a machine
     assert said.startswith(
-        "error: machine='nosuch': no such machine; valid: alps, frontier, local, perlmutter,"
+        "error: machine='nosuch': no such machine; valid: alps, frontier, local, lumi, perlmutter,"
         " slurm_local; to add one, write DIR/machine/nosuch.yaml"
     ), said
     assert not (tmp_path / "jobs").exists()
