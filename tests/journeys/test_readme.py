@@ -1,11 +1,13 @@
-"""The README's examples, all of them, run as written: a README that drifts from the product
-fails here.
+"""The README's and the user guide's examples, all of them, run as written: docs that drift
+from the product fail here.
 
-Every line of every ```bash block of README.md is either run or listed in NOT_RUN with the
-reason; a new line that is neither fails ``test_every_readme_line_is_covered``. Lines run from
+Every line of every ```bash block of README.md and of the user guide's pages
+(docs/guide/*.md, which hold what the README held before it became a short tour) is either
+run or listed in NOT_RUN with the reason; a command found in more than one place runs once;
+a new line that is neither fails ``test_every_readme_line_is_covered``. Lines run from
 a temporary directory (job directories land there, not in the repository), as follows:
 
-- launcher lines on a cluster machine (perlmutter, frontier, alps, slurm_local) get
+- launcher lines on a cluster machine (perlmutter, frontier, lumi, alps, slurm_local) get
   ``dry_run=true`` added: there is no such cluster here, and the real submission to the local
   Slurm cluster is tested in tests/slurm/test_launcher_on_slurm.py. A dry run still composes,
   validates, plans and renders everything, and a data path that is not on this computer
@@ -40,7 +42,8 @@ from tests.cli_server import run_module
 from tests.conftest import REPO
 
 README = REPO / "README.md"
-DRY_RUN_MACHINES = {"perlmutter", "frontier", "alps", "slurm_local"}
+GUIDE = sorted((REPO / "docs" / "guide").glob("*.md"))
+DRY_RUN_MACHINES = {"perlmutter", "frontier", "lumi", "alps", "slurm_local"}
 CALIBRATE_QUICK = [
     "reps=1",
     "warmup=1",
@@ -82,13 +85,15 @@ NAMED_JOB_DIRS = {
 
 
 def readme_lines() -> list[str]:
-    """Each command of the README's bash blocks, continuation lines joined."""
-    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
+    """Each command of the bash blocks of the README and the guide, continuation lines
+    joined, each once (in the order first found)."""
+    text = "".join(page.read_text() for page in [README, *GUIDE])
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
     lines = []
     for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
             command = " ".join(shlex.split(line, comments=True))
-            if command:
+            if command and command not in lines:
                 lines.append(command)
     return lines
 
