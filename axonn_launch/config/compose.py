@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from axonn_launch import scheduler
 from axonn_launch.common.jobdir import CheckpointMissing, read_step_meta, resolve_checkpoint
 from axonn_launch.common.machine import MachineProfile, kind_problem, required_problem
 from axonn_launch.common.models import ModelSpec
@@ -594,7 +595,7 @@ def to_launch_config(cfg: Any) -> LaunchConfig:
     cfg = build(LaunchConfig, raw, "")
     if cfg.allocation not in ALLOCATIONS:
         raise ConfigError(f"allocation={cfg.allocation!r}: valid: {', '.join(ALLOCATIONS)}")
-    if cfg.code_snapshot and cfg.machine.scheduler != "slurm":
+    if cfg.code_snapshot and not scheduler.of(cfg.machine).queued:
         raise ConfigError(
             f"code_snapshot=true: machine={cfg.machine.name} runs the installed package;"
             " valid there: false (a snapshot is for Slurm machines)"
