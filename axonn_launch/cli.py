@@ -28,20 +28,22 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from axonn_launch import scheduler
 from axonn_launch.config.compose import (
     ConfigError,
     LaunchConfig,
-    SharedComposition,
     check_profile,
     compose,
     composition_error,
-    hydra_job_copies_and_yaml,
     register_resolvers,
-    shared_sweep_composition,
     split_argv,
     to_launch_config,
 )
+from axonn_launch.config.sweep_compose import (
+    SharedComposition,
+    hydra_job_copies_and_yaml,
+    shared_sweep_composition,
+)
+from axonn_launch.records import provenance
 from axonn_launch.scheduler import processes
 from axonn_launch.submit import chain, pipeline
 from axonn_launch.submit.pipeline import EXIT_BAD_INPUT, Checked, check_run, launch, study_callback
@@ -87,7 +89,7 @@ def hydra_entry(cfg: DictConfig) -> PointOutcome:
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         launch_cfg = point_config(cfg, hydra_cfg if sweeping else None)
-        if not scheduler.of(launch_cfg.machine).on_this_computer or launch_cfg.dry_run:
+        if launch_cfg.machine.scheduler != "local" or launch_cfg.dry_run:
             processes.dismiss_early_supervisor()  # no local job to hand it: its imports stop
         outcome = launch(
             run_checks(launch_cfg, job_dir),
@@ -281,6 +283,7 @@ def main() -> None:
         mode_told(sys.argv[1:]),
         shared_sweep_composition(),  # a sweep's points share one composition
         hydra_job_copies_and_yaml(),  # each job's config copies, .hydra/*.yaml
+        provenance.read_once(),  # a sweep's points share the checkout's state and versions
     ):
         hydra_entry()
 

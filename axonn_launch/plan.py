@@ -4,16 +4,18 @@ CLI (login node, no torch):
     python -m axonn_launch.plan machine=frontier model=gpt_320b nodes=1024 top=5 \
         [train.global_batch=2048] [train.micro_batch=8] [calibration=cal.json] [output=json]
 Everything but ``top``, ``output`` and ``calibration`` is a Hydra override, composed as the
-launcher composes it: ``machine.hardware.*``, ``model.*`` and ``train.*`` can be changed
-too. ``calibration=`` is a file from ``axonn_launch.calibrate``. Below the table: the best
-grid's checkpoint interval (``train.checkpoint_every=auto``, Young/Daly) and expected goodput
-(``cost/expected_goodput.py``), also under ``checkpointing`` in ``output=json``; on a Slurm
-machine, the spare nodes' node-hours next to the goodput with and without them
+launcher composes it (``--config-dir DIR`` too: a site's conf directory, as the
+launcher's): ``machine.hardware.*``, ``model.*`` and ``train.*`` can be changed too.
+``calibration=`` is a file from ``axonn_launch.calibrate``. Below the table: the best
+grid's checkpoint interval (``train.checkpoint_every=auto``, Young/Daly) and expected
+goodput (``cost/expected_goodput.py``), also under ``checkpointing`` in ``output=json``; on
+a Slurm machine, the spare nodes' node-hours next to the goodput with and without them
 (``recovery.spare_nodes``, ``queue_wait_h=``), under ``spares``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from axonn_launch.config.compose import machine_choices
@@ -40,7 +42,7 @@ PLAN_KEYS = ("top", "output", "calibration", "queue_wait_h")
 def help_text() -> str:
     """``plan --help``; its machine list is the profiles in conf/machine/."""
     return help_page(
-        usage="python -m axonn_launch.plan [KEY=VALUE ...] [--debug]",
+        usage="python -m axonn_launch.plan [KEY=VALUE ...] [--config-dir DIR] [--debug]",
         summary=SUMMARY,
         keys=[("machine=NAME", machine_choices()), *KEYS],
         examples=EXAMPLES,
@@ -62,6 +64,7 @@ KEYS = [
     ("recovery.spare_nodes=K", "spare nodes whose node-hours and goodput plan shows"),
     ("train.KEY=VALUE", "any training key: global_batch, seq_len, micro_batch (pins it)"),
     ("machine.hardware.KEY=VALUE", "any hardware number, e.g. inter_node_gbps=50"),
+    ("--config-dir DIR", "a site's conf directory (machine/NAME.yaml), as the launcher's"),
     ("--debug", "show the traceback of an error"),
 ]
 EXAMPLES = [
@@ -78,7 +81,7 @@ def parse_args(argv: list[str]) -> PlanArgs:
 
     own: dict[str, str] = {}
     overrides: list[str] = []
-    for arg in argv:
+    for arg in with_config_dir(argv):
         key, sep, value = arg.partition("=")
         if not sep:
             raise PlanError(f"{arg!r}: expected key=value (python -m axonn_launch.plan --help)")
@@ -107,6 +110,31 @@ def parse_args(argv: list[str]) -> PlanArgs:
         spares=spares_of(cfg, own.get("queue_wait_h")),
         account_key=account_override(cfg.site, cfg.machine.name),
     )
+
+
+CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
+
+
+def with_config_dir(argv: list[str]) -> list[str]:
+    """``argv`` with ``--config-dir DIR`` (``-cd DIR``, ``--config-dir=DIR``) as the override
+    it stands for in the launcher (``cli.check_arguments``): a site's conf directory on
+    Hydra's search path, after the package's ``conf/`` (docs/site.md)."""
+    args, folder = [], None
+    pairs = iter(argv)
+    for arg in pairs:
+        flag, eq, value = arg.partition("=")
+        if flag in CONFIG_DIR_FLAGS:
+            folder = value if eq else next(pairs, "")
+        else:
+            args.append(arg)
+    if folder is None:
+        return args
+    if not folder or not os.path.isdir(folder):
+        raise PlanError(
+            f"--config-dir={folder!r}: not a directory; valid: a site's conf directory"
+            " holding machine/<name>.yaml (docs/site.md)"
+        )
+    return [*args, f"hydra.searchpath=[file://{os.path.abspath(folder)}]"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,9 @@ and docs/api.md's sweep, run as written."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -122,3 +124,30 @@ def test_docs_sweep_runs_as_written(tmp_path, monkeypatch, capsys):
     runs = sorted((tmp_path / "jobs" / "gpt_tiny-local").iterdir())
     lrs = [json.loads((r / "job.json").read_text())["command_line"] for r in runs]
     assert {c[-3] for c in lrs} == {"train.lr=0.001", "train.lr=0.003"}
+
+
+def test_a_site_dir_is_used_as_axonn_site_dir_uses_it(tmp_path, monkeypatch):
+    """``compose(site=DIR)`` reads DIR as ``AXONN_SITE_DIR=DIR`` does: its profile of a
+    packaged name wins (``--config-dir`` would not), its accounts apply, and the launch
+    records it in job.json for a resubmission; the environment is left as it was."""
+    site = tmp_path / "site"
+    (site / "machine").mkdir(parents=True)
+    (site / "local").mkdir()
+    packaged = (REPO / "axonn_launch" / "conf" / "machine" / "frontier.yaml").read_text()
+    (site / "machine" / "frontier.yaml").write_text(
+        packaged.replace("partition: batch", "partition: site_batch")
+    )
+    (site / "local" / "default.yaml").write_text(
+        "# @package _global_\nsite:\n  accounts:\n    frontier: site-acct\n"
+    )
+    monkeypatch.delenv("AXONN_SITE_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    config = api.compose(["machine=frontier", "model=gpt_tiny"], site=site)
+    assert config.launch.machine.slurm.partition == "site_batch"
+    assert config.launch.site.accounts["frontier"] == "site-acct"
+    assert config.site == str(site)
+    job = api.launch(config, dry_run=True, out=io.StringIO())
+    assert json.loads((job.job_dir / "job.json").read_text())["site_dir"] == str(site)
+    assert "AXONN_SITE_DIR" not in os.environ
+    plain = api.compose(["machine=frontier", "model=gpt_tiny"])
+    assert plain.launch.machine.slurm.partition == "batch" and plain.site is None

@@ -5,9 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import MISSING, dataclass, field, fields
 
-# The names ``machine.scheduler`` may take: the built-in schedulers' (scheduler/), and any
-# registered later joins (``scheduler.register``), so that a profile naming it loads.
-SCHEDULERS = ["local", "slurm"]
+SCHEDULERS = ("local", "slurm")  # submit/pipeline.py starts a job for each name
 # ``slurm.partition`` of a site whose jobs take no --partition (Perlmutter: -C gpu and a QOS):
 # said so in the profile, so that a partition left out by mistake is caught (profile_problem)
 CLUSTER_DEFAULT = "cluster_default"

@@ -34,10 +34,10 @@ import platform
 import shlex
 import shutil
 import subprocess
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 
-from axonn_launch import scheduler
 from axonn_launch.common.jobdir import CODE, JobPaths, is_job_dir, read_record_or_empty
 from axonn_launch.config.compose import LaunchConfig
 
@@ -55,7 +55,7 @@ def snapshot_on(cfg: LaunchConfig) -> bool:
     the installed package before the job is composed."""
     if cfg.code_snapshot is not None:
         return cfg.code_snapshot
-    return scheduler.of(cfg.machine).queued
+    return cfg.machine.scheduler == "slurm"
 
 
 def import_first(folder: str | Path) -> str:
@@ -174,9 +174,37 @@ def inherited(snapshot_of: Path, job_dir: Path, *, write: bool) -> dict:
     return found
 
 
+# While ``read_once`` is in use: what ``git`` and ``versions`` read, by their arguments
+_READ: dict[tuple, object] | None = None
+
+
+@contextlib.contextmanager
+def read_once() -> Iterator[None]:
+    """While in use, the checkout's git state and the installed versions are read once: the
+    points of a sweep are launched by one process, at one moment, from one checkout."""
+    global _READ
+    _READ = {}
+    try:
+        yield
+    finally:
+        _READ = None
+
+
+def _read(key: tuple, read: Callable[[], object]) -> object:
+    if _READ is None:
+        return read()
+    if key not in _READ:
+        _READ[key] = read()
+    return _READ[key]
+
+
 def git(root: Path, *args: str) -> str:
     """``git -C root ARGS``'s output; '' when git is missing or fails (a checkout owned by
-    someone else, a broken repository)."""
+    someone else, a broken repository). Read once per ``read_once``."""
+    return _read(("git", root, *args), lambda: _git(root, *args))
+
+
+def _git(root: Path, *args: str) -> str:
     try:
         done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
                               timeout=GIT_TIMEOUT_S, check=False)  # fmt: skip
@@ -189,7 +217,12 @@ def git(root: Path, *args: str) -> str:
 
 
 def versions() -> dict:
-    """Python, the project, torch and its collective library, as installed here."""
+    """Python, the project, torch and its collective library, as installed here (read once
+    per ``read_once``)."""
+    return dict(_read(("versions",), _versions))
+
+
+def _versions() -> dict:
     torch = version_of("torch")
     return {
         "python": platform.python_version(),

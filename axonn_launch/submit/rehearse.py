@@ -27,7 +27,6 @@ from axonn_launch.config.rehearsal import (  # noqa: F401 (what a rehearsal reso
     site_config,
     site_machines,
 )
-from axonn_launch.scheduler.slurm import SLURM
 
 LOCAL_CLUSTER = "axonn"  # ClusterName in machines/slurm_local (lib.sh)
 START_SCRIPT = "machines/slurm_local/start.sh"
@@ -262,7 +261,8 @@ def _names_mpi(srun_args: list[str]) -> bool:
 def local_cluster_cpus() -> int:
     """CPUs per node of the running local cluster; ConfigError when it is not running."""
     try:
-        name, nodes = SLURM.cluster()
+        name = _slurm(["scontrol", "show", "config"])
+        nodes = _slurm(["sinfo", "-h", "-N", "-o", "%N %c"])
     except (OSError, subprocess.SubprocessError) as exc:
         raise ConfigError(
             f"rehearse=true: the local Slurm cluster is not running ({_why(exc)}); start it"
@@ -284,6 +284,10 @@ def local_cluster_cpus() -> int:
             f" {NODES}; restart it with: bash {START_SCRIPT}"
         )
     return min(cpus)
+
+
+def _slurm(command: list[str]) -> str:
+    return subprocess.run(command, capture_output=True, text=True, timeout=20, check=True).stdout
 
 
 def _why(exc: BaseException) -> str:

@@ -42,7 +42,7 @@ def test_plan_help(tmp_path, flag):
     assert keys == [
         "machine=NAME", "model=NAME", "nodes=N", "top=K", "output=table|json",
         "calibration=FILE", "queue_wait_h=H", "recovery.spare_nodes=K", "train.KEY=VALUE",
-        "machine.hardware.KEY=VALUE", "--debug",
+        "machine.hardware.KEY=VALUE", "--config-dir", "--debug",
     ]  # fmt: skip
     examples = out.split("examples:\n", 1)[1].splitlines()
     assert examples and all(e.startswith("  python -m axonn_launch.plan ") for e in examples)

@@ -124,7 +124,8 @@ def test_points_are_named_by_their_values_and_the_summary_compares_them(tmp_path
 def test_points_sharing_one_composition_still_each_get_their_own_values(tmp_path):
     """The argument check composes once and applies each point's values to a copy; one
     bad value among many stops the sweep in one line naming it, with nothing written."""
-    from axonn_launch.config.compose import SharedComposition, compose, to_launch_config
+    from axonn_launch.config.compose import compose, to_launch_config
+    from axonn_launch.config.sweep_compose import SharedComposition
 
     shared = SharedComposition()
     points = [["machine=slurm_local", f"train.seed={s}", f"train.steps={n}"]
@@ -139,7 +140,9 @@ def test_points_sharing_one_composition_still_each_get_their_own_values(tmp_path
         compose(typo)
     assert str(shared_error.value) == str(own_error.value)
 
-    args = ["-m", "machine=slurm_local", "train.seed=1,2,3,4,5,6", "train.steps=4,x,8",
+    # a big dry run: the bad value comes after 240 good points, each checked first
+    seeds = ",".join(str(s) for s in range(1, 121))
+    args = ["-m", "machine=slurm_local", "train.steps=4,8,x", f"train.seed={seeds}",
             "dry_run=true", f"hydra.sweep.dir={tmp_path / 'sweep'}"]  # fmt: skip
     result = run_launcher(args, cwd=tmp_path)
     assert result.returncode == 2
@@ -147,23 +150,29 @@ def test_points_sharing_one_composition_still_each_get_their_own_values(tmp_path
     assert not (tmp_path / "sweep").exists() and not (tmp_path / "jobs").exists()
 
 
-def test_each_point_of_a_shared_composition_keeps_its_own_overrides(tmp_path, fake_sbatch):
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_each_point_of_a_shared_composition_keeps_its_own_overrides(tmp_path, fake_sbatch, dry_run):
     """Hydra's composition of each point is shared too: each job still gets its own seed,
-    its own ``overrides.yaml`` and its own name."""
+    its own ``overrides.yaml`` and its own name. A dry run's points skip Hydra's
+    ``.hydra/*.yaml`` (nothing reads them; the launcher's config.yaml is there); a real
+    sweep's points write them (sbatch is a fake here)."""
     bindir, marker = fake_sbatch
     sweep_dir = tmp_path / "sweep"
-    args = ["-m", "machine=slurm_local", "train.seed=3,1,2", "dry_run=true",
-            f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
+    args = ["-m", "machine=slurm_local", "train.seed=3,1,2", f"dry_run={dry_run}",
+            "recovery=off", f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
     result = run_launcher(args, cwd=tmp_path, path_prefix=bindir)
     assert result.returncode == 0, result.stderr
     for num, seed in enumerate((3, 1, 2)):
         (job_dir,) = sweep_dir.glob(f"{num}-*")
         assert job_dir.name == f"{num}-gpt_tiny-slurm_local-seed{seed}"
-        overrides = (job_dir / ".hydra" / "overrides.yaml").read_text()
-        assert overrides.splitlines()[1:] == [f"- train.seed={seed}", "- dry_run=True"]
-        config = (job_dir / ".hydra" / "config.yaml").read_text()
-        assert f"seed: {seed}\n" in config
-    assert not marker.exists()
+        assert f"seed: {seed}\n" in (job_dir / "config.yaml").read_text()
+        assert (job_dir / ".hydra").exists() is not dry_run
+        if not dry_run:
+            overrides = (job_dir / ".hydra" / "overrides.yaml").read_text()
+            assert overrides.splitlines()[1:] == [f"- train.seed={seed}", "- dry_run=False",
+                                                  "- recovery=off"]  # fmt: skip
+            assert f"seed: {seed}\n" in (job_dir / ".hydra" / "config.yaml").read_text()
+    assert marker.exists() is not dry_run
 
 
 @pytest.mark.parametrize("resolve", [False, True])
