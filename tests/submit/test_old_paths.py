@@ -69,3 +69,37 @@ def test_the_pickled_path_is_the_one_old_path_kept():
     finders = [f for f in sys.meta_path if type(f).__module__.startswith(axonn_launch.__name__)]
     assert not finders, finders
     assert importlib.util.find_spec("axonn_launch.grid") is None
+
+
+# What batch scripts already queued on a cluster run, by module (``python -m``): the
+# restart decision (render.py's in-place loop), the recovery job (chain.py's script) and a
+# pack's allocation (pack.py); each still answers, with its usage line when given nothing.
+QUEUED_ENTRIES = {
+    "axonn_launch.restart": "usage: python -m axonn_launch.restart <job_dir> <exit status>",
+    "axonn_launch.recover": "usage: python -m axonn_launch.recover <attempt dir>",
+    "axonn_launch.pack": "usage: python -m axonn_launch.pack <pack dir>",
+}
+
+
+def test_each_entry_a_queued_script_names_still_runs():
+    """The module entries, and the callables submitit pickled (``submit.task.TrainJob``, the
+    older ``job.TrainJob``), are where queued jobs look for them."""
+    code = (
+        "import runpy, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    sys.argv = [name]\n"
+        "    try:\n"
+        "        runpy.run_module(name, run_name='__main__')\n"
+        "    except SystemExit as end:\n"
+        "        print(name, 'exit', end.code, flush=True)\n"
+        "from axonn_launch.job import TrainJob as old\n"
+        "from axonn_launch.submit.task import TrainJob\n"
+        "print('TrainJob', old is TrainJob, TrainJob.__module__)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code, *QUEUED_ENTRIES], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    for name, usage in QUEUED_ENTRIES.items():
+        assert f"{name} exit 2" in run.stdout, run.stdout
+        assert usage in run.stderr
+    assert "TrainJob True axonn_launch.submit.task" in run.stdout
