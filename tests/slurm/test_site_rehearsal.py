@@ -5,10 +5,11 @@ account (its local/default.yaml), the job records the site directory, the packag
 as it was, and LUMI's batch script runs as a 16-rank job on the cluster's 2 nodes and
 reaches the loss of the same model, grid and seed on ``machine=local``.
 
-Over 60 s: one 16-rank job on 2 nodes of 2 cores, in place of the site rehearsal it
-replaces (the example's own LUMI-like profile, 106 s, no loss check), so LUMI's rehearsal
-costs the suite nothing more. The ``machine=local`` run it is compared with is the one
-frontier's gpt_tiny rehearsal makes (tests/slurm/test_rehearsal.py: the same model, grid
+Over 60 s (104 s measured beside frontier's rehearsal; 147 s alone, with the local run):
+one 16-rank job on 2 nodes of 2 cores, in place of the site rehearsal it replaces (the
+example's own LUMI-like profile, 106 s, no loss check), so LUMI's rehearsal costs the suite
+nothing more. The ``machine=local`` run it is compared with is the one frontier's gpt_tiny
+rehearsal makes (tests/slurm/test_rehearsal.py: the same model, grid
 and train settings; the session fixture ``local_losses`` runs it once for both)."""
 
 from __future__ import annotations
