@@ -3,9 +3,10 @@ partition: six points of one node each (x2, seeds 1-6) share one allocation of f
 the last two starting as earlier ones end. One point's rank is killed mid-training: that
 point restarts in place on its own node while the others train on undisturbed. Every
 point's loss equals the same point run alone (machine=local, the same sweep, trained while
-the pack runs). About 50 s: two waves of points slowed to 1 s per step (so that the kill
-lands mid-training) and the six local runs beside the second. Then ``sweep.pack=array``:
-three of those points as one job array, two tasks at once (about 15 s more).
+the pack runs). ``sweep.pack=array``: three of those points as one job array, two tasks
+at once, launched right after the pack and training beside it. Over 60 s: two waves of
+points slowed to 1 s per step (so that the kill lands mid-training), with the array's tasks
+and the six local runs beside them.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ TRAIN = [
 # worker, takes its own exclusive job's node down); the pack then waits for it
 PACKED = ["machine=slurm_local", "machine.slurm.partition=wide", "sweep.pack=4",
           "sweep.pack_time_min=20"]  # fmt: skip
+ARRAY = ["machine=slurm_local", "sweep.pack=array", "sweep.array_limit=2"]
 SLOW = "slow@step2:1"  # every rank sleeps 1 s in each step from step 2 (the loss is unchanged)
 
 
@@ -68,6 +70,7 @@ def sweep(slurm_cluster, tmp_path_factory) -> dict:
         cwd=root, path_prefix=str(shim), env={"AXONN_FAULT": SLOW}, timeout=300,
     )  # fmt: skip
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-2000:]
+    in_array = launch_array(root / "array")  # beside the pack (its own jobs, debug partition)
     dirs = point_dirs(sweep_dir)
     victim = dirs[1]
     wait_until(lambda: metrics_step(victim) >= 3, 300, "point 1's step 3 (after checkpoint 2)")
@@ -81,7 +84,7 @@ def sweep(slurm_cluster, tmp_path_factory) -> dict:
     (job_id,) = {read_record(d)["job_ids"][0] for d in dirs.values()}
     return {"dir": sweep_dir, "points": dirs, "local": point_dirs(local), "shim": shim,
             "job_id": job_id, "state": wait_ended(job_id, timeout_s=120),
-            "console": launched.stdout}  # fmt: skip
+            "console": launched.stdout, "array": in_array}  # fmt: skip
 
 
 def test_six_points_run_in_one_allocation_of_four_nodes(sweep):
@@ -126,14 +129,13 @@ def test_jobs_status_of_the_sweep_shows_every_point_completed(sweep):
 
 # --- sweep.pack=array: points of one shape as one job array ---------------------------------
 
-ARRAY = ["machine=slurm_local", "sweep.pack=array", "sweep.array_limit=2"]
 
-
-@pytest.fixture(scope="module")
-def array(sweep, tmp_path_factory) -> dict:
+def launch_array(root: Path) -> dict:
     """Seeds 1-3 as one job array, two tasks at once, each chained to its recovery job;
-    compared with the same points run alone (``sweep``'s local runs of seeds 1-6)."""
-    root = tmp_path_factory.mktemp("array")
+    launched by ``sweep`` right after its pack, so that both train at once (the array's
+    tasks are one node each on the debug partition, beside the pack's steps: neither is
+    exclusive)."""
+    root.mkdir()
     shim = sbatch_logger(root / "bin")
     sweep_dir = root / "sweep"
     launched = run_launcher(
@@ -141,10 +143,17 @@ def array(sweep, tmp_path_factory) -> dict:
         cwd=root, path_prefix=str(shim), timeout=300,
     )  # fmt: skip
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-2000:]
-    dirs = point_dirs(sweep_dir)
+    return {"dir": sweep_dir, "shim": shim, "console": launched.stdout}
+
+
+@pytest.fixture(scope="module")
+def array(sweep) -> dict:
+    """The array ``sweep`` launched, once every task ended; compared with the same points
+    run alone (``sweep``'s local runs of seeds 1-6)."""
+    launched = sweep["array"]
+    dirs = point_dirs(launched["dir"])
     wait_until(lambda: all(ended(d) for d in dirs.values()), 300, "every task to end")
-    return {"dir": sweep_dir, "points": dirs, "shim": shim, "local": sweep["local"],
-            "console": launched.stdout}  # fmt: skip
+    return {**launched, "points": dirs, "local": sweep["local"]}
 
 
 def test_a_job_array_runs_each_point_as_its_own_task_at_the_point_s_loss(array):
