@@ -12,7 +12,7 @@ reason instead of waiting for a job that cannot end.
 
 Every Slurm test module holds the cluster shared (``cluster_shared``, a ``flock`` across
 the suite's workers); a test that stops the cluster's daemons (``cluster_whole``) waits
-until no other module uses it, and no other starts meanwhile.
+until no other module uses it, and no other starts until it shares the cluster again.
 """
 
 from __future__ import annotations
@@ -57,14 +57,20 @@ def cluster_shared() -> Iterator[object]:
 
 
 @pytest.fixture
-def cluster_whole(cluster_shared) -> Iterator[None]:
+def cluster_whole(cluster_shared) -> Iterator[Callable[[], None]]:
     """The cluster for this test alone (it stops the controller): the module's shared hold
-    becomes exclusive once every other module has let go, and shared again after."""
+    becomes exclusive once every other module has let go, and shared again after, or as
+    soon as the test calls the function it is given (its daemons are back: the other
+    worker's Slurm modules go on while the test finishes)."""
     fcntl.flock(cluster_shared, fcntl.LOCK_EX)
-    try:
-        yield
-    finally:
+
+    def share() -> None:
         fcntl.flock(cluster_shared, fcntl.LOCK_SH)
+
+    try:
+        yield share
+    finally:
+        share()
 
 
 STUCK_COMPLETING_S = 60  # KillWait=5: a healthy node finishes a job within seconds

@@ -6,8 +6,10 @@ unreachable, with none of submitit's warnings; once the daemons are back the job
 chain finish (chain.state done). One 2-rank gpt_tiny job whose steps take 2 s; over 60 s:
 the job's start, the daemons' restart (start.sh waits for the nodes) and its end. It
 holds the cluster alone (``cluster_whole``: the other worker's Slurm modules would fail
-on a stopped controller), so it runs in the node-down scope, after that scope's other
-files, and waits for the other Slurm scope to finish its modules."""
+on a stopped controller) from the job's start until the daemons are back, not while the
+job finishes (measured alone: 43 s of the test's 74 s); so it runs in the node-down
+scope, after that scope's other files, and waits for the other Slurm scope to finish the
+module it runs."""
 
 from __future__ import annotations
 
@@ -83,6 +85,7 @@ def test_controller_and_accounting_down_is_unreachable_not_ended(
             again = status(job_dir)
         finally:
             daemons("start")
+        cluster_whole()  # the daemons are back: the other Slurm modules may go on
         for said in (shown, again):
             assert said.returncode == 0, said.stderr
             lines = said.stdout.splitlines()
