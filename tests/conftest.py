@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import fake_slurm
 from tests.cli_server import run_module
 
 REPO = Path(__file__).resolve().parent.parent
@@ -11,14 +12,9 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def fake_sbatch(tmp_path):
     """A PATH whose sbatch/srun only record that they were called."""
-    bindir = tmp_path / "fakebin"
-    bindir.mkdir()
     marker = tmp_path / "sbatch_called"
-    for tool in ("sbatch", "srun"):
-        script = bindir / tool
-        script.write_text(f"#!/bin/sh\necho \"$0 $*\" >> {marker}\necho 'Submitted batch job 1'\n")
-        script.chmod(0o755)
-    return bindir, marker
+    tools = {"sbatch": fake_slurm.SUBMITTED, "srun": fake_slurm.SUBMITTED}
+    return fake_slurm.fake_tools(tmp_path / "fakebin", tools, calls=marker), marker
 
 
 SLURM_PREFIX = "tests/slurm"  # node ids of the Slurm tests start so

@@ -17,6 +17,7 @@ import pytest
 from axonn_launch.config.compose import ConfigError, load, machine_names, using_site
 from tests.cli_server import run_module
 from tests.conftest import REPO
+from tests.fake_slurm import QUIET, SUBMITTED, fake_tools, printing
 
 EXAMPLE = REPO / "docs" / "examples" / "site"
 LUMI = ["machine=lumi_small", "model=gpt_5b", "train.data=synthetic", "train.steps=100",
@@ -25,18 +26,9 @@ LUMI = ["machine=lumi_small", "model=gpt_5b", "train.data=synthetic", "train.ste
 
 def fake_slurm(tmp_path: Path) -> Path:
     """sbatch that submits job 1, sacct that says job 1 lost its node, a quiet squeue."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    scripts = {
-        "sbatch": "echo 'Submitted batch job 1'",
-        "sacct": "echo '1|NODE_FAIL|0:0|n1'",
-        "squeue": "true",
-        "sinfo": "echo 'small-g*|n[1-4]'",
-    }
-    for tool, body in scripts.items():
-        (bindir / tool).write_text(f"#!/bin/sh\n{body}\n")
-        (bindir / tool).chmod(0o755)
-    return bindir
+    tools = {"sbatch": SUBMITTED, "sacct": printing("1|NODE_FAIL|0:0|n1"), "squeue": QUIET,
+             "sinfo": printing("small-g*|n[1-4]")}  # fmt: skip
+    return fake_tools(tmp_path / "bin", tools)
 
 
 def package_status() -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tests.cli_server import run_module
 from tests.conftest import REPO
+from tests.fake_slurm import QUIET, failing, fake_tools, on_path, printing
 
 NCCL_ERROR = (
     "[rank1]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356,"
@@ -50,19 +51,11 @@ def failed_job(root: Path, name: str, job_id: str, *, checkpoint_step: int | Non
 def tools(tmp_path: Path, *, sacct: str, sinfo: str | None) -> dict[str, str]:
     """An environment whose sacct prints ``sacct`` and whose sinfo prints ``sinfo`` (or
     fails, as on a computer without Slurm, when None)."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir(parents=True)
-    fail = "echo 'sinfo: error: Unable to contact slurm controller' >&2; exit 1"
-    scripts = {
-        "sacct": f"cat <<'EOF'\n{sacct}\nEOF",
-        "squeue": "true",
-        "sinfo": fail if sinfo is None else f"cat <<'EOF'\n{sinfo}\nEOF",
-    }
-    for tool, body in scripts.items():
-        (bindir / tool).write_text(f"#!/bin/sh\n{body}\n")
-        (bindir / tool).chmod(0o755)
+    fail = failing("sinfo: error: Unable to contact slurm controller")
+    tools = {"sacct": printing(sacct), "squeue": QUIET,
+             "sinfo": fail if sinfo is None else printing(sinfo)}  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    return {**env, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    return {**env, "PATH": on_path(fake_tools(tmp_path / "bin", tools))}
 
 
 def resubmit_dry_run(root: Path, env: dict[str, str], *overrides: str):

@@ -18,6 +18,7 @@ from axonn_launch.records import failures, status
 from axonn_launch.records.failures import Diagnosis, Evidence, classify
 from axonn_launch.scheduler import slurm_queries
 from axonn_launch.train.health import faults
+from tests import fake_slurm
 
 # --- literal texts, as Slurm, submitit, torch and the kernel write them ---------------------
 
@@ -338,22 +339,16 @@ def make_job(
 
 def fake_tools(tmp_path: Path, *, sacct: str | None, squeue: str = "") -> dict[str, str]:
     """PATH with a sacct that prints ``sacct`` (or fails when None) and a squeue."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir(exist_ok=True)
-    calls = tmp_path / "calls"
-    scripts = {
-        "sacct": f"echo sacct >> {calls}\n"
-        + (
-            "echo 'sacct: error: Slurm accounting storage is disabled' >&2; exit 1"
-            if sacct is None
-            else f"cat <<'EOF'\n{sacct}\nEOF"
-        ),  # fmt: skip
-        "squeue": f"echo squeue >> {calls}\ncat <<'EOF'\n{squeue}\nEOF",
-    }
-    for tool, body in scripts.items():
-        (bindir / tool).write_text(f"#!/bin/sh\n{body}\n")
-        (bindir / tool).chmod(0o755)
-    return {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    no_accounting = fake_slurm.failing("sacct: error: Slurm accounting storage is disabled")
+    sacct_body = no_accounting if sacct is None else fake_slurm.printing(sacct)
+    tools = {"sacct": sacct_body, "squeue": fake_slurm.printing(squeue)}
+    bindir = fake_slurm.fake_tools(tmp_path / "bin", tools, calls=tmp_path / "calls")
+    return {"PATH": fake_slurm.on_path(bindir)}
+
+
+def called(tmp_path: Path) -> list[str]:
+    """The tools ``fake_tools`` saw called, in order."""
+    return [line.split()[0] for line in (tmp_path / "calls").read_text().splitlines()]
 
 
 @pytest.fixture
@@ -387,7 +382,7 @@ def test_status_with_sacct_one_call_for_all_jobs(job_root, tmp_path, monkeypatch
     monkeypatch.setenv("PATH", fake_tools(tmp_path, sacct=SACCT)["PATH"])
     rows = by_name(status.collect([str(job_root)]))
     # one sacct call for all jobs, and one squeue --start for the pending ones' estimate
-    assert (tmp_path / "calls").read_text().split() == ["sacct", "squeue"]
+    assert called(tmp_path) == ["sacct", "squeue"]
     expected = {
         "done": ("COMPLETED", failures.COMPLETED, 20),
         "oom": ("FAILED", failures.GPU_OOM, 3),
@@ -403,7 +398,7 @@ def test_status_with_sacct_one_call_for_all_jobs(job_root, tmp_path, monkeypatch
 def test_status_without_accounting_uses_squeue_results_and_logs(job_root, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", fake_tools(tmp_path, sacct=None, squeue="103|PENDING|")["PATH"])
     rows = by_name(status.collect([str(job_root)]))
-    assert (tmp_path / "calls").read_text().split() == ["sacct", "squeue", "squeue"]  # --start
+    assert called(tmp_path) == ["sacct", "squeue", "squeue"]  # --start
     assert (
         rows["queued"].expected_start == "pending: Slurm has no start estimate yet (squeue --start)"
     )

@@ -4,7 +4,6 @@ node's one-line refusals. The packed sweep itself runs in tests/slurm/test_packe
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from axonn_launch.submit.pack import (
     shared_header,
 )
 from tests.conftest import run_launcher
+from tests.fake_slurm import failing, fake_tools, on_path
 
 FRONTIER_BINS = [[91, 120], [183, 360], [9472, 720]]  # conf/machine/frontier.yaml
 
@@ -165,11 +165,8 @@ def test_a_pack_sbatch_refuses_leaves_each_point_refused_with_its_line(tmp_path,
     from axonn_launch.common.jobdir import read_record, write_record_file
     from axonn_launch.submit.pack import submit_pack
 
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: invalid partition' >&2\nexit 1\n")
-    (fake / "sbatch").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    fake = fake_tools(tmp_path / "bin", {"sbatch": failing("sbatch: error: invalid partition")})
+    monkeypatch.setenv("PATH", on_path(fake))
     two = points((1, 10), (1, 10), root=str(tmp_path / "j"))
     for point in two:
         Path(point.job_dir).mkdir(parents=True)

@@ -24,6 +24,7 @@ from axonn_launch.config.compose import ConfigError, load
 from axonn_launch.config.resolve import resolve
 from axonn_launch.submit.render import RELAY_SUFFIX, render_script
 from axonn_launch.submit.task import apply_task_env
+from tests.fake_slurm import fake_tools
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 JOB_DIR = Path("/scratch/jobs/run")
@@ -267,15 +268,13 @@ def test_slurm_local_uses_the_same_renderer_with_profile_lines_only():
 
 # --- signals to the batch shell reach the ranks --------------------------------------------
 
-FAKE_SRUN = """#!/bin/bash
-trap 'echo srun got USR2 >> "$RELAY_LOG"' USR2
+FAKE_SRUN = """trap 'echo srun got USR2 >> "$RELAY_LOG"' USR2
 trap 'echo srun got TERM >> "$RELAY_LOG"; exit 7' TERM
 echo srun started >> "$RELAY_LOG"
 for _ in $(seq 1000); do [ -e "$RELAY_LOG.stop" ] && exit 3; sleep 0.02; done
 exit 9
 """
-FAKE_SCANCEL = """#!/bin/bash
-echo "scancel $*" >> "$RELAY_LOG"
+FAKE_SCANCEL = """echo "scancel $*" >> "$RELAY_LOG"
 touch "$RELAY_LOG.stop"
 """
 
@@ -308,11 +307,8 @@ def test_usr2_and_term_to_the_batch_shell_reach_the_step_and_srun_status_is_kept
     """The rendered script in bash with stand-ins: USR2 to the shell goes to srun, TERM goes
     to the job's steps through scancel (srun itself would kill its step), the shell goes on
     waiting after each, and ends with srun's exit status."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    for name, text in (("srun", FAKE_SRUN), ("scancel", FAKE_SCANCEL)):
-        (bindir / name).write_text(text)
-        (bindir / name).chmod(0o755)
+    bindir = fake_tools(tmp_path / "bin", {"srun": FAKE_SRUN, "scancel": FAKE_SCANCEL},
+                        shell="/bin/bash")  # fmt: skip
     script = tmp_path / "job.sh"
     script.write_text(render(CASES["slurm_local"]))
     log = tmp_path / "relay.log"

@@ -43,6 +43,7 @@ from axonn_launch.train.health.startup import (
 )
 from axonn_launch.train.parallel.bootstrap import DistEnv
 from tests.conftest import run_launcher
+from tests.fake_slurm import fake_tools, on_path, printing
 from tests.train.dist_utils import run_world
 
 # --- the fault grammar -------------------------------------------------------------------
@@ -328,13 +329,8 @@ def stopped_job(root: Path, name: str, job_id: str, slow: list[str], in_record: 
 
 
 def test_status_and_resubmit_of_a_job_the_preflight_stopped(tmp_path, monkeypatch, capsys):
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "sacct").write_text(
-        "#!/bin/sh\necho '11|FAILED|1:0|n[1-2]'\necho '12|FAILED|1:0|n[1-2]'\n"
-    )
-    (bindir / "sacct").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    sacct = printing("11|FAILED|1:0|n[1-2]\n12|FAILED|1:0|n[1-2]")
+    monkeypatch.setenv("PATH", on_path(fake_tools(tmp_path / "bin", {"sacct": sacct})))
     one = stopped_job(tmp_path / "jobs", "one", "11", ["n2"], in_record=True)
     two = stopped_job(tmp_path / "jobs", "two", "12", ["n1", "n2"], in_record=False)
     rows = {r.name: r for r in status.collect([str(tmp_path / "jobs")])}
@@ -361,11 +357,8 @@ def test_two_excluded_nodes_compose_into_one_sbatch_value():
 
 def test_nccl_warnings_in_its_log_file_still_classify_the_failure(tmp_path, monkeypatch):
     """With NCCL_DEBUG_FILE set, NCCL's WARN lines leave stderr; status reads them there."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "sacct").write_text("#!/bin/sh\necho '21|FAILED|1:0|n1'\n")
-    (bindir / "sacct").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    sacct = printing("21|FAILED|1:0|n1")
+    monkeypatch.setenv("PATH", on_path(fake_tools(tmp_path / "bin", {"sacct": sacct})))
     job_dir = tmp_path / "jobs" / "oom"
     (job_dir / "slurm" / "21").mkdir(parents=True)
     (job_dir / "logs").mkdir()
