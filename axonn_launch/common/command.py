@@ -1,7 +1,7 @@
 """Running an external tool and reading what it printed: its stdout, or why there is none.
 
-Shared by the scheduler queries (``scheduler/slurm_queries.py``) and the steps that ask
-Slurm about nodes (``batch/recovery.py``, ``restart_job.py``, ``resubmit.py``). No torch.
+Used by the scheduler objects (``scheduler/slurm.py``, ``slurm_queries.py``), which run every
+Slurm command. No torch.
 """
 
 from __future__ import annotations

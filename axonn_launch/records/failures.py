@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-# The Slurm text rules live in slurmtext; records/ (scheduler_queries, evidence, status) and
+# The Slurm text rules live in slurmtext; scheduler/slurm_queries, records/ (evidence, status) and
 # the tests read these names from here.
 from axonn_launch.common import failure_classes, fserrors
 
@@ -414,7 +414,7 @@ def diagnosed(ev: Evidence) -> Diagnosis | None:
 
 def oom_killed(ev: Evidence) -> Diagnosis | None:
     """host_oom from the failure record a local supervisor wrote for a rank that the
-    kernel's OOM killer killed (``submit/supervise.record_oom_kill``), or None. It comes
+    kernel's OOM killer killed (``batch/supervise.record_oom_kill``), or None. It comes
     before the peers' own diagnosis: they stopped because that rank died."""
     killed = [r for r in ev.failure_records if r.get("failure_class") == HOST_OOM]
     if not killed:
