@@ -24,6 +24,7 @@ SLURM_NODE_DOWN = {
     "tests/slurm/test_recovery.py",
     "tests/slurm/test_requeue_old_pickle.py",
     "tests/slurm/test_lost_batch_host.py",
+    "tests/slurm/test_restart_in_place.py",  # sets n3 and n4 DOWN
     "tests/slurm/test_slurm_down.py",  # stops the controller: after the others, alone
 }
 

@@ -9,8 +9,9 @@ step), with no sbatch after the launch's own two (the job and its recovery job, 
 an sbatch on PATH that logs each call). The uninterrupted run is the same config on
 machine=local, trained beside it. Over 60 s (106-135 s measured on the shared 2-core
 machine): 20 steps slowed to 1 s each, so that the faults land mid-training, three restarts
-(the shrink's composes the launch again) and two DOWN nodes' detection. A lost batch host
-is tests/slurm/test_lost_batch_host.py (it takes n1 down: the node-down scope).
+(the shrink's composes the launch again) and two DOWN nodes' detection. It sets nodes
+DOWN, so its job is exclusive and it is in the node-down scope (tests/conftest.py), as is
+tests/slurm/test_lost_batch_host.py (a lost batch host).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ ON_SLURM = [
     "machine=slurm_local", "nodes=2", "machine.slurm.partition=wide",
     "+machine.slurm.extra_sbatch.exclude=n1", "recovery.spare_nodes=1", "wait=false",
     "recovery.in_job_restarts=3", "recovery.on_fewer_nodes=shrink",
+    "+machine.slurm.exclusive=true",  # no other test file's job is on a node set DOWN
 ]  # fmt: skip
 SLOW = "slow@step2:1"  # every rank sleeps 1 s in each step from step 2 (the loss is unchanged)
 VICTIM = "n3"  # the node set DOWN: only the wide partition holds it, so only this run
