@@ -6,17 +6,24 @@ heartbeat, names the ranks that stopped making progress (``find_suspects``), wri
 ``hang`` failure record and ends the process. ``straggler_report`` names the ranks whose
 compute time per step is far above the median.
 
+The shared file system sees one ``stat`` of the request per node per beat, not one per
+rank: the ranks of a node take turns relaying it into a node-local folder (``NodeRelay``),
+which each rank's beat looks at.
+
 The deadlines, the steps of a hang and the cost at scale: ``docs/recovery.md``
 ("train/health/watchdog.py").
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
+import hashlib
 import logging
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +47,8 @@ REQUEST = jobdir.HANG_REQUEST
 # a step's sections in order: a rank in a later one has made more progress
 SECTION_ORDER = {"init": 0, "data": 1, "compute": 2, "sync": 3, "eval": 4, "checkpoint": 5}
 ANSWER_BEATS = 3  # beats to wait for the other ranks' answers
+NODE_DIR_VAR = "AXONN_NODE_DIR"  # where a node's ranks share the relayed request (a tmpfs)
+RELAY_DUE = 0.9  # a node's request is relayed again once its stamp is this many beats old
 
 
 class Hang(RuntimeError):
@@ -110,6 +119,69 @@ def find_suspects(beats: dict[int, dict | None], asked_at: float) -> list[int]:
     return sorted(rank for rank, point in points.items() if point == least)
 
 
+# --- the request, relayed once per node ------------------------------------------------------
+
+
+def node_local_base(environ=os.environ) -> Path:
+    """A folder on the node itself: ``AXONN_NODE_DIR``, else ``/dev/shm``, else the temp dir."""
+    if environ.get(NODE_DIR_VAR):
+        return Path(environ[NODE_DIR_VAR])
+    shm = Path("/dev/shm")
+    return shm if os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def mtime_ns(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+class NodeRelay:
+    """The shared request file, seen by a node's ranks through a node-local copy.
+
+    At each beat a rank looks at the node-local stamp: when no rank of its node looked at
+    the shared request for ``RELAY_DUE`` beats, this rank does (one ``stat`` on the shared
+    file system) and copies a newer request's time onto the node-local request. A stopped
+    rank stops relaying and the next rank of the node takes over at its next beat."""
+
+    def __init__(self, shared_request: Path, job_dir: Path, node: str, beat_s: float) -> None:
+        key = hashlib.sha1(str(Path(job_dir).resolve()).encode()).hexdigest()[:16]
+        self.folder = node_local_base() / f"axonn-{key}" / node
+        self.shared, self.beat_s = shared_request, beat_s
+        self.request, self.stamp = self.folder / REQUEST, self.folder / "relayed"
+
+    def due(self) -> bool:
+        stamped = mtime_ns(self.stamp)
+        return stamped is None or time.time() - stamped / 1e9 >= RELAY_DUE * self.beat_s
+
+    def relay(self, force: bool = False) -> None:
+        """Copy the shared request's time onto the node's, when due (or ``force``d)."""
+        if not (force or self.due()):
+            return
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.stamp.touch()
+            asked = mtime_ns(self.shared)
+            if asked is not None and asked > (mtime_ns(self.request) or 0):
+                self.request.touch()
+                os.utime(self.request, ns=(asked, asked))
+        except OSError as error:
+            log.warning("watchdog: cannot relay the request on this node: %s", error)
+
+    def request_time(self) -> float | None:
+        found = mtime_ns(self.request)
+        return None if found is None else found / 1e9
+
+    def clean(self) -> None:
+        """Leave nothing on the node (a rank still running makes it again at its beat)."""
+        with contextlib.suppress(OSError):  # not empty: another rank or node is still there
+            for path in (self.stamp, self.request):
+                path.unlink(missing_ok=True)
+            self.folder.rmdir()
+            self.folder.parent.rmdir()
+
+
 # --- the watchdog ----------------------------------------------------------------------------
 
 
@@ -143,6 +215,7 @@ class Watchdog:
         self.graced_since: float | None = None  # the section clock given one more deadline
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
+        self.relay = NodeRelay(self.paths.hang_request, self.paths.folder, node, cfg.beat_s)
 
     # the main thread's side: only assignments
 
@@ -163,6 +236,7 @@ class Watchdog:
         self.stopping.set()
         if self.thread is not None:
             self.thread.join(timeout=self.cfg.beat_s + 5)
+        self.relay.clean()
 
     # the watchdog thread's side
 
@@ -179,10 +253,9 @@ class Watchdog:
         return section.deadline_s * (2 if section.since == self.graced_since else 1)
 
     def request_time(self) -> float | None:
-        try:
-            return (self.paths.heartbeats / REQUEST).stat().st_mtime
-        except OSError:
-            return None
+        """The newest request's time, as relayed onto this node (``NodeRelay``)."""
+        self.relay.relay()
+        return self.relay.request_time()
 
     def answer_request(self) -> None:
         asked = self.request_time()
@@ -230,13 +303,17 @@ class Watchdog:
         return path.stat().st_mtime
 
     def collect_beats(self, asked_at: float) -> dict[int, dict | None]:
-        """Every rank's heartbeat, waiting up to ``ANSWER_BEATS`` beats for the answers."""
+        """Every rank's heartbeat, waiting up to ``ANSWER_BEATS`` beats for the answers; a
+        rank's file is read again only until it answered."""
         wait_until = time.time() + ANSWER_BEATS * self.cfg.beat_s + 1
+        beats: dict[int, dict | None] = {r: None for r in range(self.world_size)}
         while True:
-            beats = {r: self.read_beat(r) for r in range(self.world_size)}
+            for rank in [r for r, b in beats.items() if not answered(b, asked_at)]:
+                beats[rank] = self.read_beat(rank)
             if all(answered(b, asked_at) for b in beats.values()) or time.time() > wait_until:
                 return beats
             time.sleep(min(0.5, self.cfg.beat_s))
+            self.relay.relay(force=True)  # this node's ranks see the request at their beat
             self.answer_request()  # another rank that fired asks too: answer it meanwhile
 
     def read_beat(self, rank: int) -> dict | None:

@@ -15,6 +15,7 @@ from axonn_launch.common.spec import StragglerConfig, WatchdogConfig
 from axonn_launch.train.health.faults import parse, poisons
 from axonn_launch.train.health.watchdog import (
     HANG_EXIT,
+    NODE_DIR_VAR,
     Watchdog,
     checkpoint_deadline,
     collective_timeout,
@@ -25,6 +26,12 @@ from axonn_launch.train.health.watchdog import (
 )
 
 CFG = WatchdogConfig(startup_s=900, startup_steps=2, step_factor=10, step_floor_s=120)
+
+
+@pytest.fixture(autouse=True)
+def node_dir(tmp_path, monkeypatch):
+    """The node-local folders of these watchdogs (a fired one is never stopped) in tmp."""
+    monkeypatch.setenv(NODE_DIR_VAR, str(tmp_path / "node"))
 
 
 def test_the_first_steps_get_the_start_up_grace():
@@ -156,3 +163,30 @@ def test_ranks_all_alive_at_the_same_point_get_one_more_deadline(tmp_path):
     assert dog.graced_since == dog.section.since
     record = json.loads((paths.failures / "rank_0.json").read_text())
     assert record["suspects"] == [] and "none named" in record["exception"]
+
+
+def test_the_ranks_of_a_node_see_a_request_one_of_them_relayed(tmp_path):
+    """Four ranks of node n1 and one of n2 beat every 0.05 s; a request on the shared
+    file system reaches each through its node's relayed copy (one node-local folder per
+    node), and each answers it with its heartbeat. Stopping the watchdogs leaves no
+    node-local folder behind."""
+    paths = JobPaths(tmp_path)
+    cfg = WatchdogConfig(beat_s=0.05)
+    nodes = ["n1"] * 4 + ["n2"]
+    dogs = [
+        Watchdog(cfg, tmp_path, rank=r, world_size=5, node=n).start() for r, n in enumerate(nodes)
+    ]
+    folders = {dog.relay.folder for dog in dogs}
+    paths.hang_request.touch()
+    asked = paths.hang_request.stat().st_mtime
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        beats = [json.loads(paths.heartbeat(r).read_text()) for r in range(5)]
+        if all(b["answered"] >= asked for b in beats):
+            break
+        time.sleep(0.02)
+    assert all(b["answered"] == asked for b in beats), beats
+    assert len(folders) == 2 and all(f.exists() for f in folders)
+    for dog in dogs:
+        dog.stop()
+    assert not any(f.exists() for f in folders)
