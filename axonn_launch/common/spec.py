@@ -197,6 +197,12 @@ class TrainConfig:
     # before an optimizer step that is not (class non_finite)
     check_finite: bool = True
     profile: ProfileConfig = field(default_factory=ProfileConfig)  # a torch.profiler window
+    # emulated ranks (train/emulate/): the control path without the model, for scale
+    # rehearsals; each host task carries emulate_host_ranks ranks (0: its node's), each
+    # step's compute is emulate_step_s of sleep
+    emulate: bool = False
+    emulate_host_ranks: int = 0
+    emulate_step_s: float = 0.2
 
     def __post_init__(self) -> None:
         start = self.schedule_start

@@ -29,8 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("job_dir", type=Path, help="directory holding spec.json")
     args = parser.parse_args(argv)
     from axonn_launch.train import run_job
-    from axonn_launch.train.health.faults import step_hook
-    from axonn_launch.train.loop import StopFlag
+    from axonn_launch.train.health.faults import StopFlag, step_hook
 
     stop = StopFlag()
     signal.signal(signal.SIGUSR2, stop.request)

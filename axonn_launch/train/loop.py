@@ -25,6 +25,7 @@ from torch import nn
 from axonn_launch.common.failure_classes import NON_FINITE
 from axonn_launch.common.spec import TrainConfig
 from axonn_launch.train.data import IGNORE_INDEX, Loader, MicroBatch
+from axonn_launch.train.health.faults import StopFlag  # here too, where it was first
 from axonn_launch.train.health.monitor import StepMonitor
 from axonn_launch.train.metrics import MetricsLogger, StepStats, memory_gib
 from axonn_launch.train.models.gpt import clip_grad_norm_, finish_gradients
@@ -34,6 +35,7 @@ from axonn_launch.train.parallel.gemm import GemmTuner
 from axonn_launch.train.parallel.groups import Groups
 
 log = logging.getLogger(__name__)
+__all__ = ["StopFlag", "TrainContext", "train_loop"]
 
 
 def learning_rate(step: int, train: TrainConfig) -> float:
@@ -55,19 +57,6 @@ def learning_rate(step: int, train: TrainConfig) -> float:
     decay_steps = max(1, steps - train.warmup_steps)
     progress = min(1.0, (step - train.warmup_steps) / decay_steps)
     return train.min_lr + 0.5 * (train.lr - train.min_lr) * (1 + math.cos(math.pi * progress))
-
-
-class StopFlag:
-    """A ``should_stop`` hook that a signal handler can set (only assigns a bool)."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def request(self, *_: object) -> None:
-        self.requested = True
-
-    def __call__(self) -> bool:
-        return self.requested
 
 
 @dataclass

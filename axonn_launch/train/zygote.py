@@ -40,6 +40,7 @@ PRELOAD = (
     "torch.utils.checkpoint",
     "numpy",
     "axonn_launch.train",
+    "axonn_launch.train.run",  # axonn_launch.train imports it only when a rank runs
     "axonn_launch.train.health.faults",
     "axonn_launch.train.checkpoint.export",
     "axonn_launch.train.checkpoint.state",  # checkpoints

@@ -106,6 +106,19 @@ def preflight_slowdown(*, rank: int, node: str, environ=os.environ) -> int:
     return max(factors, default=1)
 
 
+class StopFlag:
+    """A ``should_stop`` hook that a signal handler can set (only assigns a bool)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def request(self, *_: object) -> None:
+        self.requested = True
+
+    def __call__(self) -> bool:
+        return self.requested
+
+
 def step_hook(
     should_stop: Callable[[], bool],
     *,
