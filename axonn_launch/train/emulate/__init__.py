@@ -47,8 +47,8 @@ def run_emulated(spec: JobSpec, *, should_stop: Callable[[], bool] | None = None
     setup_logging(host.ranks[0], spec.job_dir)
     address = rendezvous_address(spec, os.environ)
     server = start_server(*address, host.world_size, TIMEOUT_S) if 0 in host.ranks else None
-    log.info("emulating ranks %d-%d of %d on this task (store %s:%d)",
-             host.ranks[0], host.ranks[-1], host.world_size, *address)  # fmt: skip
+    log.info("emulating ranks %d-%d of %d in process %d (store %s:%d)",
+             host.ranks[0], host.ranks[-1], host.world_size, os.getpid(), *address)  # fmt: skip
     stop = should_stop or (lambda: False)
     ranks = [EmulatedRank(spec, host, r, dict(os.environ), stop) for r in host.ranks]
     summaries = run_ranks(spec, ranks, address, started)
