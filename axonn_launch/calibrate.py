@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from axonn_launch import scheduler
 from axonn_launch.config.compose import machine_choices
 from axonn_launch.cost.perf import (
     ALL_REDUCE,
@@ -197,7 +198,7 @@ def run_in_allocation(settings: Settings) -> None:
 
     machine = load([f"machine={settings.machine}"]).machine
     env = measuring.join(RuntimeConfig(backend=machine.backend, device_index=machine.device_index))
-    problem = measuring.world_problem(machine.scheduler, env)
+    problem = measuring.world_problem(scheduler.of(machine).on_this_computer, env)
     if problem:
         raise CalibrateError(f"calibrate machine={settings.machine}: {problem}; {INSTEAD}")
     gpn = settings.gpus_per_node or machine.hardware.gpus_per_node or env.local_world_size

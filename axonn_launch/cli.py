@@ -28,6 +28,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from axonn_launch import scheduler
 from axonn_launch.config.compose import (
     ConfigError,
     LaunchConfig,
@@ -89,7 +90,7 @@ def hydra_entry(cfg: DictConfig) -> PointOutcome:
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         launch_cfg = point_config(cfg, hydra_cfg if sweeping else None)
-        if launch_cfg.machine.scheduler != "local" or launch_cfg.dry_run:
+        if not scheduler.of(launch_cfg.machine).on_this_computer or launch_cfg.dry_run:
             processes.dismiss_early_supervisor()  # no local job to hand it: its imports stop
         outcome = launch(
             run_checks(launch_cfg, job_dir),

@@ -27,8 +27,6 @@ from axonn_launch.batch.resubmit import (
     original_overrides,
     resubmit_one,
 )
-from axonn_launch.common import slurmtext
-from axonn_launch.common.command import command_output
 from axonn_launch.common.jobdir import (
     add_skipped_step,
     checkpointed_step,
@@ -41,6 +39,8 @@ from axonn_launch.common.jobdir import (
 from axonn_launch.config.compose import RecoveryConfig
 from axonn_launch.records import curves, failures
 from axonn_launch.records.status import JobStatus, collect
+from axonn_launch.scheduler.base import recorded
+from axonn_launch.scheduler.slurm import SLURM
 from axonn_launch.submit.chain import (
     DONE,
     RECOVERING,
@@ -178,27 +178,14 @@ def carry_skipped_steps(job_dir: Path, target: Path) -> None:
             add_skipped_step(target, step)
 
 
-def usable_nodes(partition: str) -> list[str] | None:
-    """The partition's nodes that are up now (None when sinfo cannot tell)."""
-    command = ["sinfo", "-h", "-N", "-o", "%N|%t"] + (["-p", partition] if partition else [])
-    text = command_output(command)
-    if text is None:
-        return None
-    up = []
-    for line in text.splitlines():
-        name, _, state = line.strip().partition("|")
-        if name and not slurmtext.node_down(state):
-            up.append(name)
-    return list(dict.fromkeys(up))
+usable_nodes = SLURM.nodes_up  # the partition's nodes that are up now (None: sinfo cannot tell)
 
 
 def nodes_up(record: dict) -> list[str] | None:
     """The nodes of the job's partition that are up now; None when sinfo cannot tell, and
     for a local job: sinfo knows nothing of the computer it runs on (and may answer for a
     cluster that has nothing to do with it)."""
-    if record.get("scheduler", "slurm") != "slurm":
-        return None
-    return usable_nodes(str(record.get("partition") or ""))
+    return recorded(record).nodes_up(str(record.get("partition") or ""))
 
 
 def fewer_nodes_overrides(

@@ -31,7 +31,6 @@ from axonn_launch.batch.recovery import (
 )
 from axonn_launch.batch.resubmit import new_overrides, original_overrides
 from axonn_launch.common import slurmtext
-from axonn_launch.common.command import command_output
 from axonn_launch.common.jobdir import (
     SLURM_RESULT,
     JobPaths,
@@ -50,6 +49,7 @@ from axonn_launch.records.evidence import (
     slurm_task_files,
     step_evidence,
 )
+from axonn_launch.scheduler.slurm import SLURM
 from axonn_launch.submit import chain
 from axonn_launch.submit.in_job import RECORD_KEY
 from axonn_launch.submit.pack import NODES_VARIABLE
@@ -189,18 +189,12 @@ def held_nodes(job_id: str, environ: dict[str, str]) -> tuple[str, ...]:
     """The nodes the job holds now and that are up (a job with ``--no-kill`` loses a
     failed node from its allocation; a node may still be listed while going down). A
     packed point holds only the nodes its pack gave it."""
-    text = command_output(["squeue", "-h", "-j", job_id, "-o", "%N"]) or ""
-    held = slurmtext.expand_nodelist(text.strip()) or slurmtext.expand_nodelist(
+    held = SLURM.job_nodes(job_id) or slurmtext.expand_nodelist(
         environ.get("SLURM_JOB_NODELIST", "")
     )
     own = slurmtext.expand_nodelist(environ.get(NODES_VARIABLE, ""))
-    held = [n for n in held if n in own] if own else held
-    states = command_output(["sinfo", "-h", "-N", "-n", ",".join(held), "-o", "%N|%t"]) or ""
-    down = {
-        name
-        for name, _, state in (line.strip().partition("|") for line in states.splitlines())
-        if slurmtext.node_down(state)
-    }
+    held = tuple(n for n in held if n in own) if own else tuple(held)
+    down = set(SLURM.down_nodes(held))
     return tuple(n for n in held if n not in down)
 
 

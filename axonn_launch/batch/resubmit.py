@@ -17,8 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-from axonn_launch.common import slurmtext
-from axonn_launch.common.command import command_output
 from axonn_launch.common.jobdir import (
     CHECKPOINTS,
     JobPaths,
@@ -35,6 +33,7 @@ from axonn_launch.config.compose import SITE_ENV, split_argv, using_site
 from axonn_launch.records import failures
 from axonn_launch.records.jobdirs import DRY_RUN_STATE, saved_config
 from axonn_launch.records.status import JobStatus
+from axonn_launch.scheduler.base import recorded
 from axonn_launch.submit import chain
 from axonn_launch.submit.attempts import attempt_dir, lineage_of, seed_from_checkpoint
 
@@ -241,24 +240,6 @@ def resume_point(job_dir: Path) -> str:
         return f"restarts from step 0: {CHECKPOINTS}/{name}, the latest, is incomplete"
 
 
-def partition_nodes(partition: str) -> tuple[str, list[str]] | None:
-    """(partition name, its nodes) from one ``sinfo`` call: ``partition`` (a comma list is
-    their union) or, when empty, the default one (sinfo marks it ``*``); None when sinfo is
-    missing, fails or does not list it."""
-    text = command_output(["sinfo", "-h", "-o", "%P|%N"])
-    wanted = {p for p in partition.split(",") if p}
-    names, nodes = [], []
-    for line in (text or "").splitlines():
-        name, sep, hostlist = line.strip().partition("|")
-        if sep and (name.rstrip("*") in wanted if wanted else name.endswith("*")):
-            names.append(name.rstrip("*"))
-            try:
-                nodes += slurmtext.expand_nodelist(hostlist)
-            except ValueError:
-                return None
-    return (",".join(dict.fromkeys(names)), list(dict.fromkeys(nodes))) if names else None
-
-
 def excluded_nodes(overrides: list[str]) -> list[str]:
     """The nodes the ``--exclude`` override of a new attempt names."""
     values = [o.split("=", 1)[1].strip("'\"") for o in overrides if _key(o) == _key(EXCLUDE_KEY)]
@@ -280,13 +261,13 @@ def schedulable_warning(
     """Why the new attempt may never start: its exclusions leave its partition fewer nodes
     than it needs; or that this cannot be known here. None when there is nothing to say."""
     excluded = excluded_nodes(overrides)
-    if record.get("scheduler", "slurm") != "slurm" or not excluded:
+    if not recorded(record).queued or not excluded:
         return None
     partition = _given_value(given, "machine.slurm.partition")
     if partition is None:
         config = saved_config(job_dir) or {}
         partition = str(((config.get("machine") or {}).get("slurm") or {}).get("partition") or "")
-    found, needed = partition_nodes(partition), nodes_needed(record, given)
+    found, needed = recorded(record).partition_nodes(partition), nodes_needed(record, given)
     named = f"partition {partition}" if partition else "the default partition"
     unsure = f"excluding {','.join(excluded)}: cannot tell whether enough nodes are left"
     if found is None:

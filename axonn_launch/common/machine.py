@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import MISSING, dataclass, field, fields
 
-SCHEDULERS = ("local", "slurm")  # submit/pipeline.py starts a job for each name
+# The names ``machine.scheduler`` may take: the built-in schedulers' (scheduler/), and any
+# registered later joins (``scheduler.register``), so that a profile naming it loads.
+SCHEDULERS = ["local", "slurm"]
 # ``slurm.partition`` of a site whose jobs take no --partition (Perlmutter: -C gpu and a QOS):
 # said so in the profile, so that a partition left out by mistake is caught (profile_problem)
 CLUSTER_DEFAULT = "cluster_default"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
+from axonn_launch import scheduler
 from axonn_launch.common.rules import or_list
 from axonn_launch.config.compose import ConfigError, LaunchConfig, machine_names, machine_profile
 
@@ -21,7 +22,7 @@ MAX_PARAMS = 50_000_000
 def check_machine(cfg: LaunchConfig) -> None:
     """Only a site's Slurm machine can be rehearsed."""
     machine = cfg.machine
-    if machine.scheduler != "slurm" or machine.name == LOCAL_MACHINE:
+    if not scheduler.of(machine).queued or machine.name == LOCAL_MACHINE:
         raise ConfigError(
             f"rehearse=true: machine={machine.name} already runs here; rehearse a site"
             f" machine: machine={or_list(site_machines())}"

@@ -14,9 +14,10 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
+from axonn_launch import scheduler
 from axonn_launch.common import hostmem, prompts, rules, slurmtext, tokenfile
 from axonn_launch.common.grid import Grid
-from axonn_launch.common.machine import SCHEDULERS, MachineProfile, SlurmSettings
+from axonn_launch.common.machine import MachineProfile, SlurmSettings
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import GenerateConfig, MemorizationConfig, TrainConfig
 from axonn_launch.config import edf
@@ -191,7 +192,7 @@ def check_job_dir(job_dir: str, machine: MachineProfile) -> None:
     found = slurmtext.control_characters(job_dir)
     if found:
         raise ConfigError(f"{key}: holds control characters ({found}); valid: a one-line path")
-    if machine.scheduler != "slurm":
+    if not scheduler.of(machine).queued:
         return
     tags = [tag for tag in slurmtext.SUBMITIT_TAGS if tag in job_dir]
     if tags:
@@ -207,7 +208,7 @@ def check_job_dir(job_dir: str, machine: MachineProfile) -> None:
 
 
 def check_machine(machine: MachineProfile) -> None:
-    _one_of("machine.scheduler", machine.scheduler, SCHEDULERS)
+    _one_of("machine.scheduler", machine.scheduler, scheduler.names())
     _one_of("machine.backend", machine.backend, ("auto", "gloo", "nccl"))
     _one_of("machine.device_index", machine.device_index, ("local_rank", "zero"))
     _positive("machine.hardware.gpus_per_node", machine.hardware.gpus_per_node)
@@ -216,7 +217,7 @@ def check_machine(machine: MachineProfile) -> None:
             f"machine.host_memory_headroom={machine.host_memory_headroom}: must be >= 0 and < 1"
             " (the share of the available memory left free)"
         )
-    if machine.scheduler == "slurm":
+    if scheduler.of(machine).queued:
         check_time_limit(machine.slurm)
         _positive("machine.slurm.cpus_per_task", machine.slurm.cpus_per_task)
     for key in machine.env | machine.multinode_env | machine.task_env:
@@ -337,7 +338,7 @@ def auto_grid(cfg: LaunchConfig) -> Costed:
         raise ConfigError(f"grid.pick={pick}: must be 0 (the best) or more")
     machine, model, train = cfg.machine, cfg.model, cfg.train
     try:
-        nodes = 1 if machine.scheduler == "local" else cfg.nodes
+        nodes = 1 if scheduler.of(machine).on_this_computer else cfg.nodes
         if nodes is None:
             nodes = planner.smallest_nodes(machine=machine, model=model, train=train)
         rows = planner.plan(machine=machine, model=model, train=train, nodes=nodes, top=pick + 1)
@@ -370,7 +371,7 @@ def explicit_grid(request: GridRequest, machine: MachineProfile) -> Grid:
 def place(machine: MachineProfile, grid: Grid, nodes: int | None) -> tuple[int, int]:
     """Node count and tasks per node for ``grid`` on ``machine``."""
     world = grid.world_size
-    if machine.scheduler == "local":
+    if scheduler.of(machine).on_this_computer:
         if world > machine.max_local_processes:
             raise ConfigError(
                 f"grid: {world} ranks exceed machine.max_local_processes="
@@ -519,7 +520,7 @@ def broadcast_warnings(cfg: LaunchConfig, nodes: int) -> list[str]:
     must be a venv or conda env, on a machine without a container. Not knowable here for a
     dry run (the interpreter may live on the cluster): a warning then."""
     machine = cfg.machine
-    if machine.scheduler != "slurm" or not machine.broadcasts(nodes):
+    if not scheduler.of(machine).queued or not machine.broadcasts(nodes):
         return []
     key = "machine.python_broadcast"
     if machine.container.engine:
@@ -550,7 +551,7 @@ def broadcast_warnings(cfg: LaunchConfig, nodes: int) -> list[str]:
 def placement_warnings(machine: MachineProfile, grid: Grid) -> list[str]:
     """An x that does not divide a node's GPUs runs, but its groups span nodes: the two
     all-reduces per layer over x then cross the slower network (``rules.placement_problem``)."""
-    why = rules.placement_problem(machine.hardware, grid) if machine.scheduler == "slurm" else None
+    why = rules.placement_problem(machine.hardware, grid) if scheduler.of(machine).queued else None
     if not why:
         return []
     hw = machine.hardware
@@ -576,7 +577,7 @@ def host_memory_warnings(
     much is an error for a real run, which would thrash until the kernel's OOM killer
     ends it, and a warning for a dry run (nothing starts)."""
     machine = cfg.machine
-    cpu_ranks = machine.scheduler == "local" and not machine.hardware.runs_on_gpu
+    cpu_ranks = scheduler.of(machine).on_this_computer and not machine.hardware.runs_on_gpu
     if not cpu_ranks or not machine.host_memory_check:
         return []
     room = hostmem.available()
@@ -619,7 +620,7 @@ def core_warnings(machine: MachineProfile, grid: Grid) -> list[str]:
     """machine=local: more than RANKS_PER_CORE ranks per core share the cores so thinly
     that each step waits on descheduled peers at every collective."""
     cores = hostmem.cores()
-    if machine.scheduler != "local" or grid.world_size <= RANKS_PER_CORE * cores:
+    if not scheduler.of(machine).on_this_computer or grid.world_size <= RANKS_PER_CORE * cores:
         return []
     return [
         f"grid ({grid.describe()}): {grid.world_size} ranks on {cores} core(s) of this computer"

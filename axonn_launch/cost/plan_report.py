@@ -12,6 +12,7 @@ import os
 import shlex
 from dataclasses import dataclass
 
+from axonn_launch import scheduler
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.machine import Hardware, MachineProfile
 from axonn_launch.common.models import ModelSpec
@@ -66,7 +67,7 @@ class Spares:
 
 def spares_of(cfg, queue_wait_h: str | None) -> Spares | None:
     """Spare nodes as composed, on a machine whose scheduler can hold them (Slurm)."""
-    if cfg.machine.scheduler != "slurm":
+    if not scheduler.of(cfg.machine).queued:
         return None
     wait_s = expected_goodput.DEFAULT_QUEUE_WAIT_S
     if queue_wait_h is not None:
@@ -191,7 +192,7 @@ def calibration_note(args: PlanArgs) -> str:
         return f"predictions calibrated with {args.calibration.source} (measured on the machine)"
     machine = args.machine
     measure = f"python -m axonn_launch.calibrate machine={machine.name}"
-    if machine.scheduler == "local":
+    if scheduler.of(machine).on_this_computer:
         measure = f"`{measure} nproc={machine.hardware.gpus_per_node} out=cal.json`"
     else:
         measure = f"`srun ... {measure} out=cal.json` in an allocation (one task per GPU)"

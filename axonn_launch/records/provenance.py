@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 
+from axonn_launch import scheduler
 from axonn_launch.common.jobdir import CODE, JobPaths, is_job_dir, read_record_or_empty
 from axonn_launch.config.compose import LaunchConfig
 
@@ -55,7 +56,7 @@ def snapshot_on(cfg: LaunchConfig) -> bool:
     the installed package before the job is composed."""
     if cfg.code_snapshot is not None:
         return cfg.code_snapshot
-    return cfg.machine.scheduler == "slurm"
+    return scheduler.of(cfg.machine).queued
 
 
 def import_first(folder: str | Path) -> str:

@@ -11,8 +11,11 @@ Login-node code: never imports torch.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from dataclasses import dataclass, field
+
+from axonn_launch.common import machine
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,13 @@ class Scheduler:
     # the commands a submission needs on PATH
     commands: tuple[str, ...] = ()
 
+    def run_text(self, command: list[str], world_size: int) -> str:
+        """How the ranks of a job that is no batch script start (a dry run prints it)."""
+        return (
+            f"# {world_size} processes, each with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,"
+            f" MASTER_PORT set:\n{shlex.join(command)}"
+        )
+
     def missing_commands(self) -> list[str]:
         """Those of ``commands`` that are not on PATH here."""
         return [name for name in self.commands if shutil.which(name) is None]
@@ -83,9 +93,10 @@ class Scheduler:
         """Those of ``nodes`` that can run no job now (none known here)."""
         return ()
 
-    def partitions(self) -> dict[str, list[str]]:
-        """Each partition's nodes (none known here)."""
-        return {}
+    def partition_nodes(self, partition: str) -> tuple[str, list[str]] | None:
+        """(partition name, its nodes) of ``partition`` (the default one for ''); None when
+        it cannot tell."""
+        return None
 
 
 SCHEDULERS: dict[str, Scheduler] = {}
@@ -94,6 +105,8 @@ SCHEDULERS: dict[str, Scheduler] = {}
 def register(scheduler: Scheduler) -> Scheduler:
     """Make ``scheduler`` the one named ``scheduler.name``."""
     SCHEDULERS[scheduler.name] = scheduler
+    if scheduler.name not in machine.SCHEDULERS:  # the profile schema accepts it
+        machine.SCHEDULERS.append(scheduler.name)
     return scheduler
 
 
@@ -108,6 +121,15 @@ def named(name: str) -> Scheduler:
         return SCHEDULERS[name]
     except KeyError:
         raise KeyError(f"scheduler={name!r}: expected one of {', '.join(names())}") from None
+
+
+# what a job record written before records named their scheduler ran on
+UNNAMED_IN_OLD_RECORDS = "slurm"
+
+
+def recorded(record: dict) -> Scheduler:
+    """The scheduler a job's record (job.json) names."""
+    return named(str(record.get("scheduler") or UNNAMED_IN_OLD_RECORDS))
 
 
 def of(machine: object) -> Scheduler:

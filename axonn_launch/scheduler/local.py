@@ -4,12 +4,20 @@
 
 from __future__ import annotations
 
+import shlex
+
 from axonn_launch.scheduler.base import Scheduler, register
 
 
 class Local(Scheduler):
     name = "local"
     on_this_computer = True
+
+    def run_text(self, command: list[str], world_size: int) -> str:
+        return (
+            f"# {world_size} local processes, each with RANK, WORLD_SIZE, LOCAL_RANK,"
+            f" MASTER_ADDR, MASTER_PORT set:\n{shlex.join(command)}"
+        )
 
 
 LOCAL = register(Local())

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from axonn_launch import scheduler
 from axonn_launch.config.compose import ConfigError, LaunchConfig
 
 NODE_VARIABLES = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")  # the nodes an allocation holds
@@ -56,7 +57,7 @@ def held(cfg: LaunchConfig, environ: dict[str, str] | None = None) -> Held | Non
     machine, ``SLURM_JOB_ID`` set, and neither a rehearsal nor a sweep's point; else None."""
     environ = os.environ if environ is None else environ
     job_id = environ.get("SLURM_JOB_ID", "")
-    if cfg.allocation != "auto" or cfg.machine.scheduler != "slurm" or not job_id:
+    if cfg.allocation != "auto" or not scheduler.of(cfg.machine).queued or not job_id:
         return None
     if cfg.rehearse or sweeping():
         return None

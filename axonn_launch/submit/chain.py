@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -27,6 +26,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from axonn_launch import scheduler
 from axonn_launch.common import slurmtext
 from axonn_launch.common.jobdir import (
     RECOVERY_LOG,
@@ -50,6 +50,7 @@ from axonn_launch.records.status import (
     run_state,
 )
 from axonn_launch.scheduler import processes
+from axonn_launch.scheduler.slurm import SLURM
 
 RESUME, RESUME_EXCLUDE, STOP, ROLLBACK = (
     failures.RESUME, failures.RESUME_EXCLUDING, failures.STOP, failures.ROLLBACK,
@@ -104,12 +105,12 @@ def enabled(cfg: LaunchConfig) -> bool:
     partitions do not exist here)."""
     if cfg.rehearse or cfg.recovery.mode == "off" or chain_forbidden(cfg):
         return False
-    return cfg.recovery.mode == "on" or cfg.machine.scheduler == "slurm"
+    return cfg.recovery.mode == "on" or scheduler.of(cfg.machine).queued
 
 
 def chain_forbidden(cfg: LaunchConfig) -> str:
     """The QOS or partition of a Slurm job on which its site forbids chained jobs ('')."""
-    return cfg.machine.slurm.chain_forbidden_by() if cfg.machine.scheduler == "slurm" else ""
+    return cfg.machine.slurm.chain_forbidden_by() if scheduler.of(cfg.machine).queued else ""
 
 
 def queue_rule_warnings(cfg: LaunchConfig) -> list[str]:
@@ -128,8 +129,8 @@ def sweep_queue_warnings(cfg: LaunchConfig, points: int) -> list[str]:
     """One line when a sweep's jobs (each point's, and its recovery job) exceed the jobs
     one user may have queued on the site (``machine.slurm.max_queued_jobs``)."""
     limit = cfg.machine.slurm.max_queued_jobs
-    per_point = 2 if enabled(cfg) and cfg.machine.scheduler == "slurm" else 1
-    if cfg.machine.scheduler != "slurm" or not limit or points * per_point <= limit:
+    per_point = 2 if enabled(cfg) and scheduler.of(cfg.machine).queued else 1
+    if not scheduler.of(cfg.machine).queued or not limit or points * per_point <= limit:
         return []
     each = "a job and its recovery job" if per_point == 2 else "a job"
     return [
@@ -202,16 +203,11 @@ DEPENDENCY = "afterany"  # whatever Slurm calls the end: the recovery step class
 def sbatch_recovery(job_dir: Path, job_id: str) -> str:
     """Submit the job dir's recovery script, to start once job ``job_id`` ended, however
     it ended; its id, or '' (recorded as ``recovery_error``) when sbatch said no."""
-    paths = JobPaths(job_dir)
-    command = ["sbatch", "--parsable", f"--dependency={DEPENDENCY}:{job_id}",
-               "--kill-on-invalid-dep=yes", str(paths.recovery_script)]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        error = (done.stderr.strip().splitlines() or ["sbatch failed"])[-1]
+    options = (f"--dependency={DEPENDENCY}:{job_id}", "--kill-on-invalid-dep=yes")
+    found, error = SLURM.submit_script(JobPaths(job_dir).recovery_script, *options)
+    if error:
         update_record(job_dir, recovery_error=error)
-        return ""
-    found = re.search(r"(\d+)(?:;\S*)?\s*$", done.stdout)  # --parsable: <id>[;<cluster>]
-    return found.group(1) if found else ""
+    return found
 
 
 # --- the chain's record (in the run's root dir) ----------------------------------------------
@@ -248,8 +244,10 @@ def notify(settings: RecoveryConfig, root: Path, state: str) -> None:
 # --- following and stopping a chain ---------------------------------------------------------
 
 
-def follow(root: Path, out, poll_s: float = 5.0) -> str:
-    """Wait until the run is done or stopped (a launch with wait=true); its final state."""
+def follow(root: Path, out, poll_s: float = 1.0) -> str:
+    """Wait until the run is done or stopped (a launch with wait=true); its final state.
+    Each poll reads two small JSON files: 1 s costs nothing, 5 s kept a waited run's
+    launcher up to 5 s after its end."""
     shown = ""
     while True:
         state = run_state(root)
@@ -303,8 +301,7 @@ def stop(job_dir: Path) -> str:
         why = {"reason": USER_STOP, "class": ""}
         # stopped_by_user stays when the attempt's supervisor records its own stop after this
         set_chain(root, settings, state=STOPPED, stop=why, stopped_by_user=True)
-        if ids:
-            subprocess.run(["scancel", *ids], capture_output=True, check=False)
+        SLURM.cancel(ids)
         stopped = stop_local_attempt(newest)
     ids += [f"local-{pid}" for pid in stopped]
     return f"stopped {root}" + (f": cancelled {' '.join(ids)}" if ids else "")
@@ -349,16 +346,9 @@ def check_ours(job_dir: Path, wanted: dict[str, str]) -> list[str]:
     when squeue cannot tell; ended jobs are left out (nothing to cancel)."""
     if not wanted:
         return []
-    try:
-        done = subprocess.run(slurmtext.squeue_owner_command(), capture_output=True, text=True,
-                              timeout=60, check=False)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise NotOurJob(f"cannot check jobs {' '.join(wanted)}: squeue: {error}; "
-                        "nothing cancelled") from None  # fmt: skip
-    if done.returncode != 0:
-        said = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
-        raise NotOurJob(f"cannot check jobs {' '.join(wanted)}: squeue: {said}; nothing cancelled")
-    owners = slurmtext.parse_squeue_owners(done.stdout)
+    owners, said = SLURM.owners()
+    if owners is None:
+        raise NotOurJob(f"cannot check jobs {' '.join(wanted)}: {said}; nothing cancelled")
     live = [job_id for job_id in wanted if job_id in owners]
     for job_id in live:
         why = ownership_problem(job_dir, wanted[job_id], *owners[job_id])

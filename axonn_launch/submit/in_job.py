@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from axonn_launch import scheduler
 from axonn_launch.config.compose import ConfigError, LaunchConfig
 from axonn_launch.config.resolve import Resolved
 from axonn_launch.submit import chain, pack, render
@@ -26,7 +27,7 @@ def enabled(cfg: LaunchConfig) -> bool:
     """Slurm jobs restart in place unless ``recovery=off`` or ``in_job_restarts=0``; a
     rehearsal never (it runs once). A QOS that forbids chains still restarts in place."""
     on = cfg.recovery.mode != "off" and cfg.recovery.in_job_restarts > 0
-    return on and cfg.machine.scheduler == "slurm" and not cfg.rehearse
+    return on and scheduler.of(cfg.machine).queued and not cfg.rehearse
 
 
 def spares(cfg: LaunchConfig) -> int:
@@ -40,7 +41,7 @@ def check(cfg: LaunchConfig) -> None:
     for key in ("in_job_restarts", "spare_nodes"):
         if getattr(cfg.recovery, key) < 0:
             raise ConfigError(f"recovery.{key}={getattr(cfg.recovery, key)}: must be 0 or more")
-    if cfg.recovery.spare_nodes and cfg.machine.scheduler != "slurm":
+    if cfg.recovery.spare_nodes and not scheduler.of(cfg.machine).queued:
         raise ConfigError(
             f"recovery.spare_nodes={cfg.recovery.spare_nodes}: machine={cfg.machine.name} has"
             " no scheduler to hold spare nodes; valid: 0, or a Slurm machine"

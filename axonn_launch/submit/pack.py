@@ -13,13 +13,12 @@ point is restarted on its own nodes, never the whole pack. Why and what is left 
 from __future__ import annotations
 
 import json
-import re
 import shlex
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from axonn_launch import scheduler
 from axonn_launch.common.jobdir import (
     ARRAY_LOG,
     PACK_LOG,
@@ -31,6 +30,7 @@ from axonn_launch.common.jobdir import (
 )
 from axonn_launch.common.machine import SlurmSettings
 from axonn_launch.config.compose import ConfigError, LaunchConfig
+from axonn_launch.scheduler.slurm import SLURM
 from axonn_launch.submit import allocation, chain
 
 NODES_VARIABLE = "AXONN_PACK_NODES"  # a packed point's nodes: its script's srun --nodelist
@@ -65,7 +65,7 @@ def packed(cfg: LaunchConfig) -> bool:
     ``sweep.pack`` on (never a rehearsal, which runs once on its own)."""
     if width_of(cfg) is None or cfg.rehearse or not allocation.sweeping():
         return False
-    return cfg.machine.scheduler == "slurm"
+    return scheduler.of(cfg.machine).queued
 
 
 def check(cfg: LaunchConfig, nodes: int) -> None:
@@ -74,7 +74,7 @@ def check(cfg: LaunchConfig, nodes: int) -> None:
     width = width_of(cfg)
     if width is None or not allocation.sweeping():
         return
-    if cfg.machine.scheduler != "slurm":
+    if not scheduler.of(cfg.machine).queued:
         raise ConfigError(
             f"sweep.pack={cfg.sweep.pack}: machine={cfg.machine.name} has no Slurm allocation"
             " to pack points into; valid: off, or a Slurm machine"
@@ -306,13 +306,7 @@ def partition_limits(name: str) -> Partition | None:
     ``scontrol show partition -o`` (the default partition for ''); None if Slurm does
     not say. Asked once per process."""
     if name not in _PARTITIONS:
-        command = ["scontrol", "show", "partition", "-o", *([name] if name else [])]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=30)
-            text = done.stdout if done.returncode == 0 else ""
-        except (OSError, subprocess.TimeoutExpired):
-            text = ""
-        _PARTITIONS[name] = parse_partitions(text, name)
+        _PARTITIONS[name] = parse_partitions(SLURM.partition_text(name), name)
     return _PARTITIONS[name]
 
 
@@ -471,11 +465,9 @@ def submit_pack(pack: Pack, folder: Path, sweep_name: str, *, dry_run: bool) -> 
 def sbatch(script: Path, points: tuple[Point, ...] | list[Point]) -> tuple[str, str]:
     """Submit ``script``: (its job id, ''), or ('', sbatch's last line) with its points'
     job.json saying refused."""
-    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
-    found = re.search(r"(\d+)(?:;\S*)?\s*$", done.stdout)  # --parsable: <id>[;<cluster>]
-    if done.returncode == 0 and found:
-        return found.group(1), ""
-    why = (done.stderr.strip().splitlines() or ["sbatch failed"])[-1]
+    job_id, why = SLURM.submit_script(script)
+    if job_id:
+        return job_id, ""
     for point in points:
         update_record(Path(point.job_dir), status="refused", error=why)
     return "", why

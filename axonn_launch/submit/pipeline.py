@@ -290,7 +290,7 @@ def write_and_start(
         return Outcome("dry_run", str(job_dir), nodes=resolved.nodes)
     if pack.packed(cfg):
         return wait_for_pack(run, job_dir, record, script, out=out)
-    start = run_in_allocation if run.held else STARTERS[cfg.machine.scheduler]
+    start = run_in_allocation if run.held else STARTERS[scheduler.of(cfg.machine).queued]
     return start(run, job_dir, record, out=out)
 
 
@@ -386,7 +386,7 @@ def slurm_batch(
     """submitit's parameters (the machine's, or a rehearsal's substitution of them) and the
     tasks' interpreter, with the node-local copy of the environment worked out once;
     None off Slurm."""
-    if cfg.machine.scheduler != "slurm":
+    if not scheduler.of(cfg.machine).queued:
         return None
     folder = slurm_folder(job_dir)
     copy = render.python_copy(
@@ -417,11 +417,9 @@ def slurm_folder(job_dir: Path) -> Path:
 
 
 def local_command_text(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
-    command = shlex.join([sys.executable, "-m", "axonn_launch.train", str(job_dir)])
-    return (
-        f"# {resolved.grid.world_size} local processes, each with RANK, WORLD_SIZE, LOCAL_RANK,"
-        f" MASTER_ADDR, MASTER_PORT set:\n{command}"
-    )
+    """How the ranks of a job that is no batch script start, in the scheduler's words."""
+    command = [sys.executable, "-m", "axonn_launch.train", str(job_dir)]
+    return scheduler.of(cfg.machine).run_text(command, resolved.grid.world_size)
 
 
 def job_record(
@@ -770,5 +768,6 @@ def start_local(run: Launch, job_dir: Path, record: dict, *, out) -> Outcome:
     return run_local(run.cfg, run.resolved, job_dir, record, run.claim)
 
 
-# How a job starts, by ``machine.scheduler`` (common/machine.py's SCHEDULERS).
-STARTERS: dict[str, Callable[..., Outcome]] = {"local": start_local, "slurm": submit_slurm}
+# How a job starts, by its scheduler's kind (``scheduler/base.py``): a queued one's as a
+# batch job through submitit, any other's as processes under a supervisor.
+STARTERS: dict[bool, Callable[..., Outcome]] = {True: submit_slurm, False: start_local}

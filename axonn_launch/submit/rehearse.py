@@ -27,6 +27,7 @@ from axonn_launch.config.rehearsal import (  # noqa: F401 (what a rehearsal reso
     site_config,
     site_machines,
 )
+from axonn_launch.scheduler.slurm import SLURM
 
 LOCAL_CLUSTER = "axonn"  # ClusterName in machines/slurm_local (lib.sh)
 START_SCRIPT = "machines/slurm_local/start.sh"
@@ -261,8 +262,7 @@ def _names_mpi(srun_args: list[str]) -> bool:
 def local_cluster_cpus() -> int:
     """CPUs per node of the running local cluster; ConfigError when it is not running."""
     try:
-        name = _slurm(["scontrol", "show", "config"])
-        nodes = _slurm(["sinfo", "-h", "-N", "-o", "%N %c"])
+        name, nodes = SLURM.cluster()
     except (OSError, subprocess.SubprocessError) as exc:
         raise ConfigError(
             f"rehearse=true: the local Slurm cluster is not running ({_why(exc)}); start it"
@@ -284,10 +284,6 @@ def local_cluster_cpus() -> int:
             f" {NODES}; restart it with: bash {START_SCRIPT}"
         )
     return min(cpus)
-
-
-def _slurm(command: list[str]) -> str:
-    return subprocess.run(command, capture_output=True, text=True, timeout=20, check=True).stdout
 
 
 def _why(exc: BaseException) -> str:

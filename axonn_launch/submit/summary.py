@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from axonn_launch import scheduler
 from axonn_launch.common.durations import duration
 from axonn_launch.common.machine import SlurmSettings
 from axonn_launch.common.rules import micro_batch_candidates
@@ -58,7 +59,7 @@ def summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> str:
         f"memory     {memory_words(cfg, resolved)}",
     ]
     lines += goldfish_lines(train)
-    if cfg.machine.scheduler == "slurm":
+    if scheduler.of(cfg.machine).queued:
         lines += slurm_lines(cfg, run_time(cfg, resolved))
         lines += restart_lines(cfg, resolved, run_time(cfg, resolved))
     if resolved.checkpointing is not None:
@@ -82,7 +83,7 @@ def goldfish_lines(train: TrainConfig) -> list[str]:
 def nodes_reason(cfg: LaunchConfig, resolved: Resolved) -> str:
     """Where the node count came from: this computer, nodes=, the planner's search
     (``plan.smallest_nodes``, as ``plan`` without nodes=) or the grid's size."""
-    if cfg.machine.scheduler == "local":
+    if scheduler.of(cfg.machine).on_this_computer:
         return "this computer"
     if cfg.nodes is not None:
         return f"given (nodes={cfg.nodes})"
@@ -299,7 +300,7 @@ def account_words(cfg: LaunchConfig) -> str:
 def wallclock_warnings(cfg: LaunchConfig, resolved: Resolved) -> list[str]:
     """One warning when a Slurm run cannot finish in ``time_min x (1 + max_requeue)``,
     with what would make it fit; the launch still proceeds."""
-    if cfg.machine.scheduler != "slurm" or not_predicted(cfg):
+    if not scheduler.of(cfg.machine).queued or not_predicted(cfg):
         return []
     if cfg.generate.prompts:  # a generation job: no steps to predict
         return []
@@ -370,7 +371,7 @@ def headroom_fixes(cfg: LaunchConfig, resolved: Resolved) -> list[str]:
 def more_nodes_fix(cfg: LaunchConfig, resolved: Resolved) -> str:
     """``nodes=9 (one more node; the planner's data=1 x=4 y=4 z=2 there: 33.0 GiB, 83%)``,
     or "" on this computer or when a few more nodes give no grid with headroom."""
-    if cfg.machine.scheduler == "local":
+    if scheduler.of(cfg.machine).on_this_computer:
         return ""
     found = planner.more_nodes_with_headroom(
         machine=cfg.machine, model=cfg.model, train=cfg.train, nodes=resolved.nodes
@@ -388,7 +389,7 @@ def more_nodes_fix(cfg: LaunchConfig, resolved: Resolved) -> str:
 
 def preflight_on(cfg: LaunchConfig) -> bool:
     """``preflight`` as given; unset (null): on for Slurm machines, off on this computer."""
-    return cfg.preflight if cfg.preflight is not None else cfg.machine.scheduler == "slurm"
+    return cfg.preflight if cfg.preflight is not None else scheduler.of(cfg.machine).queued
 
 
 def preflight_words(cfg: LaunchConfig) -> str:
@@ -476,7 +477,7 @@ def generation_summary(cfg: LaunchConfig, resolved: Resolved, job_dir: Path) -> 
         f" {nodes_reason(cfg, resolved)}",
         f"memory     {memory_words(cfg, resolved)}",
     ]
-    if cfg.machine.scheduler == "slurm":
+    if scheduler.of(cfg.machine).queued:
         lines += [
             f"account    {account_words(cfg)}",
             f"time limit {cfg.machine.slurm.limit_min(resolved.nodes)} min"

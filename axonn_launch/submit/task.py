@@ -14,7 +14,6 @@ from __future__ import annotations
 import getpass
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from submitit.helpers import Checkpointable, DelayedSubmission
 
 from axonn_launch.common.jobdir import JobPaths, attempt_number, checkpointed_step
 from axonn_launch.common.ranks import environment_rank
+from axonn_launch.scheduler.slurm import SLURM
 
 REQUEUE_WAIT_S = 300  # how long ranks other than 0 wait to be stopped by the requeue
 
@@ -128,16 +128,9 @@ def set_requeueable(requeueable: bool) -> None:
     job_id = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
     if not job_id:
         return
-    command = ["scontrol", "update", f"JobId={job_id}", f"Requeue={int(requeueable)}"]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.SubprocessError) as exc:
-        print(f"axonn_launch: {' '.join(command)}: {exc}", file=sys.stderr, flush=True)
-        return
-    if done.returncode != 0:
-        print(
-            f"axonn_launch: {' '.join(command)}: {done.stderr.strip()}", file=sys.stderr, flush=True
-        )
+    failed = SLURM.set_requeueable(job_id, requeueable)
+    if failed:
+        print(f"axonn_launch: {failed}", file=sys.stderr, flush=True)
 
 
 def apply_task_env(task_env: dict[str, str], job_dir: str = "") -> None:

@@ -91,10 +91,10 @@ def join(runtime: RuntimeConfig) -> DistEnv:
     return discover_env(runtime)
 
 
-def world_problem(scheduler: str, env: DistEnv) -> str | None:
+def world_problem(on_this_computer: bool, env: DistEnv) -> str | None:
     """Why this task cannot calibrate a cluster machine: no srun task, or nccl asked for
     where it (or a GPU) is missing; None when it can."""
-    if scheduler != "local" and env.source == "single":
+    if not on_this_computer and env.source == "single":
         return "needs a GPU allocation (no srun task here)"
     if env.backend == "nccl" and not (dist.is_nccl_available() and torch.cuda.is_available()):
         return (
