@@ -6,7 +6,10 @@ Reports the median and IQR of wall seconds and of peak memory, and the load aver
     python bench/bench_sweep_check.py --points 500 --pairs 10 --before HEAD
 
 ``--before-path DIR`` takes the 'before' arm from a directory holding an ``axonn_launch``
-package instead (e.g. uncommitted work copied aside).
+package instead (e.g. uncommitted work copied aside). ``--after REV`` takes the 'after' arm
+from a revision too (a checkout that others edit meanwhile stays out of the measurement).
+With a 'before' arm, each pair's after/before ratio of wall seconds is reported too; the
+order of the two arms alternates from pair to pair. ``--out FILE`` appends the tables.
 """
 
 from __future__ import annotations
@@ -24,20 +27,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_sweep(points: int, pythonpath: str, folder: Path) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one dry-run sweep."""
+def run_sweep(points: int, pythonpath: str, folder: Path) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds (user + system) and peak RSS (MB) of one dry-run sweep: on
+    a shared machine the CPU seconds move less with the load than the wall seconds."""
     seeds = ",".join(str(s) for s in range(1, points + 1))
     command = [sys.executable, "-m", "axonn_launch", "-m", "machine=slurm_local",
                f"train.seed={seeds}", "dry_run=true", f"hydra.sweep.dir={folder}"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": pythonpath}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before, cpu = used.ru_maxrss, used.ru_utime + used.ru_stime
     start = time.perf_counter()
     done = subprocess.run(command, cwd=folder.parent, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"sweep failed: {done.stderr[-2000:]}")
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return wall, max(peak, before) / 1024
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, used.ru_utime + used.ru_stime - cpu, max(used.ru_maxrss, before) / 1024
 
 
 def spread(values: list[float]) -> str:
@@ -51,35 +56,74 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--before", default="", help="git revision of the 'before' arm")
     parser.add_argument("--before-path", default="", help="or a dir holding its axonn_launch")
+    parser.add_argument("--after", default="", help="git revision of the 'after' arm")
+    parser.add_argument("--out", default="", help="append the tables to this file")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         arms = {"after (this checkout)": str(ROOT)}
+        if args.after:
+            arms = {f"after ({args.after})": unpacked(args.after, Path(tmp) / "after")}
         if args.before:
-            old = Path(tmp) / "before"
-            old.mkdir()
-            archive = subprocess.run(["git", "archive", args.before, "axonn_launch"], cwd=ROOT,
-                                     capture_output=True, check=True).stdout  # fmt: skip
-            subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
-            arms = {f"before ({args.before})": str(old), **arms}
+            arms = {f"before ({args.before})": unpacked(args.before, Path(tmp) / "before"), **arms}
         elif args.before_path:
             arms = {f"before ({args.before_path})": args.before_path, **arms}
         walls: dict[str, list[float]] = {arm: [] for arm in arms}
+        cpus: dict[str, list[float]] = {arm: [] for arm in arms}
         peaks: dict[str, float] = {}
         loads = []
         for pair in range(args.pairs):
-            for arm, path in arms.items():
+            order = list(arms.items()) if pair % 2 == 0 else list(arms.items())[::-1]
+            for arm, path in order:
                 loads.append(os.getloadavg()[0])
-                wall, peak = run_sweep(args.points, path, Path(tmp) / f"s{pair}-{len(walls[arm])}")
+                folder = Path(tmp) / f"s{pair}-{len(walls[arm])}"
+                wall, cpu, peak = run_sweep(args.points, path, folder)
                 walls[arm].append(wall)
+                cpus[arm].append(cpu)
                 peaks[arm] = peak  # the children's largest so far (ru_maxrss)
-                print(f"{arm}: {wall:.1f} s", file=sys.stderr, flush=True)
-    print(
-        f"{args.points}-point dry-run sweep, {args.pairs} interleaved run(s) per arm;"
-        f" 1-min load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores"
-    )
-    print("| arm | wall s, median (IQR) | peak RSS of any run so far, MB |\n|---|---|---|")
+                print(f"{arm}: {wall:.1f} s, CPU {cpu:.1f} s", file=sys.stderr, flush=True)
+    text = report(args, walls, cpus, peaks, loads)
+    print(text)
+    if args.out:
+        with open(args.out, "a") as out:
+            out.write("\n" + text + "\n")
+
+
+def unpacked(revision: str, folder: Path) -> str:
+    """The package at git ``revision``, unpacked into ``folder`` (for PYTHONPATH)."""
+    folder.mkdir()
+    archive = subprocess.run(["git", "archive", revision, "axonn_launch"], cwd=ROOT,
+                             capture_output=True, check=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return str(folder)
+
+
+def report(
+    args: argparse.Namespace, walls: dict, cpus: dict, peaks: dict, loads: list[float]
+) -> str:
+    """The tables: each arm's wall and CPU seconds (median, IQR) and peak RSS; with two arms,
+    each pair's after/before ratio of wall seconds and their median and IQR."""
+    lines = [
+        f"{args.points}-point dry-run sweep, {args.pairs} interleaved run(s) per arm, the order"
+        f" alternating; 1-min load average {min(loads):.1f}-{max(loads):.1f} on"
+        f" {os.cpu_count()} cores, {time.strftime('%Y-%m-%d', time.gmtime())}",
+        "",
+        "| arm | wall s, median (IQR) | CPU s, median (IQR) | wall s, each run |"
+        " peak RSS of any run so far, MB |",
+        "|---|---|---|---|---|",
+    ]
     for arm, values in walls.items():
-        print(f"| {arm} | {spread(values)} | {peaks[arm]:.0f} |")
+        each = ", ".join(f"{v:.1f}" for v in values)
+        lines.append(
+            f"| {arm} | {spread(values)} | {spread(cpus[arm])} | {each} | {peaks[arm]:.0f} |"
+        )
+    if len(walls) == 2:
+        before, after = walls.values()
+        ratios = [a / b for a, b in zip(after, before)]
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        lines += ["", f"after/before per pair: median {statistics.median(ratios):.2f}"
+                  f" (IQR {q[0]:.2f}-{q[2]:.2f}); each: "
+                  + ", ".join(f"{r:.2f}" for r in ratios)]  # fmt: skip
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
