@@ -20,6 +20,9 @@ def fake_sbatch(tmp_path):
 SLURM_PREFIX = "tests/slurm"  # node ids of the Slurm tests start so
 # Slurm test files that take a node down, and the files that share their worker
 SLURM_NODE_DOWN = {
+    # takes no node down: here to even the two Slurm workers' time (each file's jobs run
+    # one after another with the node-down tests', whose jobs are exclusive)
+    "tests/slurm/test_code_snapshot.py",
     "tests/slurm/test_faults.py",
     "tests/slurm/test_recovery.py",
     "tests/slurm/test_requeue_old_pickle.py",
