@@ -15,6 +15,7 @@ Each check is first shown to find what it looks for in a planted sample, so that
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 from axonn_launch import scheduler
@@ -43,11 +44,17 @@ def constants(node: ast.AST) -> list[str]:
     return []
 
 
+@functools.cache
+def parsed(source: str) -> ast.AST:
+    """The module's tree, parsed once for both checks."""
+    return ast.parse(source)
+
+
 def name_comparisons(source: str, names: set[str]) -> list[tuple[int, str]]:
     """(line, text) of each comparison of a scheduler name with something whose text names a
     scheduler (``cfg.machine.scheduler``, ``record.get("scheduler")``)."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parsed(source)):
         if not isinstance(node, ast.Compare):
             continue
         operands = [node.left, *node.comparators]
@@ -63,7 +70,7 @@ def command_runs(source: str) -> list[tuple[int, str]]:
     element, an argument of a call in ``RUNNERS`` (its first word), or a name bound to the
     command alone (or to a tuple of them)."""
     found = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parsed(source)):
         if isinstance(node, ast.List | ast.Tuple) and node.elts:
             texts = constants(node.elts[0])
         elif isinstance(node, ast.Call) and call_name(node) in RUNNERS:
