@@ -4,21 +4,24 @@ Two runs at once, each on exclusive nodes (no job of another test file is on a n
 it goes), both paused after step 9 (checkpoint 8); then both batch hosts are set DOWN:
 
 - a 1-node x2 run with one spare on the debug partition holds n1 and n2; its batch script
-  and step run on n1. Slurm resizes the job (RESIZING) and ends it on n2, COMPLETED
-  although the run has steps left, and an ``afternotok`` recovery job would be cancelled.
+  and step run on n1. Slurm resizes the job (RESIZING) and ends it on n2, COMPLETED (or
+  FAILED) although the run has steps left, and an ``afternotok`` recovery job would be
+  cancelled.
   Its recovery job depends ``afterany`` and decides for itself: a ``node_failure`` of n1
   (sacct's RESIZING rows name the node the job lost), and the next attempt runs on n2
   alone (no spare fits beside it), resumed from checkpoint 8, to the uninterrupted run's
   loss;
 - a 2-node x2 z2 grid on the wide partition, on n3 and n4 (n1 and n2 excluded: the first
-  run's); n3, its first node, runs the batch script. The chain classes the loss a
-  ``node_failure`` of n3 and the next attempt leaves n3 out, resumed from checkpoint 8, to
-  the uninterrupted grid's loss.
+  run's); n3, its first node, runs the batch script. Slurm ends the job NODE_FAIL; the
+  chain classes it a ``node_failure`` of n3 and the next attempt leaves n3 out, resumed
+  from checkpoint 8 on the nodes free then (one node with a replanned grid while the
+  other run holds n2, or two), to the uninterrupted grid's loss.
 
 ``jobs status`` of both runs is sampled from the pause to the end: every sample is right
 (never stopped, never done or completed before the last step). It takes n1 and n3 down,
-so it is in the node-down scope (tests/conftest.py). Over 60 s: two attempts of each run,
-the nodes' loss and the two uninterrupted runs (local, while the Slurm runs start).
+so it is in the node-down scope (tests/conftest.py). Over 60 s (48-92 s alone on the
+shared machine, 30 s for the 1-node run alone): two attempts of each run, the nodes' loss
+and the two uninterrupted runs (local, while the Slurm runs start).
 """
 
 from __future__ import annotations
