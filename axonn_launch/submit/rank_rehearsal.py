@@ -26,6 +26,10 @@ from axonn_launch.cost.memory import GIB
 REQUEST = "rank_rehearsal_request.json"  # the job side's names (train/rank_rehearsal.py)
 RECORD = "rank_rehearsal.json"
 CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights and two AdamW moments
+# glibc raises its mmap threshold to the size of each large block freed, after which freed
+# activations stay in the heap as RSS: 4 layers of gpt_320b's rank at 1,024 tokens peaked
+# 1.6x the memory model in backward, 0.8x with the threshold fixed (docs/scale.md)
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
 def check_rank(cfg: LaunchConfig, resolved: Resolved) -> None:
@@ -69,7 +73,8 @@ def after_launch(cfg: LaunchConfig, resolved: Resolved, outcome: Any, out: TextI
     (job_dir / REQUEST).write_text(json.dumps(rank_request(cfg, resolved), indent=1) + "\n")
     print(f"rank {cfg.rehearse_rank}: running here with fake collectives ...", file=out, flush=True)
     command = [sys.executable, "-m", "axonn_launch.train.rank_rehearsal", str(job_dir)]
-    if subprocess.run(command, check=False).returncode != 0 or not (job_dir / RECORD).exists():
+    done = subprocess.run(command, check=False, env={**MALLOC_ENV, **os.environ})
+    if done.returncode != 0 or not (job_dir / RECORD).exists():
         print(f"rank {cfg.rehearse_rank}: failed; its traceback is above", file=sys.stderr)
         return dataclasses.replace(outcome, status="failed")
     print(table(json.loads((job_dir / RECORD).read_text())), file=out)

@@ -74,26 +74,46 @@ def run_launcher(args: list[str], group: Path | None = None) -> subprocess.Compl
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, preexec_fn=enter)
 
 
-def model_gib(args: list[str]) -> float:
-    """The memory model's figure for one rank, GiB, without the GPU runtime reserve."""
+def resolved_point(args: list[str]):
     sys.path.insert(0, str(ROOT))
     from axonn_launch.config.compose import load
     from axonn_launch.config.resolve import resolve
 
-    resolved = resolve(load([*args, "dry_run=true"]))
+    return resolve(load([*args, "dry_run=true"]))
+
+
+def model_gib(resolved) -> float:
+    """The memory model's figure for one rank, GiB, without the GPU runtime reserve."""
     terms = resolved.memory.terms
     return sum(v for k, v in terms.items() if k != "runtime reserve") / GIB
 
 
-def run_point(name: str, limit: int, jobs: Path) -> dict:
-    args = [*POINTS[name], "train.threads=1"]
-    need = model_gib(args)
-    entry = {"point": name, "command": "python -m axonn_launch " + " ".join(
-        [*args, "rehearse=rank", f"rehearse_rank={RANK}"]), "model_gib": need}  # fmt: skip
-    if need * GIB > limit:
-        return {**entry, "run": False,
-                "why": f"the memory model gives {need:.1f} GiB for the rank, over the"
-                       f" {limit / GIB:.0f} GiB this machine can lend one point"}  # fmt: skip
+def at_depth(args: list[str], resolved, depth: int) -> list[str]:
+    """The point with ``depth`` of its blocks, on its full point's grid and micro-batch:
+    every per-block shape is the full job's (a block's forward and backward at 4,096
+    tokens per rank take about a minute of one core here, so 100 blocks would take hours)."""
+    grid = resolved.grid
+    return [
+        *args, f"model.n_layer={depth}", f"grid.data={grid.data}", f"grid.x={grid.x}",
+        f"grid.y={grid.y}", f"grid.z={grid.z}", f"train.micro_batch={resolved.train.micro_batch}",
+    ]  # fmt: skip
+
+
+def run_point(name: str, limit: int, jobs: Path, depth: int) -> dict:
+    full = resolved_point([*POINTS[name], "train.threads=1"])
+    layers = full.cfg.model.n_layer
+    args = at_depth([*POINTS[name], "train.threads=1"], full, depth)
+    need = model_gib(resolved_point(args))
+    command = " ".join([*args, "rehearse=rank", f"rehearse_rank={RANK}"])
+    entry = {"point": name, "command": f"python -m axonn_launch {command}",
+             "layers": layers, "depth": depth, "model_gib_full_depth": model_gib(full),
+             "model_gib": need}  # fmt: skip
+    if model_gib(full) * GIB > limit:
+        why = (
+            f"the memory model gives {model_gib(full):.1f} GiB for the rank at its"
+            f" {layers} blocks, over the {limit / GIB:.0f} GiB this machine can lend one point"
+        )
+        return {**entry, "run": False, "why": why}
     if mem_available() < need * GIB + MARGIN_GIB * GIB:
         why = (
             f"MemAvailable {mem_available() / GIB:.1f} GiB leaves no room for"
@@ -107,6 +127,7 @@ def run_point(name: str, limit: int, jobs: Path) -> dict:
                          f"hydra.run.dir={job}"], group)  # fmt: skip
     entry["wall_s"] = time.perf_counter() - started
     entry["cgroup_max_usage_bytes"] = int((group / "memory.max_usage_in_bytes").read_text())
+    group.rmdir()
     if done.returncode != 0:
         return {**entry, "run": False, "why": f"rc {done.returncode}: {done.stderr[-800:]}"}
     record = json.loads((job / "rank_rehearsal.json").read_text())
@@ -117,7 +138,11 @@ def run_point(name: str, limit: int, jobs: Path) -> dict:
 def markdown(points: dict) -> str:
     lines = []
     for name, entry in points.items():
-        lines.append(f"**{name}** (`{entry['command']}`)")
+        lines.append(
+            f"**{name}**, {entry['depth']} of its {entry['layers']} blocks"
+            f" (`{entry['command']}`; the memory model at full depth:"
+            f" {entry['model_gib_full_depth']:.1f} GiB without its runtime reserve)"
+        )
         if entry["run"]:
             lines += ["", "```", entry["table"].rstrip(), "```", ""]
         else:
@@ -135,11 +160,12 @@ def main() -> int:
     parser.add_argument("--only", choices=sorted(POINTS), action="append")
     parser.add_argument("--limit-gib", type=float, default=20.0)
     parser.add_argument("--jobs", type=Path, default=Path("/tmp/rank_points"))
+    parser.add_argument("--depth", type=int, default=4, help="blocks of each model to run")
     args = parser.parse_args()
     points = json.loads(RECORD.read_text())["points"] if RECORD.exists() else {}
     for name in args.only or list(POINTS):
         print(f"{name}: running", flush=True)
-        points[name] = run_point(name, int(args.limit_gib * GIB), args.jobs)
+        points[name] = run_point(name, int(args.limit_gib * GIB), args.jobs, args.depth)
         print(points[name].get("table") or points[name].get("why"), flush=True)
         RESULTS.mkdir(exist_ok=True)
         label = "measured on one real rank with fake collectives"
