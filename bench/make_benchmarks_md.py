@@ -94,6 +94,13 @@ ORDER = [
         "bench/bench_watchdog.py",
         ".venv/bin/python bench/bench_watchdog.py",
     ),
+    (
+        "bench_watchdog_fs.md",
+        "Failures",
+        "bench/bench_watchdog_fs.py",
+        ".venv/bin/python bench/bench_watchdog_fs.py --ranks 64 --per-node 8 --beat 0.5"
+        " --seconds 20 --hang-ranks 32",
+    ),
     ("bench_sinks.md", "Curves", "bench/bench_sinks.py", ".venv/bin/python bench/bench_sinks.py"),
     (
         "bench_generation.md",

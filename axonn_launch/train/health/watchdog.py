@@ -7,8 +7,8 @@ heartbeat, names the ranks that stopped making progress (``find_suspects``), wri
 compute time per step is far above the median.
 
 The shared file system sees one ``stat`` of the request per node per beat, not one per
-rank: the ranks of a node take turns relaying it into a node-local folder (``NodeRelay``),
-which each rank's beat looks at.
+rank: one rank of each node relays it into a node-local folder (``NodeRelay``), which
+each rank's beat looks at; another takes over when it stops.
 
 The deadlines, the steps of a hang and the cost at scale: ``docs/recovery.md``
 ("train/health/watchdog.py").
@@ -21,6 +21,7 @@ import faulthandler
 import hashlib
 import logging
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -48,7 +49,8 @@ REQUEST = jobdir.HANG_REQUEST
 SECTION_ORDER = {"init": 0, "data": 1, "compute": 2, "sync": 3, "eval": 4, "checkpoint": 5}
 ANSWER_BEATS = 3  # beats to wait for the other ranks' answers
 NODE_DIR_VAR = "AXONN_NODE_DIR"  # where a node's ranks share the relayed request (a tmpfs)
-RELAY_DUE = 0.9  # a node's request is relayed again once its stamp is this many beats old
+RELAY_DUE = 0.9  # the node's relay looks at the shared request again after this many beats
+TAKEOVER = 1.5  # a stamp this many beats old: the relay is gone, another rank takes over
 
 
 class Hang(RuntimeError):
@@ -140,28 +142,45 @@ def mtime_ns(path: Path) -> int | None:
 class NodeRelay:
     """The shared request file, seen by a node's ranks through a node-local copy.
 
-    At each beat a rank looks at the node-local stamp: when no rank of its node looked at
-    the shared request for ``RELAY_DUE`` beats, this rank does (one ``stat`` on the shared
-    file system) and copies a newer request's time onto the node-local request. A stopped
-    rank stops relaying and the next rank of the node takes over at its next beat."""
+    One rank of the node, the first to find no fresh stamp in the node-local folder,
+    becomes its relay: at each beat it stamps the folder, looks at the shared request
+    (one ``stat`` on the shared file system) and copies a newer request's time onto the
+    node-local request, which every rank of the node looks at. The stamp says which rank
+    wrote it (its nanoseconds end in the rank); when it is ``TAKEOVER`` beats old, the
+    relay stopped or is gone, and the next rank to see that takes its place. The other
+    ranks never touch the shared file system in steady state."""
 
-    def __init__(self, shared_request: Path, job_dir: Path, node: str, beat_s: float) -> None:
+    def __init__(
+        self, shared_request: Path, job_dir: Path, node: str, beat_s: float, rank: int = 0
+    ) -> None:
         key = hashlib.sha1(str(Path(job_dir).resolve()).encode()).hexdigest()[:16]
         self.folder = node_local_base() / f"axonn-{key}" / node
-        self.shared, self.beat_s = shared_request, beat_s
+        self.shared, self.beat_s, self.rank = shared_request, beat_s, rank
         self.request, self.stamp = self.folder / REQUEST, self.folder / "relayed"
+        self.stamped_ns = -1  # the stamp this rank wrote last
 
     def due(self) -> bool:
+        """Whether this rank relays now: it is the relay and a beat passed, or no relay
+        stamped for ``TAKEOVER`` beats."""
         stamped = mtime_ns(self.stamp)
-        return stamped is None or time.time() - stamped / 1e9 >= RELAY_DUE * self.beat_s
+        if stamped is None:
+            return True
+        age = time.time() - stamped / 1e9
+        return age >= TAKEOVER * self.beat_s or (
+            stamped == self.stamped_ns and age >= RELAY_DUE * self.beat_s
+        )
 
     def relay(self, force: bool = False) -> None:
-        """Copy the shared request's time onto the node's, when due (or ``force``d)."""
+        """Copy the shared request's time onto the node's, when due (or ``force``d: a rank
+        that fired, without taking the relay's place)."""
         if not (force or self.due()):
             return
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            self.stamp.touch()
+            if not force:
+                self.stamped_ns = time.time_ns() // 1000 * 1000 + self.rank % 1000
+                self.stamp.touch()
+                os.utime(self.stamp, ns=(self.stamped_ns, self.stamped_ns))
             asked = mtime_ns(self.shared)
             if asked is not None and asked > (mtime_ns(self.request) or 0):
                 self.request.touch()
@@ -215,7 +234,7 @@ class Watchdog:
         self.graced_since: float | None = None  # the section clock given one more deadline
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
-        self.relay = NodeRelay(self.paths.hang_request, self.paths.folder, node, cfg.beat_s)
+        self.relay = NodeRelay(self.paths.hang_request, self.paths.folder, node, cfg.beat_s, rank)
 
     # the main thread's side: only assignments
 
@@ -241,6 +260,9 @@ class Watchdog:
     # the watchdog thread's side
 
     def watch(self) -> None:
+        # a random phase: the ranks of a node, started together, do not all claim its relay at once
+        if self.stopping.wait(random.uniform(0, self.cfg.beat_s)):
+            return
         while not self.stopping.wait(self.cfg.beat_s):
             self.answer_request()
             section = self.section

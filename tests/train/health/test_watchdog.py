@@ -5,6 +5,7 @@ that answers and one that stays silent. No subprocess; well under a second."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -165,11 +166,22 @@ def test_ranks_all_alive_at_the_same_point_get_one_more_deadline(tmp_path):
     assert record["suspects"] == [] and "none named" in record["exception"]
 
 
-def test_the_ranks_of_a_node_see_a_request_one_of_them_relayed(tmp_path):
-    """Four ranks of node n1 and one of n2 beat every 0.05 s; a request on the shared
-    file system reaches each through its node's relayed copy (one node-local folder per
-    node), and each answers it with its heartbeat. Stopping the watchdogs leaves no
-    node-local folder behind."""
+def answers(paths: JobPaths, ranks: list[int], asked: float, timeout: float = 5) -> list[dict]:
+    """The heartbeats of ``ranks`` once all answered the request of ``asked`` (or timed out)."""
+    deadline = time.time() + timeout
+    while True:
+        beats = [json.loads(paths.heartbeat(r).read_text()) for r in ranks]
+        if all(b["answered"] >= asked for b in beats) or time.time() > deadline:
+            return beats
+        time.sleep(0.02)
+
+
+def test_one_rank_of_a_node_relays_the_request_and_another_takes_over_when_it_stops(tmp_path):
+    """Four ranks of node n1 and one of n2 beat every 0.05 s; a request on the shared file
+    system reaches each through its node's relayed copy, and each answers it. The rank
+    that relays n1's (the stamp names it) then stops as a SIGSTOP would stop it: another
+    rank of n1 takes over, and the next request reaches the other three. Stopping the
+    watchdogs leaves no node-local folder behind."""
     paths = JobPaths(tmp_path)
     cfg = WatchdogConfig(beat_s=0.05)
     nodes = ["n1"] * 4 + ["n2"]
@@ -179,14 +191,17 @@ def test_the_ranks_of_a_node_see_a_request_one_of_them_relayed(tmp_path):
     folders = {dog.relay.folder for dog in dogs}
     paths.hang_request.touch()
     asked = paths.hang_request.stat().st_mtime
-    deadline = time.time() + 5
-    while time.time() < deadline:
-        beats = [json.loads(paths.heartbeat(r).read_text()) for r in range(5)]
-        if all(b["answered"] >= asked for b in beats):
-            break
-        time.sleep(0.02)
-    assert all(b["answered"] == asked for b in beats), beats
+    assert all(b["answered"] == asked for b in answers(paths, list(range(5)), asked))
     assert len(folders) == 2 and all(f.exists() for f in folders)
+    stamp = dogs[0].relay.stamp.stat().st_mtime_ns
+    (relay,) = [dog for dog in dogs[:4] if dog.relay.stamped_ns == stamp]
+    relay.stopping.set()  # stopped: no beat, no relay, no answer
+    relay.thread.join()
+    time.sleep(0.1)
+    os.utime(paths.hang_request, (asked + 1, asked + 1))
+    others = [dog.rank for dog in dogs[:4] if dog is not relay]
+    assert all(b["answered"] == asked + 1 for b in answers(paths, others, asked + 1))
+    assert json.loads(paths.heartbeat(relay.rank).read_text())["answered"] == asked
     for dog in dogs:
         dog.stop()
     assert not any(f.exists() for f in folders)
