@@ -24,6 +24,12 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "trainjob_before_relayout.pkl"
 STEPS = 6
+# n3 or n4: a rehearsal of the other Slurm worker fills n1 and n2 for a minute or more (8
+# CPUs a node), and this job, submitted then and again when requeued, would wait for it
+OFF_THE_DEBUG_NODES = [
+    "machine.slurm.partition=wide",
+    "+machine.slurm.extra_sbatch.exclude='n1,n2'",
+]
 
 
 def test_a_job_pickled_before_the_move_runs_when_requeued(slurm_cluster, tmp_path):
@@ -31,7 +37,7 @@ def test_a_job_pickled_before_the_move_runs_when_requeued(slurm_cluster, tmp_pat
     result = run_launcher(
         ["machine=slurm_local", "grid.x=2", "nodes=1", f"train.steps={STEPS}",
          "train.sample_tokens=0", "preflight=false", "recovery=off", "wait=false",
-         f"hydra.run.dir={job_dir}"],
+         *OFF_THE_DEBUG_NODES, f"hydra.run.dir={job_dir}"],
         cwd=tmp_path, env={"AXONN_FAULT": "pause@step2:600"}, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
