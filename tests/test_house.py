@@ -389,6 +389,7 @@ def test_the_job_package_does_not_shadow_its_modules():
     import types
 
     import axonn_launch.train.parallel as train  # bootstrap's folder
+    import axonn_launch.train.parallel.bootstrap  # noqa: F401 (axonn_launch.train is lazy)
 
     assert isinstance(train.bootstrap, types.ModuleType)
     assert callable(train.bootstrap.discover_env)
@@ -396,7 +397,7 @@ def test_the_job_package_does_not_shadow_its_modules():
 
 # train/'s folders, bottom to top; its top-level modules (the training loop, data, metrics,
 # logs and the driver that runs them) sit above every folder
-TRAIN_FOLDERS = ("parallel", "models", "checkpoint", "health", "inference")
+TRAIN_FOLDERS = ("parallel", "models", "checkpoint", "health", "inference", "emulate", "rehearse")
 TRAIN_TOP_MODULES = 10  # at most, __init__ and __main__ included
 
 

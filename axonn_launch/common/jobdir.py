@@ -81,6 +81,7 @@ NCCL_LOG = "nccl_rank{rank}.log"
 RANK_LOG = "rank_{rank}.log"
 RANK_RECORD = "rank_{rank}.json"  # a rank's heartbeat, and its failure record
 STACK_DUMP = "rank_{rank}.txt"
+EMULATED_HOST = "emulate/host_{rank}.json"  # in logs/: an emulated host task (train/emulate)
 HANG_REQUEST = "REQUEST"  # in heartbeats/: a rank that saw a hang asks for stacks
 RECOVERY_LOG = "recovery_%j.log"  # Slurm fills in %j
 RESUBMIT_LOCK = ".resubmit.lock"
@@ -139,6 +140,9 @@ class JobPaths:
 
     def stack_dump(self, rank: int) -> Path:
         return self.stacks / STACK_DUMP.format(rank=rank)
+
+    def emulated_host(self, first_rank: int) -> Path:
+        return self.logs / EMULATED_HOST.format(rank=first_rank)
 
     def rank_log(self, rank: int | str) -> Path:
         """Rank ``rank``'s log (``"*"``: the pattern of every rank's)."""

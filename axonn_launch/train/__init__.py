@@ -22,8 +22,11 @@ def run_job(spec: JobSpec, **options: Any) -> dict:
     ranks this task hosts (imported first, so that an emulated task never imports torch)."""
     if spec.train.emulate:
         from axonn_launch.train.emulate import run_emulated
+        from axonn_launch.train.logs import setup_logging
 
-        return run_emulated(spec, should_stop=options.get("should_stop"))
+        return run_emulated(
+            spec, should_stop=options.get("should_stop"), start_logging=setup_logging
+        )
     from axonn_launch.train.run import run_job as run_rank
 
     return run_rank(spec, **options)

@@ -30,21 +30,27 @@ from axonn_launch.common.spec import JobSpec
 from axonn_launch.train.emulate.hosting import Hosting, hosting, rendezvous_address
 from axonn_launch.train.emulate.rank import EmulatedRank
 from axonn_launch.train.emulate.store import TIMEOUT_S, start_server
-from axonn_launch.train.logs import setup_logging
 
 log = logging.getLogger(__name__)
 
 FAILED_EXIT = 1  # a host one of whose ranks raised ends with this code, as a failed rank
 
 
-def run_emulated(spec: JobSpec, *, should_stop: Callable[[], bool] | None = None) -> dict:
+def run_emulated(
+    spec: JobSpec,
+    *,
+    should_stop: Callable[[], bool] | None = None,
+    start_logging: Callable[[int, str], object] = lambda rank, job_dir: None,
+) -> dict:
     """This task's emulated ranks, run to their end; rank 0's summary where it is hosted
-    here (written to summary.json, as the job's), else the first hosted rank's."""
+    here (written to summary.json, as the job's), else the first hosted rank's.
+    ``start_logging(rank, job_dir)`` sets up the host's log as the first hosted rank's
+    (``train/logs.setup_logging``, a module above this folder)."""
     started = time.monotonic()
     host = hosting(spec, os.environ)
     if not host.ranks:
         return {"steps": 0, "stopped": False, "emulated": "idle task"}
-    setup_logging(host.ranks[0], spec.job_dir)
+    start_logging(host.ranks[0], spec.job_dir)
     address = rendezvous_address(spec, os.environ)
     server = start_server(*address, host.world_size, TIMEOUT_S) if 0 in host.ranks else None
     log.info("emulating ranks %d-%d of %d in process %d (store %s:%d)",
@@ -100,6 +106,5 @@ def host_record(spec: JobSpec, host: Hosting, ranks: list[EmulatedRank], started
         "torch_imported": "torch" in sys.modules,
         "phases_s": ranks[0].phases,
     }
-    path = JobPaths(spec.job_dir).logs / "emulate" / f"host_{host.ranks[0]}.json"
-    write_json_atomically(path, record)
+    write_json_atomically(JobPaths(spec.job_dir).emulated_host(host.ranks[0]), record)
     return record
