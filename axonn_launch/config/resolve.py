@@ -240,7 +240,7 @@ def check_train(train: TrainConfig, model: ModelSpec) -> None:
         if not getattr(train, key) > 0:
             raise ConfigError(f"train.{key}={getattr(train, key)}: must be > 0")
     for key in ("min_lr", "weight_decay", "grad_clip", "warmup_steps", "log_every_s",
-                "threads"):  # fmt: skip
+                "threads", "emulate_host_ranks", "emulate_step_s"):  # fmt: skip
         _non_negative(f"train.{key}", getattr(train, key))
     check_checkpoint_every(train.checkpoint_every)
     if train.min_lr > train.lr:
