@@ -3,8 +3,8 @@ queue ("will my rank fit, and how long will its init take?").
 
 The launch is composed, resolved and planned as a real one and written as a dry run
 (nothing submitted); then rank R of that job runs here as a local process,
-``python -m axonn_launch.train.rank_rehearsal <job_dir>``, with torch's fake process
-group at the job's full world size (``train/rank_rehearsal.py`` says what is real). This
+``python -m axonn_launch.train.rehearse.rank <job_dir>``, with torch's fake process
+group at the job's full world size (``train/rehearse/rank.py`` says what is real). This
 module hands it the cost model's figures for that rank and prints its record as a table.
 Never imports torch.
 """
@@ -23,7 +23,7 @@ from axonn_launch.config.compose import ConfigError, LaunchConfig
 from axonn_launch.config.resolve import Resolved
 from axonn_launch.cost.memory import GIB
 
-REQUEST = "rank_rehearsal_request.json"  # the job side's names (train/rank_rehearsal.py)
+REQUEST = "rank_rehearsal_request.json"  # the job side's names (train/rehearse/rank.py)
 RECORD = "rank_rehearsal.json"
 CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights and two AdamW moments
 # glibc raises its mmap threshold to the size of each large block freed, after which freed
@@ -72,7 +72,7 @@ def after_launch(cfg: LaunchConfig, resolved: Resolved, outcome: Any, out: TextI
     job_dir = Path(outcome.job_dir)
     (job_dir / REQUEST).write_text(json.dumps(rank_request(cfg, resolved), indent=1) + "\n")
     print(f"rank {cfg.rehearse_rank}: running here with fake collectives ...", file=out, flush=True)
-    command = [sys.executable, "-m", "axonn_launch.train.rank_rehearsal", str(job_dir)]
+    command = [sys.executable, "-m", "axonn_launch.train.rehearse.rank", str(job_dir)]
     done = subprocess.run(command, check=False, env={**MALLOC_ENV, **os.environ})
     if done.returncode != 0 or not (job_dir / RECORD).exists():
         print(f"rank {cfg.rehearse_rank}: failed; its traceback is above", file=sys.stderr)

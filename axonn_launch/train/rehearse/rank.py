@@ -1,4 +1,4 @@
-"""``python -m axonn_launch.train.rank_rehearsal <job_dir>``: one real rank of the job in
+"""``python -m axonn_launch.train.rehearse.rank <job_dir>``: one real rank of the job in
 ``job_dir``, on this computer, with torch's fake process group at the job's full world
 size (``rehearse=rank`` on the launcher; ``submit/rank_rehearsal.py`` starts this).
 
@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from axonn_launch.common.jobdir import JobPaths
 from axonn_launch.common.spec import JobSpec
 from axonn_launch.train.checkpoint.manager import Checkpointer, load_state
 from axonn_launch.train.checkpoint.state import (
@@ -43,12 +44,12 @@ from axonn_launch.train.checkpoint.state import (
     save_training_state,
     shard_specs,
 )
-from axonn_launch.train.data import IGNORE_INDEX, Geometry, Loader, open_source
 from axonn_launch.train.models.gpt import clip_grad_norm_, finish_gradients
-from axonn_launch.train.models.optim import autocast, build_optimizer
+from axonn_launch.train.models.optim import autocast, build_optimizer, compute_dtype
+from axonn_launch.train.models.registry import build_model
 from axonn_launch.train.parallel.bootstrap import DistEnv
+from axonn_launch.train.parallel.comm import resolve_wire
 from axonn_launch.train.parallel.groups import build_groups
-from axonn_launch.train.run import build_job_model
 
 REQUEST = "rank_rehearsal_request.json"
 RECORD = "rank_rehearsal.json"
@@ -140,10 +141,33 @@ def bit_sums(tensors: dict[str, torch.Tensor]) -> dict[str, int]:
     return out
 
 
+def token_batch(spec: JobSpec, index: int) -> tuple:
+    """This rank's rows of one micro-batch (micro_batch / z sequences), random tokens: the
+    values do not matter with fake collectives, the shapes are the job's."""
+    rows = spec.train.micro_batch // spec.grid.z
+    generator = torch.Generator().manual_seed(spec.train.seed + index)
+    shape = (rows, spec.train.seq_len + 1)
+    tokens = torch.randint(spec.model.vocab_size, shape, generator=generator)
+    return tokens[:, :-1], tokens[:, 1:], None
+
+
+def job_model(spec: JobSpec, env: DistEnv, groups):
+    """The spec's architecture sharded over ``groups``, as the job builds it
+    (``train/run.build_job_model``, which this folder may not import)."""
+    train, device = spec.train, torch.device(env.device)
+    return build_model(
+        spec.model, groups=groups, overlap=train.overlap,
+        activation_checkpointing=train.activation_checkpointing, seed=train.seed,
+        device=device, wire=resolve_wire(train.wire, compute_dtype(train, device)),
+        cache_layers=train.cache_layers, ors_window=train.ors_window,
+        gemm_tuning=train.gemm_tuning,
+    )  # fmt: skip
+
+
 def micro_step(model, batch, phases: Phases, index: int, dtype: torch.dtype) -> None:
     """Forward, then backward, of one micro-batch, each a phase."""
     inputs, targets, examples = batch
-    normalizer = torch.tensor(float((targets != IGNORE_INDEX).sum().clamp(min=1)))
+    normalizer = torch.tensor(float(targets.numel()))
     with phases.phase("forward", micro_step=index), autocast(torch.device("cpu"), dtype):
         loss = model(inputs, targets, normalizer=normalizer, examples=examples)
     with phases.phase("backward", micro_step=index):
@@ -170,7 +194,7 @@ def saved_tensors(model, optimizer, keys: set[str] | None = None) -> dict[str, t
     return out if keys is None else {k: v for k, v in out.items() if k in keys}
 
 
-def save_and_load(model, optimizer, loader, spec: JobSpec, rank: int, phases: Phases) -> dict:
+def save_and_load(model, optimizer, spec: JobSpec, rank: int, phases: Phases) -> dict:
     """This rank's DCP shard, saved by the job's own code (banded; a tensor replicated
     over other ranks is written by its one owner), then read back: every key this rank
     wrote, compared bit for bit. Both on a group of this rank alone (module docstring)."""
@@ -180,7 +204,7 @@ def save_and_load(model, optimizer, loader, spec: JobSpec, rank: int, phases: Ph
     meta = {"grid": spec.grid.as_dict(), "world_size": spec.grid.world_size}
     with phases.phase("save") as row:
         save_training_state(checkpointer, 1, model=model, optimizer=optimizer,
-                            loader_state=loader.state_dict(), rng={}, groups=model.groups,
+                            loader_state={"step": 1}, rng={}, groups=model.groups,
                             meta=meta)  # fmt: skip
         path = checkpointer.wait()
         files = sorted(p for p in path.iterdir() if p.is_file())
@@ -208,7 +232,7 @@ def save_and_load(model, optimizer, loader, spec: JobSpec, rank: int, phases: Ph
 
 def rehearse(job_dir: Path, request: dict) -> dict:
     """Every phase of rank ``request['rank']``; returns the record (module docstring)."""
-    spec = JobSpec.load(job_dir / "spec.json")
+    spec = JobSpec.load(JobPaths(job_dir).spec)
     # bf16 as on a GPU; no GEMM layout tuning: it times layouts for the GPU in the job's
     # first steps, and here would time this CPU's (ten times the micro-step's GEMMs)
     train = replace(spec.train, dtype="bf16", gemm_tuning=False)
@@ -223,14 +247,11 @@ def rehearse(job_dir: Path, request: dict) -> dict:
         groups = build_groups(spec.grid, rank=rank)
     row["groups_created"] = groups_created() - first
     model, optimizer = init_shard(spec, rank, request, groups, phases)
-    source = open_source(spec.train.data, model_vocab=spec.model.vocab_size)
-    geometry = Geometry.of(spec.train, spec.grid, groups.coords)
-    loader = Loader(source, geometry, seed=spec.train.seed)
     model.train()
     for index in range(request.get("micro_steps", 1)):
-        micro_step(model, loader.batch(0, index), phases, index, torch.bfloat16)
+        micro_step(model, token_batch(spec, index), phases, index, torch.bfloat16)
     optimizer_step(model, optimizer, spec, phases)
-    checkpoint = save_and_load(model, optimizer, loader, spec, rank, phases)
+    checkpoint = save_and_load(model, optimizer, spec, rank, phases)
     dist.destroy_process_group()
     return record(spec, request, groups, phases, checkpoint)
 
@@ -240,7 +261,7 @@ def init_shard(spec: JobSpec, rank: int, request: dict, groups, phases: Phases):
     env = rank_env(rank, spec.grid.world_size, request.get("tasks_per_node", 1))
     with phases.phase("init") as row:
         torch.manual_seed(spec.train.seed)
-        model = build_job_model(spec, env, groups)
+        model = job_model(spec, env, groups)
         optimizer = build_optimizer(model, spec.train)
         ensure_optimizer_state(model, optimizer)
         row["local_parameters"] = sum(p.numel() for p in model.parameters())
@@ -287,7 +308,7 @@ def record(spec: JobSpec, request: dict, groups, phases: Phases, checkpoint: dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m axonn_launch.train.rank_rehearsal")
+    parser = argparse.ArgumentParser(prog="python -m axonn_launch.train.rehearse.rank")
     parser.add_argument(
         "job_dir", type=Path, help=f"a job directory holding spec.json and {REQUEST}"
     )
