@@ -46,7 +46,7 @@ from axonn_launch.config.sweep_compose import (
 )
 from axonn_launch.records import provenance
 from axonn_launch.scheduler import processes
-from axonn_launch.submit import chain, pipeline
+from axonn_launch.submit import chain, pipeline, rank_rehearsal
 from axonn_launch.submit.pipeline import EXIT_BAD_INPUT, Checked, check_run, launch, study_callback
 from axonn_launch.submit.sweep import (
     PointOutcome,
@@ -92,12 +92,14 @@ def hydra_entry(cfg: DictConfig) -> PointOutcome:
         launch_cfg = point_config(cfg, hydra_cfg if sweeping else None)
         if not scheduler.of(launch_cfg.machine).on_this_computer or launch_cfg.dry_run:
             processes.dismiss_early_supervisor()  # no local job to hand it: its imports stop
+        checked = run_checks(launch_cfg, job_dir)
         outcome = launch(
-            run_checks(launch_cfg, job_dir),
+            checked,
             job_dir=job_dir,
             config=OmegaConf.to_container(cfg, resolve=True),
             command_line=list(sys.argv),
         )
+        outcome = rank_rehearsal.after_launch(launch_cfg, checked.resolved, outcome)
     except ConfigError as exc:
         if not sweeping:
             print(f"error: {exc}", file=sys.stderr)

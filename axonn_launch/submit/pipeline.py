@@ -43,6 +43,7 @@ from axonn_launch.submit import (
     duplicates,
     in_job,
     pack,
+    rank_rehearsal,
     rehearse,
     render,
 )
@@ -105,6 +106,7 @@ def check(cfg: LaunchConfig, job_dir: str) -> Checked:
     raises ConfigError, one line."""
     rehearsal = rehearse.prepare(cfg, job_dir) if cfg.rehearse else None
     resolved = resolve(cfg)
+    rank_rehearsal.check_rank(cfg, resolved)  # rehearse=rank: a rank of this job
     checked = resolved.cfg
     check_job_dir(job_dir, checked.machine)
     require_scheduler(checked)  # a submission with no Slurm here: one line
