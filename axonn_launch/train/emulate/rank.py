@@ -63,7 +63,7 @@ class EmulatedRank:
         found = environment_rank(env)  # the job's own reading of a rank's variables
         self.spec, self.rank, self.local_rank = spec, found.rank, found.local_rank
         self.world, self.node, self.should_stop = host.world_size, node_name(env), should_stop
-        self.node_ranks = host.node_ranks
+        self.node_ranks, self.first = host.node_ranks, host.ranks[0]
         self.started = time.monotonic()
         self.paths = JobPaths(spec.job_dir)
         self.store: StoreClient | None = None
@@ -138,9 +138,8 @@ class EmulatedRank:
                 self.save(step)
                 self.phase("first_checkpoint", started)
             if stop:
-                log.info(
-                    "rank %d: stopped after step %d on request; checkpoint saved", self.rank, step
-                )
+                said = log.info if self.rank == self.first else log.debug  # a line per host
+                said("rank %d: stopped after step %d on request; checkpoint saved", self.rank, step)
                 stopped = True
                 break
         return self.summary(step, start, timed, stopped)
