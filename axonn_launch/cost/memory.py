@@ -32,7 +32,7 @@ RUNTIME_RESERVE_GIB = 1.5  # context + NCCL/RCCL buffers + fragmentation, per GP
 CPU_RUNTIME_RESERVE_GIB = 0.5  # interpreter + torch + gloo, per CPU rank (machine=local)
 BYTES_PER_PARAM_STATE = {"parameters": 4, "gradients": 4, "optimizer": 8}
 LOGIT_BYTES = 2 + 4 + 4 + 4 + 4
-TOKEN_TERMS = ("activations", "logits")  # linear in T; no other term depends on the micro-batch
+TOKEN_TERMS = ("activations", "head input", "logits")  # linear in T; no other term is
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,9 @@ def estimate_memory(
     terms["embedding buffers"] = table * (wire.all_gather + _cast_copy(wire))
     terms["reduce-scatter buffers"] = reduce_scatter_buffers(model, grid, train, wire)
     terms["activations"] = _activations(model, grid, train, tokens, half)
+    # the LM head's input: the final hidden gathered over x to all of d_model, kept in the
+    # compute dtype for its backward (measured: rehearse=rank, docs/cost-model.md)
+    terms["head input"] = tokens * model.d_model * half
     terms["logits"] = tokens * vocab_rows * LOGIT_BYTES
     terms["runtime reserve"] = (RUNTIME_RESERVE_GIB if on_gpu else CPU_RUNTIME_RESERVE_GIB) * GIB
     return MemoryEstimate(terms=terms)

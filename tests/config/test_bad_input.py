@@ -58,7 +58,7 @@ CASES = [
     (["grid.data=65", "train.micro_batch=1", "train.global_batch=65"], "max_local_processes"),
     (["nodes=2"], "nodes=2"),
     # more than this computer's RAM: refused before any rank starts
-    (["model=gpt_320b"], "4 ranks x 3502.92 GiB (the estimate per rank of model=gpt_320b)"),
+    (["model=gpt_320b"], "4 ranks x 3534.92 GiB (the estimate per rank of model=gpt_320b)"),
     (["machine=local", "model=gpt_320b"], "or machine.host_memory_check=false to start it"),
     (["machine.host_memory_headroom=1"], "machine.host_memory_headroom=1.0: must be >= 0 and < 1"),
     (["grid=auto", "grid.x=2"], "grid=auto"),

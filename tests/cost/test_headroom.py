@@ -48,8 +48,8 @@ def test_the_default_pick_prefers_headroom_over_a_faster_grid_at_the_same_node_c
 
 @pytest.mark.parametrize(
     ("model", "nodes", "shown", "fix"),
-    [("gpt_80b", 8, "39.8 of 40 GiB per GPU (100%)", 16),
-     ("llama3_8b", 1, "39.4 of 40 GiB per GPU (98%)", 2)],
+    [("gpt_80b", 8, "39.9 of 40 GiB per GPU (100%)", 16),
+     ("llama3_8b", 1, "39.4 of 40 GiB per GPU (99%)", 2)],
 )  # fmt: skip
 def test_a_tight_default_is_warned_with_a_node_count_that_has_headroom(model, nodes, shown, fix):
     """No row of these node counts has headroom: the fastest is kept, and the warning names

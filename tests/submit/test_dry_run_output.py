@@ -30,7 +30,7 @@ def test_a_site_dry_run_prints_the_summary_and_the_script_in_80_lines(tmp_path):
     assert "sources:" not in out and CONFIG_HEAD not in out
     assert "config     the job dir's config.yaml (show_config=true prints it" in out
     assert "\n  sources:\n" in saved  # the job dir keeps the whole resolved config
-    assert "warning: memory: 39.8 of 40 GiB per GPU (100%) is above 90%" in proc.stderr
+    assert "warning: memory: 39.9 of 40 GiB per GPU (100%) is above 90%" in proc.stderr
 
 
 def test_show_config_prints_the_resolved_config_with_its_sources(tmp_path):

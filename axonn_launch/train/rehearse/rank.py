@@ -59,7 +59,7 @@ GIB = 1024**3
 PHASE_TERMS = {
     "init": ("parameters", "optimizer"),
     "forward": ("parameters", "optimizer", "weight buffers", "weight cache",
-                "embedding buffers", "activations", "logits"),
+                "embedding buffers", "activations", "head input", "logits"),
     "backward": None,  # every term but the runtime reserve
     "optimizer step": ("parameters", "gradients", "optimizer", "reduce-scatter buffers"),
 }  # fmt: skip
