@@ -15,10 +15,15 @@ import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 import torch.distributed as dist
 
+from axonn_launch.common.grid import Grid
+from axonn_launch.common.spec import RuntimeConfig, TrainConfig
 from axonn_launch.scheduler.processes import free_port
+from axonn_launch.train.emulate.hosting import hosting, rank_environ, rendezvous_address
 from axonn_launch.train.emulate.store import StoreClient
 from axonn_launch.train.health.watchdog import NODE_DIR_VAR
 from tests.submit.test_local_supervisor import poll
@@ -113,3 +118,34 @@ def test_a_task_imports_no_torch_before_it_knows_it_is_emulated():
             " print('torch' in sys.modules)")  # fmt: skip
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert found.stdout.strip() == "False", found.stderr
+
+
+def spec_of(world: int, host_ranks: int = 0) -> SimpleNamespace:
+    """What hosting reads of a JobSpec: the grid, train.emulate_host_ranks, the port."""
+    train = TrainConfig(emulate=True, emulate_host_ranks=host_ranks)
+    return SimpleNamespace(grid=Grid(data=world), runtime=RuntimeConfig(), train=train)
+
+
+SLURM = {"SLURM_NTASKS": "16", "SLURM_NNODES": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "77",
+         "SLURM_STEP_NODELIST": "n[3-4]", "SLURMD_NODENAME": "n4"}  # fmt: skip
+
+
+def test_which_task_hosts_which_ranks():
+    """One task per rank (Slurm, 8 per node): the node's local rank 0 hosts the node's 8
+    ranks and the rest are idle; with emulate_host_ranks=4, two hosts per node. One task
+    per node: each hosts its block, and each rank's variables are its own. A task count
+    that does not divide the world is refused in one line."""
+    task = SLURM | {"SLURM_PROCID": "8", "SLURM_LOCALID": "0"}
+    host = hosting(spec_of(16), task)
+    assert (host.ranks, host.node_ranks) == (tuple(range(8, 16)), 8)
+    assert hosting(spec_of(16), task | {"SLURM_PROCID": "9", "SLURM_LOCALID": "1"}).ranks == ()
+    four = task | {"SLURM_PROCID": "12", "SLURM_LOCALID": "4"}
+    assert hosting(spec_of(16, host_ranks=4), four).ranks == (12, 13, 14, 15)
+    per_node = SLURM | {"SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "0"}
+    host = hosting(spec_of(16), per_node)
+    assert host.ranks == tuple(range(8, 16))
+    env = rank_environ(per_node, host, 12)
+    assert (env["SLURM_PROCID"], env["SLURM_LOCALID"]) == ("12", "4")
+    assert rendezvous_address(spec_of(16), per_node) == ("n3", 29500 + 77 % 2000)
+    with pytest.raises(ValueError, match="3 tasks cannot host 16 ranks"):
+        hosting(spec_of(16), SLURM | {"SLURM_NTASKS": "3", "SLURM_PROCID": "0"})
