@@ -36,6 +36,7 @@ PRELOAD = [
     "torch.distributed",
     "torch.distributed.checkpoint",
     "axonn_launch.train",
+    "axonn_launch.train.run",  # axonn_launch.train imports it only when a rank runs
     "tests.train.dist_utils",
     *(["transformers"] if importlib.util.find_spec("transformers") else []),
 ]
