@@ -8,7 +8,9 @@ options, each in a fresh process for one rank.
   skip the groups a rank is not in (non-members need not call; the group's name is a hash
   of its ranks, so the members agree without a global counter).
 - ``all_local_sync``: every group, with ``use_local_synchronization=True`` (a non-member's
-  call returns at once).
+  call returns at once); a few runs, no ratio claimed.
+- ``enumerate_only``: only the grid's rank lists, as ``build_groups`` makes them (the part
+  of ``as_is`` spent in ``common/grid.py``); a few runs, no ratio claimed.
 - ``split_group``: torch's ``split_group`` (NCCL's comm split) refuses a parent group
   without an accelerator backend that splits: not measurable here; recorded as such.
 
@@ -37,6 +39,8 @@ GRIDS = {  # (data, x, y, z)
     "gpt_320b_frontier_4096": (2, 8, 16, 128),  # the planner's grid (dry run of that point)
 }
 RANK = 12345
+SINGLE_OPTIONS = ("all_local_sync", "enumerate_only")  # a few runs each, no ratio claimed
+SINGLES = 3
 
 
 def one(option: str, grid: tuple[int, int, int, int], rank: int) -> dict:
@@ -61,25 +65,27 @@ def one(option: str, grid: tuple[int, int, int, int], rank: int) -> dict:
         except RuntimeError as error:
             return {"option": option, "seconds": None, "error": str(error).splitlines()[0]}
     else:
-        local_sync_groups(g, rank, own_only=option == "own_local_sync")
+        calls = local_sync_groups(g, rank, own_only=option == "own_local_sync")
+        seconds = time.perf_counter() - started
+        return {"option": option, "seconds": seconds, "new_group_calls": calls}
     seconds = time.perf_counter() - started
-    return {"option": option, "seconds": seconds,
-            "groups": dist.distributed_c10d._world.group_count - before}  # fmt: skip
+    calls = dist.distributed_c10d._world.group_count - before  # one per new_group call
+    return {"option": option, "seconds": seconds, "new_group_calls": calls}
 
 
-def local_sync_groups(g, rank: int, *, own_only: bool) -> None:
+def local_sync_groups(g, rank: int, *, own_only: bool) -> int:
     """Every group of the grid with ``use_local_synchronization``; with ``own_only`` only
     this rank's, their members computed from its coordinates (``own_groups``)."""
     import torch.distributed as dist
 
-    if own_only:
-        for ranks in own_groups(g, rank):
-            dist.new_group(ranks, use_local_synchronization=True)
-        return
-    for rank_lists in all_group_lists(g):
+    world = [list(range(g.world_size))]
+    lists = [own_groups(g, rank)] if own_only else [*all_group_lists(g), world]
+    calls = 0
+    for rank_lists in lists:
         for ranks in rank_lists:
             dist.new_group(ranks, use_local_synchronization=True)
-    dist.new_group(list(range(g.world_size)), use_local_synchronization=True)
+            calls += 1
+    return calls
 
 
 def all_group_lists(g) -> list[list[list[int]]]:
@@ -130,7 +136,7 @@ def compare(on: str, off: str, grid_name: str, pairs: int) -> dict:
     q1, median, q3 = quartiles(ratios(measured))
     return {
         "grid": grid_name, "on": on, "off": off, "pairs": measured,
-        "groups": {on: seen[on][0]["groups"], off: seen[off][0]["groups"]},
+        "calls": {on: seen[on][0]["new_group_calls"], off: seen[off][0]["new_group_calls"]},
         "median_s": {k: quartiles([p[k] for p in measured])[1] for k in ("on", "off")},
         "ratio_minus_1": {"q1": q1, "median": median, "q3": q3},
     }  # fmt: skip
@@ -138,19 +144,31 @@ def compare(on: str, off: str, grid_name: str, pairs: int) -> dict:
 
 def markdown(result: dict) -> str:
     lines = [
-        "| grid (data, x, y, z) | option | groups created | median s per rank |",
+        "# Group creation at 32,768 ranks: build_groups and its options",
+        "",
+        "Script: bench/bench_groups.py (`python bench/bench_groups.py --pairs"
+        f" {result['pairs']}`). Each option in a fresh process for rank {result['rank']};"
+        " issue 46's goal: <= 10 s per rank.",
+        "",
+        "| grid (data, x, y, z) | option | new_group calls | median s per rank |",
         "|---|---|---|---|",
     ]
     for c in result["comparisons"]:
         grid = GRIDS[c["grid"]]
         for key in ("off", "on"):
             lines.append(
-                f"| {grid} | {c[key]} | {c['groups'][c[key]]:,} | {c['median_s'][key]:.3f} |"
+                f"| {grid} | {c[key]} | {c['calls'][c[key]]:,} | {c['median_s'][key]:.3f} |"
             )
         r = c["ratio_minus_1"]
         lines.append(
             f"| {grid} | {c['on']} / {c['off']} - 1 | | {r['median']:+.1%}"
             f" (IQR {r['q1']:+.1%} .. {r['q3']:+.1%}, {len(c['pairs'])} pairs) |"
+        )
+    for option, runs in result["singles"].items():
+        median = quartiles([r["seconds"] for r in runs])[1]
+        calls = runs[0]["new_group_calls"]
+        lines.append(
+            f"| {GRIDS['issue']} | {option} | {calls:,} | {median:.3f} ({len(runs)} runs, median) |"
         )
     split = result["split_group"]
     lines += [
@@ -169,18 +187,26 @@ def main() -> int:
     parser.add_argument("--one", help="run one option in this process and print its JSON")
     parser.add_argument("--grid", default="issue", choices=sorted(GRIDS))
     parser.add_argument("--pairs", type=int, default=MIN_PAIRS)
+    parser.add_argument(
+        "--markdown-only", action="store_true", help="rewrite the .md from the .json"
+    )
     args = parser.parse_args()
+    if args.markdown_only:
+        result = json.loads((RESULTS / "bench_groups.json").read_text())
+        (RESULTS / "bench_groups.md").write_text(markdown(result))
+        return 0
     if args.one:
         print(json.dumps(one(args.one, GRIDS[args.grid], RANK)))
         return 0
     before = load_now()
     comparisons = [
         compare("own_local_sync", "as_is", "issue", args.pairs),
-        compare("all_local_sync", "as_is", "issue", args.pairs),
         compare("own_local_sync", "as_is", "gpt_320b_frontier_4096", args.pairs),
     ]
+    singles = {o: [run_one(o, "issue") for _ in range(SINGLES)] for o in SINGLE_OPTIONS}
     result = {
         "comparisons": comparisons,
+        "singles": singles,
         "split_group": run_one("split_group", "issue"),
         "pairs": args.pairs,
         "rank": RANK,

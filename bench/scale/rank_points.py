@@ -8,7 +8,11 @@ of this machine; else it is recorded as not run, with the reason. Every figure i
 measured on one real rank with fake collectives (torch's fake process group): memory and
 local compute are the rank's, collectives communicate nothing.
 
-    python bench/scale/rank_points.py [--only NAME] [--limit-gib 20]
+A block's forward and backward at gpt_320b's 4,096 tokens per rank take about a minute of
+one core here, so each point runs ``--depth`` of its blocks (default 4) on the full job's
+grid and micro-batch (``at_depth``); ``--depth 100`` runs gpt_320b whole (about 30 min).
+
+    python bench/scale/rank_points.py [--only NAME] [--depth N] [--limit-gib 20]
         # merges into bench/results/rank_rehearsal.json; writes rank_rehearsal.md
 """
 
@@ -34,6 +38,7 @@ POINTS = {  # name: launcher arguments (rank: the middle of the job, data index 
     ],
 }  # fmt: skip
 RANK = 12345
+LIMIT_NOTE = "20 GiB cgroup v1 memory limit"
 MARGIN_GIB = 2.0  # MemAvailable must exceed the point's model figure by this much
 
 
@@ -120,7 +125,7 @@ def run_point(name: str, limit: int, jobs: Path, depth: int) -> dict:
             f" {need:.1f} GiB + {MARGIN_GIB} GiB beside the machine's other users"
         )
         return {**entry, "run": False, "why": why}
-    job = jobs / name
+    job = jobs / f"{name}_{depth}"
     group = memory_cgroup(f"rank_points_{os.getpid()}", limit)
     started = time.perf_counter()
     done = run_launcher([*args, "rehearse=rank", f"rehearse_rank={RANK}",
@@ -136,10 +141,20 @@ def run_point(name: str, limit: int, jobs: Path, depth: int) -> dict:
 
 
 def markdown(points: dict) -> str:
-    lines = []
-    for name, entry in points.items():
+    lines = [
+        "# One rank of the paper's jobs, here (fake collectives)",
+        "",
+        "Script: bench/scale/rank_points.py (`python bench/scale/rank_points.py`, and"
+        " `--only gpt_320b_frontier_4096 --depth 100`). Each point is `rehearse=rank` for"
+        f" rank {RANK}, under a {LIMIT_NOTE}; peak RSS above the process's baseline (torch"
+        " imported, the fake world joined, a tiny step run) against the memory model"
+        " without its GPU runtime reserve. A point at 4 blocks runs them on the full job's"
+        " grid and micro-batch: every per-block shape is the job's.",
+        "",
+    ]
+    for entry in points.values():
         lines.append(
-            f"**{name}**, {entry['depth']} of its {entry['layers']} blocks"
+            f"**{entry['point']}**, {entry['depth']} of its {entry['layers']} blocks"
             f" (`{entry['command']}`; the memory model at full depth:"
             f" {entry['model_gib_full_depth']:.1f} GiB without its runtime reserve)"
         )
@@ -161,13 +176,20 @@ def main() -> int:
     parser.add_argument("--limit-gib", type=float, default=20.0)
     parser.add_argument("--jobs", type=Path, default=Path("/tmp/rank_points"))
     parser.add_argument("--depth", type=int, default=4, help="blocks of each model to run")
+    parser.add_argument("--markdown-only", action="store_true", help="rewrite the .md")
     args = parser.parse_args()
-    points = json.loads(RECORD.read_text())["points"] if RECORD.exists() else {}
+    if args.markdown_only:
+        points = json.loads(RECORD.read_text())["points"]
+        (RESULTS / "rank_rehearsal.md").write_text(markdown(points))
+        return 0
     for name in args.only or list(POINTS):
         print(f"{name}: running", flush=True)
-        points[name] = run_point(name, int(args.limit_gib * GIB), args.jobs, args.depth)
-        print(points[name].get("table") or points[name].get("why"), flush=True)
-        RESULTS.mkdir(exist_ok=True)
+        entry = run_point(name, int(args.limit_gib * GIB), args.jobs, args.depth)
+        key = name if entry["depth"] >= entry["layers"] else f"{name} ({entry['depth']} blocks)"
+        print(entry.get("table") or entry.get("why"), flush=True)
+        RESULTS.mkdir(exist_ok=True)  # read just before writing: another run may have added
+        points = json.loads(RECORD.read_text())["points"] if RECORD.exists() else {}
+        points[key] = entry
         label = "measured on one real rank with fake collectives"
         RECORD.write_text(json.dumps({"label": label, "points": points}, indent=1) + "\n")
         (RESULTS / "rank_rehearsal.md").write_text(markdown(points))
