@@ -158,6 +158,7 @@ class NodeRelay:
         self.shared, self.beat_s, self.rank = shared_request, beat_s, rank
         self.request, self.stamp = self.folder / REQUEST, self.folder / "relayed"
         self.stamped_ns = -1  # the stamp this rank wrote last
+        self.direct = False  # no node-local folder: the shared request, as before the relay
 
     def due(self) -> bool:
         """Whether this rank relays now: it is the relay and a beat passed, or no relay
@@ -173,7 +174,7 @@ class NodeRelay:
     def relay(self, force: bool = False) -> None:
         """Copy the shared request's time onto the node's, when due (or ``force``d: a rank
         that fired, without taking the relay's place)."""
-        if not (force or self.due()):
+        if self.direct or not (force or self.due()):
             return
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -185,12 +186,18 @@ class NodeRelay:
             if asked is not None and asked > (mtime_ns(self.request) or 0):
                 self.request.touch()
                 os.utime(self.request, ns=(asked, asked))
-        except OSError as error:
-            log.warning("watchdog: cannot relay the request on this node: %s", error)
+        except OSError as error:  # this rank looks at the shared request itself from now on
+            self.direct = True
+            log.warning("watchdog: cannot relay the request in %s (%s): this rank looks at"
+                        " the shared one at each beat", self.folder, error)  # fmt: skip
 
     def request_time(self) -> float | None:
-        found = mtime_ns(self.request)
-        return None if found is None else found / 1e9
+        """The request's time as ``stat`` gives it on the shared file (the same float: the
+        node's copy has the same nanoseconds), which the answers are compared with."""
+        try:
+            return (self.shared if self.direct else self.request).stat().st_mtime
+        except OSError:
+            return None
 
     def clean(self) -> None:
         """Leave nothing on the node (a rank still running makes it again at its beat)."""

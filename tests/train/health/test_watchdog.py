@@ -205,3 +205,18 @@ def test_one_rank_of_a_node_relays_the_request_and_another_takes_over_when_it_st
     for dog in dogs:
         dog.stop()
     assert not any(f.exists() for f in folders)
+
+
+def test_a_rank_that_cannot_use_its_node_folder_looks_at_the_shared_request(tmp_path, monkeypatch):
+    """The node-local folder cannot be made (its parent is a file): the rank says so once
+    and answers the shared request itself, at its beat."""
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(NODE_DIR_VAR, str(tmp_path / "file"))
+    paths = JobPaths(tmp_path / "job")
+    dog = Watchdog(WatchdogConfig(beat_s=0.05), tmp_path / "job", rank=0, world_size=1, node="n1")
+    dog.start()
+    paths.hang_request.touch()
+    asked = paths.hang_request.stat().st_mtime
+    (beat,) = answers(paths, [0], asked)
+    dog.stop()
+    assert beat["answered"] == asked and dog.relay.direct
