@@ -127,6 +127,19 @@ ORDER = [
         "python bench/bench_sweep_check.py --points 500 --pairs 10",
     ),
     (
+        "rank_rehearsal.md",
+        "Scale",
+        "bench/scale/rank_points.py",
+        "python bench/scale/rank_points.py; python bench/scale/rank_points.py"
+        " --only gpt_320b_frontier_4096 --depth 100",
+    ),
+    (
+        "bench_groups.md",
+        "Scale",
+        "bench/bench_groups.py",
+        "python bench/bench_groups.py --pairs 10",
+    ),
+    (
         "suite_notes.md",
         "Test suite",
         "bench/suite_times.py",
