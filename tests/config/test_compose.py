@@ -17,7 +17,7 @@ MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 
 
 def test_the_tree_has_every_public_option():
-    assert MACHINES == ["alps", "frontier", "local", "perlmutter", "slurm_local"]
+    assert MACHINES == ["alps", "frontier", "local", "lumi", "perlmutter", "slurm_local"]
     assert set(MODELS) >= {"gpt_tiny", "gpt_small", "hf", "llama_tiny", "tinyllama_1b"} | {
         f"gpt_{n}b" for n in (5, 10, 20, 40, 60, 80, 160, 320, 640)
     } | {f"llama3_{n}b" for n in (8, 70, 405)}
