@@ -7,6 +7,9 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# start.sh --scale N [--site SITE]: the emulated scale cluster instead, a second instance
+# beside this one (machines/slurm_scale/start.sh; this cluster is left as it is)
+[[ ${1:-} == --scale ]] && exec bash "$HERE/../slurm_scale/start.sh" "${@:2}"
 if [[ -n ${1:-} ]]; then
     [[ $1 =~ ^[0-9]+$ ]] && (($1 >= 2 && $1 <= 9)) ||
         { echo "start.sh: node count $1: valid: 2 to 9" >&2 && exit 2; }

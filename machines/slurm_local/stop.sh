@@ -4,6 +4,8 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# stop.sh --scale: stops the emulated scale cluster only (machines/slurm_scale/stop.sh)
+[[ ${1:-} == --scale ]] && exec bash "$HERE/../slurm_scale/stop.sh"
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
 

@@ -1,0 +1,181 @@
+"""One job of the Frontier profile's real batch script on the emulated cluster, and its
+start-up phases from its own timestamps.
+
+The script is rendered as a rehearsal renders it (``submit/render.py``'s parameters of the
+frontier profile at N nodes and 8 tasks per node, then ``submit/rehearse.substitute``: GPU,
+Slingshot, account and queue flags for the local ones; the node-local copy of the
+interpreter to the emulated nodes' own storage), with one change: each task runs a trivial
+command (``date``, a line in its rank log) in place of submitit's Python, so that srun's
+fan-out of N x 8 tasks is timed alone. The broadcast (pack, sbcast, unpack on every node)
+is the profile's own, from 16 nodes on, of a linked venv (kilobytes) and the package.
+
+Stamps (seconds since the epoch) go to ``<job dir>/stamps``: ``batch_start`` (the
+script's first line), one after each set-up line (``pack``, ``sbcast``, ``unpack``),
+``srun_start`` (``AXONN_SRUN_START``, exported just before srun) and ``batch_end``; each
+task prints its start to its own Slurm log. No torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from submitit.slurm.slurm import _make_sbatch_string
+
+from axonn_launch.config.compose import machine_profile
+from axonn_launch.submit import rehearse, render
+
+from .cluster import PARTITION, slurm_env
+
+SITE = "frontier"
+TASKS_PER_NODE = 8  # Frontier's GCDs per node (conf/machine/frontier.yaml)
+NODE_CPUS = 56  # what start.sh declares per frontier node: 8 GPUs x cpus_per_task 7
+STAMP = 'echo "{name} $(date +%s.%N)" >> {stamps}'
+PHASE_OF = {"sbcast": "sbcast", "--ntasks-per-node=1": "unpack", "tar -C": "pack"}
+
+
+def linked_venv(root: Path) -> Path:
+    """A venv whose site-packages entries link to this one's: its copy is kilobytes."""
+    if not (root / "bin" / "python").exists():
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True,
+                       timeout=120)  # fmt: skip
+        ours = Path(sysconfig.get_paths()["purelib"])
+        (theirs,) = root.glob("lib/python*/site-packages")
+        for entry in ours.iterdir():
+            (theirs / entry.name).symlink_to(entry)
+    return root
+
+
+def site_machine(venv: Path):
+    """The frontier profile as a rehearsal runs it: this computer's interpreter (the
+    linked venv's) and the emulated nodes' local storage (``config/rehearsal.site_config``)."""
+    site, local = machine_profile(SITE), machine_profile(rehearse.LOCAL_MACHINE)
+    broadcast = replace(site.broadcast, dir=local.broadcast.dir, constraint="")
+    return replace(site, python=str(venv / "bin" / "python"), broadcast=broadcast, required=[])
+
+
+def task_command(job_dir: Path) -> str:
+    """What each task runs: its start time to its Slurm log, a line to its rank log."""
+    logs = shlex.quote(str(job_dir / "logs"))
+    body = (
+        'date +%s.%N; echo "rank $SLURM_PROCID on $SLURMD_NODENAME started"'
+        f" > {logs}/rank_$SLURM_PROCID.log"
+    )
+    return f"sh -c {shlex.quote(body)}"
+
+
+def stamped(setup: list[str], stamps: str) -> list[str]:
+    """The set-up lines with a stamp first and after each broadcast step."""
+    lines = [STAMP.format(name="batch_start", stamps=stamps)]
+    for line in setup:
+        lines.append(line)
+        phase = next((p for key, p in PHASE_OF.items() if key in line), None)
+        if line.startswith("axonn_setup") and phase:
+            lines.append(STAMP.format(name=f"{phase}_done", stamps=stamps))
+    lines.append(f'echo "srun_start $AXONN_SRUN_START" >> {stamps}')
+    return lines
+
+
+def batch_script(job_dir: Path, nodes: int, venv: Path) -> str:
+    """The frontier profile's batch script for ``nodes`` nodes, as rehearsed here."""
+    machine = site_machine(venv)
+    folder = job_dir / "slurm" / "%j"
+    copy = render.python_copy(machine, nodes=nodes, python=machine.python, folder=folder)
+    params = render.slurm_parameters(machine=machine, nodes=nodes,
+                                     tasks_per_node=TASKS_PER_NODE, job_name="scale",
+                                     copy=copy)  # fmt: skip
+    local = machine_profile(rehearse.LOCAL_MACHINE)
+    local = replace(local, slurm=replace(local.slurm, partition=PARTITION))
+    rehearsal = rehearse.Rehearsal(site=SITE, local=local, node_cpus=NODE_CPUS)
+    params = rehearse.substitute(params, rehearsal, machine, TASKS_PER_NODE)
+    stamps = shlex.quote(str(job_dir / "stamps"))
+    params["setup"] = stamped(params["setup"], stamps)
+    text = _make_sbatch_string(command=task_command(job_dir), folder=folder, **params)
+    return render.as_submitted(text) + "\n" + STAMP.format(name="batch_end", stamps=stamps) + "\n"
+
+
+def job_record(job_dir: Path, job_id: str, nodes: int) -> dict:
+    """A job.json as the launcher writes one (the fields ``jobs status`` reads)."""
+    return {
+        "name": f"scale-{SITE}", "job_dir": str(job_dir), "job_ids": [job_id],
+        "machine": SITE, "scheduler": "slurm", "model": "gpt_tiny", "nodes": nodes,
+        "tasks_per_node": TASKS_PER_NODE, "grid": {"data": nodes * TASKS_PER_NODE},
+        "steps": 1, "attempt": 1, "lineage": [], "status": "submitted",
+        "command_line": ["axonn_launch", f"machine={SITE}", f"nodes={nodes}", "rehearse=true"],
+    }  # fmt: skip
+
+
+def slurm(args: list[str], check: bool = True) -> str:
+    """A Slurm command's output, against the scale instance."""
+    proc = subprocess.run(args, capture_output=True, text=True, check=check, timeout=120,
+                          env=slurm_env())  # fmt: skip
+    return proc.stdout
+
+
+def submit(job_dir: Path, nodes: int, venv: Path) -> tuple[str, float]:
+    """sbatch of the script; the job id and the time just before sbatch ran."""
+    (job_dir / "logs").mkdir(parents=True, exist_ok=True)
+    script = job_dir / "scale.sbatch"
+    script.write_text(batch_script(job_dir, nodes, venv))
+    submitted = time.time()
+    job_id = slurm(["sbatch", "--parsable", str(script)]).strip().split(";")[0]
+    (job_dir / "slurm" / job_id).mkdir(parents=True)  # at once, as submitit does
+    (job_dir / "job.json").write_text(json.dumps(job_record(job_dir, job_id, nodes), indent=2))
+    return job_id, submitted
+
+
+def wait_ended(job_id: str, timeout: float) -> str:
+    """Waits until the job has left the queue; its sacct state."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not slurm(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).strip():
+            break
+        time.sleep(1)
+    else:
+        raise TimeoutError(f"job {job_id} still queued after {timeout:.0f} s")
+    return slurm(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"]).strip() or "unknown"
+
+
+def task_starts(job_dir: Path, job_id: str) -> list[float]:
+    """Each task's start, from its Slurm log's first line."""
+    starts = []
+    for path in (job_dir / "slurm" / job_id).glob(f"{job_id}_*_log.out"):
+        first = path.read_text().split("\n", 1)[0].strip()
+        if first.replace(".", "", 1).isdigit():
+            starts.append(float(first))
+    return starts
+
+
+def phases(job_dir: Path, job_id: str, submitted: float) -> dict:
+    """The start-up phases in seconds, from the stamps and the tasks' starts."""
+    stamps = dict(line.split() for line in (job_dir / "stamps").read_text().splitlines())
+    t = {name: float(value) for name, value in stamps.items()}
+    starts = sorted(task_starts(job_dir, job_id))
+    out = {"sbatch_to_batch_start": t["batch_start"] - submitted}
+    if "pack_done" in t:
+        out["broadcast_pack"] = t["pack_done"] - t["batch_start"]
+        out["broadcast_sbcast"] = t["sbcast_done"] - t["pack_done"]
+        out["broadcast_unpack"] = t["unpack_done"] - t["sbcast_done"]
+    out["srun_fanout_first_task"] = starts[0] - t["srun_start"]
+    out["srun_fanout_median_task"] = statistics.median(starts) - t["srun_start"]
+    out["srun_fanout_last_task"] = starts[-1] - t["srun_start"]
+    out["srun_to_batch_end"] = t["batch_end"] - t["srun_start"]
+    out["sbatch_to_batch_end"] = t["batch_end"] - submitted
+    return {"seconds": out, "tasks_started": len(starts)}
+
+
+def timed_command(args: list[str]) -> tuple[float, int, str]:
+    """Seconds, exit status and output of ``python -m axonn_launch.jobs ARGS``."""
+    began = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "axonn_launch.jobs", *args],
+                          capture_output=True, text=True, timeout=600, env=slurm_env(),
+                          cwd=os.getcwd())  # fmt: skip
+    return time.perf_counter() - began, proc.returncode, proc.stdout + proc.stderr

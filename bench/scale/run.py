@@ -1,0 +1,121 @@
+"""The launcher's start-up phases against the node count, on the emulated cluster.
+
+For each N: start N frontier-shaped nodes (machines/slurm_scale/start.sh, timed), run the
+Frontier profile's real batch script on all of them (``job.py``: sbatch to the script's
+start, the environment broadcast, srun's fan-out of N x 8 tasks), time ``jobs status``
+and ``jobs logs --failed`` over its N x 8 rank logs, stop the cluster (timed). Then fit
+each phase against N and extrapolate to the paper's node counts (``fit.py``). Every figure
+is labelled: measured (on this host, emulated nodes), or extrapolated.
+
+    python bench/scale/run.py --nodes 8 32 128 256        # writes bench/results/scale.json
+                                                            # and bench/results/scale.md
+
+Each N runs under /tmp/axonn-slurm.lock (do not wrap it in flock: it takes the lock
+itself, per N, so other Slurm users interleave). Stops when the host's available memory
+is under 6 GiB. No torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.scale import cluster, job  # noqa: E402
+from bench.scale.fit import fit_phase  # noqa: E402
+from bench.scale.report import markdown  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+TARGETS = [1024, 1536, 4096, 9408]  # Perlmutter, Alps, Frontier paper runs; all of Frontier
+MIN_AVAILABLE_MB = 6144
+COMMAND = "python bench/scale/run.py --nodes 8 32 128 256"
+
+
+def one_point(nodes: int, work: Path, venv: Path) -> dict:
+    """Start, job, records and stop at ``nodes`` nodes, under the Slurm lock."""
+    with cluster.slurm_lock():
+        load_before = os.getloadavg()
+        started = cluster.start(nodes)
+        count, slurmd_mb = cluster.slurmd_memory_mb()
+        point = {"nodes": nodes, "tasks": nodes * job.TASKS_PER_NODE, "start_s": started,
+                 "slurmd": count, "slurmd_rss_mb": slurmd_mb,
+                 "available_mb_up": cluster.available_mb()}  # fmt: skip
+        try:
+            job_dir = work / f"n{nodes}"
+            job_id, submitted = job.submit(job_dir, nodes, venv)
+            point["state"] = job.wait_ended(job_id, timeout=300 + nodes)
+            point.update(job.phases(job_dir, job_id, submitted))
+            point["records"] = records(job_dir)
+        finally:
+            point["stop_s"] = cluster.stop()
+            cluster.clear_node_local()
+        point["load_before"], point["load_after"] = load_before, os.getloadavg()
+    return point
+
+
+def records(job_dir: Path) -> dict:
+    """``jobs status`` and ``jobs logs --failed`` over the job: seconds, exit status, last
+    line."""
+    out = {}
+    for name, args in (("jobs_status", ["status", str(job_dir)]),
+                       ("jobs_logs_failed", ["logs", "--failed", str(job_dir)])):  # fmt: skip
+        seconds, rc, text = job.timed_command(args)
+        out[name] = {"seconds": seconds, "rc": rc, "output_head": text[:300]}
+    return out
+
+
+def phase_series(points: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
+    """phase -> (node counts, seconds), for the phases measured at every point."""
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    rows = [(p["nodes"], {**p["seconds"], **flat_extras(p)}) for p in points]
+    common = set.intersection(*(set(r) for _, r in rows)) if rows else set()
+    for name in sorted(common):
+        series[name] = ([n for n, _ in rows], [r[name] for _, r in rows])
+    return series
+
+
+def flat_extras(point: dict) -> dict[str, float]:
+    return {
+        "cluster_start": point["start_s"]["total"],
+        "cluster_stop": point["stop_s"]["total"],
+        "jobs_status": point["records"]["jobs_status"]["seconds"],
+        "jobs_logs_failed": point["records"]["jobs_logs_failed"]["seconds"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[8, 32, 128, 256])
+    parser.add_argument("--out", type=Path, default=RESULTS / "scale.json")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="axonn-scale-"))
+    venv = job.linked_venv(work / "venv")
+    points = []
+    for nodes in args.nodes:
+        if cluster.available_mb() < MIN_AVAILABLE_MB:
+            print(f"stopping before {nodes} nodes: under {MIN_AVAILABLE_MB} MB available")
+            break
+        points.append(one_point(nodes, work, venv))
+        print(json.dumps(points[-1]["seconds"]), flush=True)
+    series = phase_series(points)
+    fits = {name: fit_phase(ns, ys, TARGETS) for name, (ns, ys) in series.items() if len(ns) >= 3}
+    result = {
+        "label": "measured: emulated nodes (slurmd) on one host; fits and targets: extrapolated",
+        "command": COMMAND, "host": f"{platform.node()} {os.cpu_count()} CPUs",
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "points": points, "fits": fits, "targets": TARGETS,
+    }  # fmt: skip
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
