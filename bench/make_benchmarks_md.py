@@ -140,6 +140,12 @@ ORDER = [
         "python bench/bench_groups.py --pairs 10",
     ),
     (
+        "scale.md",
+        "Scale",
+        "bench/scale/run.py",
+        "python bench/scale/run.py --nodes 8 32 128 256 512",
+    ),
+    (
         "suite_notes.md",
         "Test suite",
         "bench/suite_times.py",

@@ -70,8 +70,11 @@ def markdown(result: dict) -> str:
         " is timed alone; the broadcast sends a linked venv and the package (about 5 MB per"
         " node), not a 1.5 GB environment. Every node shares two cores: a figure here is an"
         " upper bound on the launcher's and Slurm's own work, not a site's time. Extrapolated:"
-        f" the best of three least-squares fits (linear, N log N, quadratic) over the measured"
-        f" points. Run {result['when']} on {result['host']}."
+        " the best of three least-squares fits (linear, N log N, quadratic) over the measured"
+        " points, or their mean where the best slope is negative; the fan-out's fits carry this"
+        " host's load (N x 8 tasks on 2 cores), so they are upper bounds, not a site's time."
+        " No rank fails: `jobs logs --failed` scans the logs and answers 'no rank failed'"
+        f" (rc 2). Run {result['when']} on {result['host']}."
     )
     parts = ["# At scale: start-up phases against the node count", "",
              f"Script: bench/scale/run.py (`{result['command']}`)", "", intro, "",

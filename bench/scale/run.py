@@ -7,8 +7,8 @@ and ``jobs logs --failed`` over its N x 8 rank logs, stop the cluster (timed). T
 each phase against N and extrapolate to the paper's node counts (``fit.py``). Every figure
 is labelled: measured (on this host, emulated nodes), or extrapolated.
 
-    python bench/scale/run.py --nodes 8 32 128 256        # writes bench/results/scale.json
-                                                            # and bench/results/scale.md
+    python bench/scale/run.py --nodes 8 32 128 256 512  # bench/results/scale.json and .md
+    python bench/scale/run.py --refit                     # fit the points of scale.json again
 
 Each N runs under /tmp/axonn-slurm.lock (do not wrap it in flock: it takes the lock
 itself, per N, so other Slurm users interleave). Stops when the host's available memory
@@ -35,7 +35,7 @@ from bench.scale.report import markdown  # noqa: E402
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 TARGETS = [1024, 1536, 4096, 9408]  # Perlmutter, Alps, Frontier paper runs; all of Frontier
 MIN_AVAILABLE_MB = 6144
-COMMAND = "python bench/scale/run.py --nodes 8 32 128 256"
+COMMAND = "python bench/scale/run.py --nodes 8 32 128 256 512"
 
 
 def one_point(nodes: int, work: Path, venv: Path) -> dict:
@@ -72,12 +72,14 @@ def records(job_dir: Path) -> dict:
 
 
 def phase_series(points: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
-    """phase -> (node counts, seconds), for the phases measured at every point."""
+    """phase -> (node counts, seconds) over the points that measured it (the broadcast runs
+    from 16 nodes on)."""
     series: dict[str, tuple[list[int], list[float]]] = {}
-    rows = [(p["nodes"], {**p["seconds"], **flat_extras(p)}) for p in points]
-    common = set.intersection(*(set(r) for _, r in rows)) if rows else set()
-    for name in sorted(common):
-        series[name] = ([n for n, _ in rows], [r[name] for _, r in rows])
+    for point in sorted(points, key=lambda p: p["nodes"]):
+        for name, seconds in {**point["seconds"], **flat_extras(point)}.items():
+            series.setdefault(name, ([], []))
+            series[name][0].append(point["nodes"])
+            series[name][1].append(seconds)
     return series
 
 
@@ -94,22 +96,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[8, 32, 128, 256])
     parser.add_argument("--out", type=Path, default=RESULTS / "scale.json")
+    parser.add_argument("--add", action="store_true",
+                        help="keep the points of --out at other node counts")  # fmt: skip
+    parser.add_argument("--refit", action="store_true",
+                        help="run nothing: fit the points of --out again")  # fmt: skip
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="axonn-scale-"))
     venv = job.linked_venv(work / "venv")
-    points = []
-    for nodes in args.nodes:
+    points, when = [], time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if (args.add or args.refit) and args.out.exists():
+        before = json.loads(args.out.read_text())
+        kept, when = before["points"], before["when"] if args.refit else when
+        points = [p for p in kept if args.refit or p["nodes"] not in args.nodes]
+    for nodes in args.nodes if not args.refit else []:
         if cluster.available_mb() < MIN_AVAILABLE_MB:
             print(f"stopping before {nodes} nodes: under {MIN_AVAILABLE_MB} MB available")
             break
         points.append(one_point(nodes, work, venv))
         print(json.dumps(points[-1]["seconds"]), flush=True)
+    points.sort(key=lambda p: p["nodes"])
     series = phase_series(points)
     fits = {name: fit_phase(ns, ys, TARGETS) for name, (ns, ys) in series.items() if len(ns) >= 3}
     result = {
         "label": "measured: emulated nodes (slurmd) on one host; fits and targets: extrapolated",
         "command": COMMAND, "host": f"{platform.node()} {os.cpu_count()} CPUs",
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "when": when,
         "points": points, "fits": fits, "targets": TARGETS,
     }  # fmt: skip
     args.out.write_text(json.dumps(result, indent=1) + "\n")
