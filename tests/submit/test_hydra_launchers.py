@@ -58,12 +58,14 @@ def test_a_valid_sweep_under_joblib_exits_0(tmp_path):
 
 
 @pytest.mark.slow
-def test_optuna_sweep_over_lr_on_local_runs_three_trials_and_reports_the_best(tmp_path):
+def test_optuna_sweep_over_lr_on_local_runs_two_trials_and_reports_the_best(tmp_path):
+    """Two trials, each a local run that imports torch (three took 58 s in the last full
+    run): two are the fewest that make a best-of-several (tests/README.md)."""
     sweep_dir = tmp_path / "sweep"
     args = [
         "-m",
         "hydra/sweeper=optuna",
-        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.n_trials=2",
         "hydra.sweeper.sampler.seed=7",
         "train.lr=interval(0.001,0.01)",
         "machine=local",
@@ -78,16 +80,16 @@ def test_optuna_sweep_over_lr_on_local_runs_three_trials_and_reports_the_best(tm
     result = run_launcher(args, cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     trials = sorted(sweep_dir.glob("*/summary.json"))
-    assert len(trials) == 3
+    assert len(trials) == 2
     losses = [json.loads(p.read_text())["val_loss"] for p in trials]  # the default objective
     lrs = [yaml.safe_load((p.parent / "config.yaml").read_text())["train"]["lr"] for p in trials]
-    assert len(set(lrs)) == 3 and all(0.001 <= lr <= 0.01 for lr in lrs)
+    assert len(set(lrs)) == 2 and all(0.001 <= lr <= 0.01 for lr in lrs)
     results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert results["best_value"] == min(losses)
     assert results["best_params"]["train.lr"] == lrs[losses.index(min(losses))]
     assert f"Best value: {min(losses)}" in result.stdout + result.stderr
     table = result.stdout.split("sweep summary:")[1]
-    assert len(re.findall(r"\scompleted\s", table)) == 3 and "val_loss" in table
+    assert len(re.findall(r"\scompleted\s", table)) == 2 and "val_loss" in table
 
 
 def test_preflight_samples_sweeps_only_their_sweeper_can_expand():
