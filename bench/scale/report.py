@@ -32,8 +32,19 @@ def cell(seconds: float | None) -> str:
     return "–" if seconds is None else f"{seconds:,.1f}"
 
 
+def ran(points: list[dict]) -> list[dict]:
+    return [p for p in points if "error" not in p]
+
+
+def failures(points: list[dict]) -> list[str]:
+    """One line per node count whose job did not run to its end, with why."""
+    return [f"- N={p['nodes']} (measured): the cluster started ({p['start_s']['total']:.1f} s,"
+            f" {p['slurmd']} slurmd, {p['slurmd_rss_mb']:,.0f} MB), the job failed:"
+            f" {p['error'][:400]}" for p in points if "error" in p]  # fmt: skip
+
+
 def phase_table(result: dict) -> list[str]:
-    points, targets, fits = result["points"], result["targets"], result["fits"]
+    points, targets, fits = ran(result["points"]), result["targets"], result["fits"]
     head = [f"N={p['nodes']} (measured)" for p in points]
     head += [f"N={n:,} (extrapolated)" for n in targets]
     lines = ["| phase, seconds | " + " | ".join(head) + " | best fit (RMS residual) |",
@@ -51,7 +62,7 @@ def cluster_table(points: list[dict]) -> list[str]:
     lines = ["| nodes | tasks | slurmd | slurmd RSS, MB (per slurmd) | host MemAvailable up, MB"
              " | tasks started | job state | load avg before/after (1 min) |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for p in points:
+    for p in ran(points):
         per = p["slurmd_rss_mb"] / max(p["slurmd"], 1)
         lines.append(
             f"| {p['nodes']} | {p['tasks']:,} | {p['slurmd']} | {p['slurmd_rss_mb']:,.0f}"
@@ -78,5 +89,6 @@ def markdown(result: dict) -> str:
     )
     parts = ["# At scale: start-up phases against the node count", "",
              f"Script: bench/scale/run.py (`{result['command']}`)", "", intro, "",
-             *phase_table(result), "", *cluster_table(result["points"]), ""]  # fmt: skip
+             *phase_table(result), "", *cluster_table(result["points"]), "",
+             *failures(result["points"]), ""]  # fmt: skip
     return "\n".join(parts)

@@ -53,11 +53,19 @@ def one_point(nodes: int, work: Path, venv: Path) -> dict:
             point["state"] = job.wait_ended(job_id, timeout=300 + nodes)
             point.update(job.phases(job_dir, job_id, submitted))
             point["records"] = records(job_dir)
+        except (KeyError, RuntimeError, TimeoutError, OSError) as exc:
+            point["error"] = f"{type(exc).__name__}: {exc}; batch log: {batch_tail(job_dir)}"
         finally:
             point["stop_s"] = cluster.stop()
             cluster.clear_node_local()
         point["load_before"], point["load_after"] = load_before, os.getloadavg()
     return point
+
+
+def batch_tail(job_dir: Path) -> str:
+    """The last lines of the batch script's stderr: why a failed point failed."""
+    logs = sorted((job_dir / "slurm").glob("*/*_0_log.err"))
+    return " | ".join(logs[0].read_text().splitlines()[-3:]) if logs else "none"
 
 
 def records(job_dir: Path) -> dict:
@@ -76,6 +84,8 @@ def phase_series(points: list[dict]) -> dict[str, tuple[list[int], list[float]]]
     from 16 nodes on)."""
     series: dict[str, tuple[list[int], list[float]]] = {}
     for point in sorted(points, key=lambda p: p["nodes"]):
+        if "error" in point:
+            continue
         for name, seconds in {**point["seconds"], **flat_extras(point)}.items():
             series.setdefault(name, ([], []))
             series[name][0].append(point["nodes"])
@@ -113,8 +123,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"stopping before {nodes} nodes: under {MIN_AVAILABLE_MB} MB available")
             break
         points.append(one_point(nodes, work, venv))
-        print(json.dumps(points[-1]["seconds"]), flush=True)
-    points.sort(key=lambda p: p["nodes"])
+        points.sort(key=lambda p: p["nodes"])
+        write(args.out, points, when)
+        print(json.dumps(points[-1].get("seconds", points[-1].get("error"))), flush=True)
+    write(args.out, points, when)
+    return 0
+
+
+def write(out: Path, points: list[dict], when: str) -> None:
+    """scale.json and its section, fitted over the points that ran."""
     series = phase_series(points)
     fits = {name: fit_phase(ns, ys, TARGETS) for name, (ns, ys) in series.items() if len(ns) >= 3}
     result = {
@@ -123,9 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         "when": when,
         "points": points, "fits": fits, "targets": TARGETS,
     }  # fmt: skip
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(result))
-    return 0
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(result))
 
 
 if __name__ == "__main__":
