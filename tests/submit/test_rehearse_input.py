@@ -36,7 +36,7 @@ def test_rehearsing_a_machine_that_runs_here_is_refused(tmp_path, machine):
     result = run_launcher(
         [f"machine={machine}", "rehearse=true", f"hydra.run.dir={job_dir}"], cwd=tmp_path
     )
-    refused(result, "rehearse=true", f"machine={machine}", "perlmutter, frontier or alps")
+    refused(result, "rehearse=true", f"machine={machine}", "perlmutter, frontier, lumi or alps")
     assert not job_dir.exists()
 
 
