@@ -214,7 +214,7 @@ def test_a_big_model_on_the_builtin_corpus_warns(tmp_path):
 
 
 README_PERLMUTTER = [
-    "machine=perlmutter", "model=gpt_20b", "grid.x=4", "grid.z=8", "grid.data=4",
+    "machine=perlmutter", "model=gpt_20b", "grid.x=4", "grid.z=16", "grid.data=2",
     "site.accounts.perlmutter=m1234_g", "train.data=/pscratch/tokens.bin",
 ]  # fmt: skip
 
