@@ -306,6 +306,10 @@ SLURM_GPU_KEYS = (
     ("hardware.mem_per_gpu_gb", "the memory of one GPU, against which a job is checked"),
     ("slurm.partition", f"a partition, or {CLUSTER_DEFAULT} for none (the cluster's default)"),
     ("preflight.network", "the regex NCCL's (RCCL's) 'Using network NAME' must match"),
+    # the planner's figures: without them a dry run's summary has no step time to show
+    ("hardware.peak_tflops_per_gpu", "the dense bf16 TFLOP/s of one GPU (the planner's)"),
+    ("hardware.intra_node_gbps", "GB/s per GPU between the GPUs of a node (the planner's)"),
+    ("hardware.inter_node_gbps", "GB/s per GPU across nodes (the planner's)"),
 )
 # NCCL and RCCL both read NCCL_NET: set, they fail instead of falling back to TCP sockets. A
 # container (Alps's Container Engine) sets the network variables in its image instead

@@ -27,6 +27,8 @@ MISTAKES = [
     (lambda t: t.replace("\nscheduler: slurm", ""), "machine.scheduler: missing"),
     (lambda t: t.replace("\nname: newsite", ""), "machine.name: missing"),
     (lambda t: re.sub(r"\n  partition:[^\n]*", "", t), "machine.slurm.partition: missing"),
+    (lambda t: re.sub(r"\n  peak_tflops_per_gpu:[^\n]*", "", t),
+     "machine.hardware.peak_tflops_per_gpu: missing; a Slurm machine"),
     (lambda t: t.replace(GPUS, "  gpus_per_nod: 8\n"),
      "machine.hardware.gpus_per_nod: unknown key; did you mean machine.hardware.gpus_per_node?"),
     (lambda t: t.replace(GPUS, "  gpus_per_node: eight\n"),
