@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import MISSING, dataclass, field, fields
 
@@ -114,15 +115,64 @@ class Broadcast:
     constraint: str = ""  # an sbatch constraint that storage needs (Frontier: nvme)
 
 
-# Restart after a failure, besides reading the checkpoint back (cost/expected_goodput.py): a default
-# stated as one, not a measurement. A surviving rank may wait out the job's collective timeout
-# (600 s, train/parallel/bootstrap.py init_distributed) before it ends; then the allocation is
-# requeued and the ranks start again (about 300 s assumed). A profile or
-# machine.reliability.restart_s= changes it.
-DEFAULT_RESTART_S = 900.0
+# Restart after a failure, besides reading the checkpoint back (cost/expected_goodput.py): unset
+# (None), the detection time plus the start-up model at the job's node count (cost/startup.py);
+# a profile or machine.reliability.restart_s= that sets it gives the whole restart instead.
 # Filesystem write bandwidth per node of a job when a profile names none: a conservative default
 # stated as one, below the fair shares of the three site profiles' filesystems (0.27-1.03 GB/s).
 DEFAULT_WRITE_GBPS_PER_NODE = 0.25
+
+# The start-up model's phase shapes (seconds = a + b * f(N), cost/startup.py) and labels
+STARTUP_FORMS = ("constant", "linear", "n_log_n", "quadratic")
+STARTUP_LABELS = ("measured", "emulated")
+
+
+@dataclass(frozen=True)
+class StartupPhase:
+    """One phase of the job's start-up: seconds = a + b * f(N), f by ``form``."""
+
+    form: str = ""  # one of STARTUP_FORMS
+    a: float = 0.0
+    b: float = 0.0
+    broadcast: bool = False  # counted only when the job copies its environment (broadcasts)
+
+
+@dataclass(frozen=True)
+class StartupModel:
+    """The start-up phases of a job against its node count, with where their coefficients
+    come from: the package's ``conf/startup.yaml``, or a site's own in its profile
+    (``reliability.startup``)."""
+
+    phases: dict[str, StartupPhase] = field(default_factory=dict)
+    label: str = "measured"  # measured (on the site) or emulated (nodes emulated on one host)
+    nodes: list[int] = field(default_factory=list)  # the node counts the fits rest on
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        where = "machine.reliability.startup"
+        if self.label not in STARTUP_LABELS:
+            raise ValueError(f"{where}.label={self.label!r}: expected one of"
+                             f" {', '.join(STARTUP_LABELS)}")  # fmt: skip
+        if not self.nodes or min(self.nodes) < 1:
+            raise ValueError(f"{where}.nodes={self.nodes}: expected the node counts the fits"
+                             " rest on, each >= 1, e.g. [8, 64, 512]")  # fmt: skip
+        if not self.phases:
+            raise ValueError(f"{where}.phases: empty; expected each phase's form, a and b")
+        for name, phase in self.phases.items():
+            _check_phase(f"{where}.phases.{name}", phase)
+
+
+def _check_phase(where: str, phase: StartupPhase) -> None:
+    """A one-line ValueError for a phase's unknown form or unusable coefficient."""
+    if phase.form not in STARTUP_FORMS:
+        raise ValueError(f"{where}.form={phase.form!r}: expected one of {', '.join(STARTUP_FORMS)}")
+    if not math.isfinite(phase.a):
+        raise ValueError(f"{where}.a={phase.a}: expected a finite number of seconds")
+    if not (math.isfinite(phase.b) and phase.b >= 0):
+        raise ValueError(f"{where}.b={phase.b}: expected a finite number >= 0 (seconds per unit"
+                         " of the form's f(N); a phase does not shrink as N grows)")  # fmt: skip
+    if phase.form == "constant" and phase.b:
+        raise ValueError(f"{where}.b={phase.b}: a constant phase has only a (b: 0)")
 
 
 @dataclass(frozen=True)
@@ -135,12 +185,16 @@ class Reliability:
     node_mtbf_hours: float = 0.0
     # checkpoint write bandwidth of the shared filesystem per node of the job, GB/s
     write_gbps_per_node: float = DEFAULT_WRITE_GBPS_PER_NODE
-    restart_s: float = DEFAULT_RESTART_S  # failure to training again, besides the read-back
+    # failure to training again, besides the read-back; None: detection + the start-up model
+    restart_s: float | None = None
+    # the site's own start-up model; None: the package's (conf/startup.yaml)
+    startup: StartupModel | None = None
 
     def __post_init__(self) -> None:
         for name in ("node_mtbf_hours", "restart_s"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"machine.reliability.{name}={getattr(self, name)}: must be >= 0")
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"machine.reliability.{name}={value}: must be >= 0")
         if not self.write_gbps_per_node > 0:
             raise ValueError(
                 f"machine.reliability.write_gbps_per_node={self.write_gbps_per_node}: must be > 0"

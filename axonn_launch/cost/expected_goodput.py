@@ -3,7 +3,8 @@
 Torch-free: ``plan`` and the launch summary print these figures, and
 ``train.checkpoint_every=auto`` becomes the interval in steps here, before the job exists.
 The inputs are the checkpoint's size, the file system's write bandwidth, the nodes' mean
-time between failures and the restart cost of the machine profile.
+time between failures and the restart: the profile's ``reliability.restart_s`` where set,
+else detection plus the start-up model at the job's node count (``cost/startup.py``).
 
 The formulas and their sources (Young 1974, Daly 2006): ``docs/cost-model.md``
 ("cost/expected_goodput.py").
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from axonn_launch.common.machine import MachineProfile
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.cost.memory import BYTES_PER_PARAM_STATE
+from axonn_launch.cost.startup import Restart, restart
 
 CHECKPOINT_TERMS = ("parameters", "optimizer")  # what a checkpoint holds (no gradients)
 HOUR_S = 3600.0
@@ -83,11 +85,12 @@ class Checkpointing:
     node_mtbf_hours: float
     nodes: int
     mtbf_s: float  # M
-    restart_s: float  # R (restart_s + δ)
+    restart_s: float  # R (the restart + δ)
     optimal_s: float  # τ_opt
     auto_steps: int  # τ_opt in steps
     every: int  # the interval the job runs: auto's, or as given; 0 = only at the end
     auto: bool  # train.checkpoint_every=auto
+    restart: Restart | None = None  # R - δ and where it comes from (cost/startup.py)
 
     @property
     def interval_s(self) -> float:
@@ -119,6 +122,7 @@ class Checkpointing:
             "node_mtbf_hours": self.node_mtbf_hours,
             "job_mtbf_s": self.mtbf_s,
             "restart_s": self.restart_s,
+            "restart": None if self.restart is None else self.restart.as_dict(),
             "formula": "Daly 2006 first order: sqrt(2*save_s*job_mtbf_s) - save_s",
         }
 
@@ -141,6 +145,7 @@ def predict(
     if mtbf <= 0:
         return None
     save = save_seconds(model, machine, nodes) if measured_save_s is None else measured_save_s
+    again = restart(machine, nodes)
     optimal = daly_interval(save, mtbf)
     auto_steps = interval_steps(optimal, step_s)
     return Checkpointing(
@@ -153,11 +158,12 @@ def predict(
         node_mtbf_hours=machine.reliability.node_mtbf_hours,
         nodes=nodes,
         mtbf_s=mtbf,
-        restart_s=machine.reliability.restart_s + save,
+        restart_s=again.seconds + save,
         optimal_s=optimal,
         auto_steps=auto_steps,
         every=auto_steps if every is None else every,
         auto=every is None,
+        restart=again,
     )
 
 

@@ -17,7 +17,7 @@ from axonn_launch.common.grid import Grid
 from axonn_launch.common.machine import Hardware, MachineProfile
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import TrainConfig
-from axonn_launch.cost import expected_goodput
+from axonn_launch.cost import expected_goodput, startup
 from axonn_launch.cost.jobcost import job_cost
 from axonn_launch.cost.memory import fit_micro_batch
 from axonn_launch.cost.perf import (
@@ -154,7 +154,7 @@ def plan_report(args: PlanArgs) -> tuple[str, bool]:
     if not rows:
         return f"{header}\n{why}", False
     table = format_table(rows, hw.peak_tflops_per_gpu)
-    lines = [header, table, job_start_line(args, rows[0].grid)]
+    lines = [header, table, job_start_line(args, rows[0].grid), *startup_lines(args, nodes)]
     ck = checkpointing(args, rows[0], nodes)
     lines += checkpoint_lines(ck, args.machine) + spare_lines(args, ck) + [legend(hw)]
     lines += [calibration_note(args), *input_lines(args, rows[0])]
@@ -336,6 +336,29 @@ def job_start_line(args: PlanArgs, grid: Grid) -> str:
     return f"job start, save and resume on {grid.describe()}: {cost.describe()}"
 
 
+def startup_of(args: PlanArgs, nodes: int) -> startup.Startup | None:
+    """The job's start-up at ``nodes`` (``cost/startup.py``); None where the machine's
+    scheduler starts no batch job (this computer)."""
+    return startup.startup(args.machine, nodes) if scheduler.of(args.machine).queued else None
+
+
+def startup_lines(args: PlanArgs, nodes: int) -> list[str]:
+    """One line: the start-up at this node count, labelled, with its phases."""
+    up = startup_of(args, nodes)
+    if up is None:
+        return []
+    phases = ", ".join(f"{name} {seconds:.3g} s" for name, seconds in up.seconds.items())
+    return [
+        f"{up.words()} (sbatch to the last task started; the torch import, rendezvous and"
+        f" model init not in it): {phases} (cost/startup.py)"
+    ]
+
+
+def restart_words(ck: expected_goodput.Checkpointing) -> str:
+    """What the restart is made of: the profile's restart_s, or detection + start-up."""
+    return "" if ck.restart is None else f"{ck.restart.words()}, + the read-back"
+
+
 def checkpointing(
     args: PlanArgs, row: PlanRow, nodes: int
 ) -> expected_goodput.Checkpointing | None:
@@ -369,7 +392,8 @@ def checkpoint_lines(
         f" expected goodput {ck.auto_goodput:.1%}{'' if ck.auto else composed}",
         f"  from: job MTBF {ck.mtbf_s / 3600:.3g} h ({ck.node_mtbf_hours:,.4g} h per node /"
         f" {ck.nodes:,} nodes), a save {ck.save_s:.3g} s ({ck.checkpoint_gb:,.4g} GB at"
-        f" {ck.write_gbps:,.4g} GB/s), restart {ck.restart_s:.0f} s (cost/expected_goodput.py)"
+        f" {ck.write_gbps:,.4g} GB/s), restart {ck.restart_s:.0f} s ({restart_words(ck)})"
+        " (cost/expected_goodput.py)"
         + (
             f"; machine={machine.name}'s failure figures are test values: no prediction for a"
             " CPU run"
@@ -447,6 +471,7 @@ def plan_json(args: PlanArgs, nodes: int, ranking: Ranking, rows: list[PlanRow],
         "plans": [r.as_dict() for r in rows],
         **({"range": _range_json(args, rows[0])} if rows else {}),
         **({"job_start": job_start_line(args, rows[0].grid)} if rows else {}),
+        "startup": _startup_json(args, nodes),
         **({"checkpointing": _checkpointing_json(args, rows[0], nodes)} if rows else {}),
         **({"spares": _spares_json(args, rows[0], nodes)} if rows else {}),
         **({"launch_command": launch_command(args, rows[0], nodes)} if rows else {}),
@@ -457,6 +482,11 @@ def plan_json(args: PlanArgs, nodes: int, ranking: Ranking, rows: list[PlanRow],
 def _range_json(args: PlanArgs, row: PlanRow) -> dict[str, object]:
     slow, fast = plan_range(args, row)
     return {"over": range_terms(args), "slowest": slow, "fastest": fast}
+
+
+def _startup_json(args: PlanArgs, nodes: int) -> dict | None:
+    up = startup_of(args, nodes)
+    return None if up is None else up.as_dict()
 
 
 def _checkpointing_json(args: PlanArgs, row: PlanRow, nodes: int) -> dict | None:

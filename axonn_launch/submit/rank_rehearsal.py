@@ -22,6 +22,7 @@ from typing import Any, TextIO
 from axonn_launch.config.compose import ConfigError, LaunchConfig
 from axonn_launch.config.resolve import Resolved
 from axonn_launch.cost.memory import GIB
+from axonn_launch.cost.startup import restart
 
 REQUEST = "rank_rehearsal_request.json"  # the job side's names (train/rehearse/rank.py)
 RECORD = "rank_rehearsal.json"
@@ -58,7 +59,7 @@ def rank_request(cfg: LaunchConfig, resolved: Resolved) -> dict[str, Any]:
         "checkpoint_bytes": CHECKPOINT_BYTES_PER_PARAM * params / writers if writes else 0,
         "predicted": {
             "init_s": None,  # the cost model has no init time of its own
-            "restart_s": resolved.cfg.machine.reliability.restart_s,
+            "restart_s": restart(resolved.cfg.machine, resolved.nodes).seconds,
             "step_s_on_gpu": resolved.step_time.total if resolved.step_time else None,
         },
     }

@@ -262,7 +262,7 @@ def goodput_words(ck: Checkpointing, cfg: LaunchConfig) -> str:
     expected = (
         f"{ck.goodput:.1%} expected on {cfg.machine.name}{auto}: job MTBF {duration(ck.mtbf_s)}"
         f" ({ck.node_mtbf_hours:,.4g} h per node / {plural(ck.nodes, 'node')}), restart"
-        f" {duration(ck.restart_s)}"
+        f" {duration(ck.restart_s)}{restart_words(ck)}"
     )
     if cfg.rehearse:
         return f"site only: {expected}; this rehearsal runs on local CPUs: measured (jobs status)"
@@ -272,6 +272,14 @@ def goodput_words(ck: Checkpointing, cfg: LaunchConfig) -> str:
             " test values); measured once the run ends (jobs status)"
         )
     return expected
+
+
+def restart_words(ck: Checkpointing) -> str:
+    """`` (detection 10 min + start-up ... at N nodes, extrapolated from ..., + the read-back
+    58 s)``: where the restart's time comes from (``cost/startup.py``)."""
+    if ck.restart is None:
+        return ""
+    return f" ({ck.restart.words()}, + the read-back {duration(ck.save_s)})"
 
 
 def size_words(nbytes: float) -> str:
