@@ -7,9 +7,11 @@ ranks are stopped; a world that runs past ``timeout`` seconds is stopped as well
 ``fn`` must be importable (a module-level function) because the children are started
 from a fork server (``multiprocessing``'s ``forkserver``): one process per pytest process
 that imports torch, the job side and these helpers once (``PRELOAD``), and forks every rank
-of every world from there, so that a rank does not pay ``import torch`` again. The server
-only imports, so each rank still starts with fresh module state; it gets the caller's
-environment of the moment (``os.environ`` at the call, as a spawned child would).
+of every world from there, so that a rank does not pay ``import torch`` again: the imports
+of a local job's zygote (``axonn_launch/train/zygote.py``), frozen as it freezes them
+(``tests/train/preload_done.py``). The server only imports, so each rank still starts
+with fresh module state; it gets the caller's environment of the moment (``os.environ``
+at the call, as a spawned child would).
 """
 
 from __future__ import annotations
@@ -31,14 +33,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from axonn_launch.train import zygote
+
+# what a local job's zygote imports before it forks its ranks (torch._dynamo among them: a
+# rank's first optimizer step imported it, 0.3-0.7 CPU-s in every rank of every world), then
+# these helpers; the last entry freezes what the imports made, as the zygote does
 PRELOAD = [
-    "torch",
-    "torch.distributed",
-    "torch.distributed.checkpoint",
-    "axonn_launch.train",
-    "axonn_launch.train.run",  # axonn_launch.train imports it only when a rank runs
+    *zygote.PRELOAD,
     "tests.train.dist_utils",
     *(["transformers"] if importlib.util.find_spec("transformers") else []),
+    "tests.train.preload_done",
 ]
 _CONTEXT = mp.get_context("forkserver")
 _CONTEXT.set_forkserver_preload(PRELOAD)
