@@ -1,7 +1,8 @@
 """The docs as a site: the README stays a front page (at most 20 KB, with its contents linking
 every page of the user guide), and the user guide with the design notes (docs/, mkdocs.yml)
 builds with ``mkdocs build --strict``, as CI builds it (.ci/run): a link to a missing page or
-heading fails the build. The guide's commands run in tests/journeys/test_readme.py."""
+heading fails the build. The guide's commands run in tests/journeys/test_readme.py (its
+``bash`` blocks) and test_guide_text_blocks.py (its ``text`` blocks)."""
 
 from __future__ import annotations
 
