@@ -270,23 +270,37 @@ def slurm_cluster() -> SlurmCluster:
 
 
 @pytest.fixture(scope="session")
-def local_losses(tmp_path_factory) -> Callable[[str, list[str]], float]:
+def local_run(tmp_path_factory) -> Callable[[list[str]], Path]:
+    """The job dir of ``machine=local`` with these overrides, run once per session for each
+    list: Slurm files on one worker (conftest.suite_scope) that compare with the same
+    uninterrupted run share it (test_held_allocation.py and test_launcher_on_slurm.py;
+    test_lost_batch_host.py's 2-node grid and test_restart_in_place.py; the rehearsals,
+    through ``local_losses``)."""
+    cache: dict[tuple[str, ...], Path] = {}
+
+    def run(overrides: list[str]) -> Path:
+        key = tuple(overrides)
+        if key not in cache:
+            job_dir = tmp_path_factory.mktemp("local") / "job"
+            args = ["machine=local", *overrides, f"hydra.run.dir={job_dir}"]
+            result = run_launcher(args, cwd=job_dir.parent, timeout=600)
+            assert result.returncode == 0, result.stderr[-3000:]
+            cache[key] = job_dir
+        return cache[key]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def local_losses(local_run) -> Callable[[str, list[str]], float]:
     """The final loss of ``machine=local`` with a model and overrides (the grid, the train
     settings), run once per session for each: the rehearsals (test_rehearsal.py,
     test_site_rehearsal.py), all on this worker (conftest.suite_scope), share one run of
     a model and grid."""
-    cache: dict[tuple[str, ...], float] = {}
 
     def loss(model: str, overrides: list[str]) -> float:
-        key = (model, *overrides)
-        if key not in cache:
-            job_dir = tmp_path_factory.mktemp("local") / "job"
-            args = ["machine=local", f"model={model}", *overrides, f"hydra.run.dir={job_dir}"]
-            result = run_launcher(args, cwd=job_dir.parent, timeout=600)
-            assert result.returncode == 0, result.stderr[-3000:]
-            last = (job_dir / "metrics.jsonl").read_text().splitlines()[-1]
-            cache[key] = json.loads(last)["loss"]
-        return cache[key]
+        last = (local_run([f"model={model}", *overrides]) / "metrics.jsonl").read_text()
+        return json.loads(last.splitlines()[-1])["loss"]
 
     return loss
 

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_launcher
-
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 TRAIN = ["grid.x=2", "grid.z=2", "train.steps=8", "train.sample_tokens=0", "preflight=false",
@@ -32,8 +30,8 @@ def sacct_rows(job_id: str) -> list[str]:
     return [line for line in out.splitlines() if line.strip()]
 
 
-def test_a_launch_inside_salloc_runs_as_its_step(slurm_cluster, tmp_path):
-    step_dir, local_dir = tmp_path / "step", tmp_path / "local"
+def test_a_launch_inside_salloc_runs_as_its_step(slurm_cluster, local_run, tmp_path):
+    step_dir = tmp_path / "step"
     launch = [sys.executable, "-m", "axonn_launch", "machine=slurm_local", *TRAIN,
               f"hydra.run.dir={step_dir}"]  # fmt: skip
     salloc = ["salloc", "-N", "2", "-p", slurm_cluster.partition, "--time=5", *launch]
@@ -49,7 +47,5 @@ def test_a_launch_inside_salloc_runs_as_its_step(slurm_cluster, tmp_path):
     rows = sacct_rows(allocation)  # the allocation and its one training step, no other job
     assert f"{allocation}.0|COMPLETED" in rows, rows
 
-    local = run_launcher(["machine=local", *TRAIN, f"hydra.run.dir={local_dir}"],
-                         cwd=tmp_path, timeout=300)  # fmt: skip
-    assert local.returncode == 0, local.stderr[-3000:]
-    assert last_loss(step_dir) == last_loss(local_dir)
+    # the local run is test_launcher_on_slurm.py's reference too, run once for both
+    assert last_loss(step_dir) == last_loss(local_run(TRAIN))
