@@ -12,8 +12,8 @@ from one temporary workspace, each distinct command once:
   TRAINED's model below and tests/train/test_finetune_hf.py), except TRAINED, which trains
   for real with test_readme.py's rule for local lines (``train.steps=2
   train.sample_tokens=0``) into the job dir that the guide's export line names; the
-  memorization study runs 2 of its 18 points (STUDY_SMALLEST) as a dry run (the study trains
-  for real in tests/commands/test_study.py);
+  memorization study runs 2 of its 18 points (STUDY_SMALLEST) as a dry run, one after the
+  other (the study trains for real, two points at a time, in tests/commands/test_study.py);
 - ``data``, ``export``, ``report`` and ``jobs`` lines run their ``main`` in this process
   (the same argv; tests/commands/ runs them as processes), each must exit 0, except
   ``jobs sync``, which must refuse in one line, exit 2: the job trained here has no W&B run
@@ -26,8 +26,8 @@ tiny Llama with its tokenizer, with Llama 3.2's context), ``chats.jsonl``, ``dat
 copies of the trained job in a sweep's layout (``points/<n>.json``), and ``plan.json`` is
 the planner's ``output=json`` (``top=20``) for that job's model.
 
-About 15 s: one 2-step training of 4 local processes, the tiny Llama built once, the rest
-dry runs and in-process commands.
+About 9 CPU-seconds: one 2-step training of 4 local processes, transformers imported once (the
+tiny Llama, the data line), the rest dry runs and in-process commands.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ SUBSTITUTIONS = [  # (text in the guide, what runs here, why)
 ]  # fmt: skip
 TRAINED = "python -m axonn_launch model=hf model.init_from=llama_dir/"
 QUICK = ["train.steps=2", "train.sample_tokens=0", f"hydra.run.dir={JOB}"]
-STUDY_SMALLEST = ["study.repetitions=1", "model=study_xs"]  # 2 of the 18 points
+# 2 of the study's 18 points, joblib running them in turn in its own process (n_jobs=1)
+STUDY_SMALLEST = ["study.repetitions=1", "model=study_xs", "hydra.launcher.n_jobs=1"]
 EXPECTED = {  # module -> (exit code, text its output must hold)
     "axonn_launch.data": (0, "wrote data/"),
     "axonn_launch.export": (0, f"tensors of {JOB}/checkpoints/step_00000002 to llama_out"),
@@ -181,7 +182,8 @@ def test_guide_text_line_runs(line: str, workspace: Path, request, capfd, monkey
         proc = run_module(module, launcher_argv(line), cwd=workspace, timeout=120)
         output = proc.stdout + proc.stderr
         assert proc.returncode == 0, output[-3000:]
-        shown = "--- batch script ---" if "machine=" in line else "--- local command ---"
+        local = "machine=" not in line or "machine=local" in line
+        shown = "--- local command ---" if local else "--- batch script ---"
         assert ("sweep summary:" if "-m" in args else shown) in output, output[-3000:]
         if "train.goldfish.k=4" in args:  # the guide quotes this summary line
             assert "loss       Goldfish: about 1 label in 4 left out of the loss" in output
@@ -197,8 +199,8 @@ def test_guide_text_line_runs(line: str, workspace: Path, request, capfd, monkey
     if code:
         assert len(err.strip().splitlines()) == 1, err
     if module == "axonn_launch.report":
-        out = Path(args[args.index("--out") + 1] if "--out" in args else f"{args[0]}/report")
-        assert report_shows(args) in (workspace / out / "report.md").read_text()
+        folder = args[args.index("--out") + 1] if "--out" in args else f"{args[0]}/report"
+        assert report_shows(args) in (workspace / folder / "report.md").read_text()
 
 
 def report_shows(args: list[str]) -> str:
