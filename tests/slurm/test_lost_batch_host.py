@@ -77,14 +77,11 @@ def launch(root: Path, name: str) -> Job:
     return Job(name, job_dir, read_record(job_dir)["job_ids"][0])
 
 
-def reference(root: Path, name: str) -> Path:
-    """The same run uninterrupted, on the local machine (one node, the same grid)."""
-    job_dir = root / f"local_{name}"
+def reference(local_run, name: str) -> Path:
+    """The same run uninterrupted, on the local machine (one node, the same grid): the 2-node
+    grid's is test_restart_in_place.py's uninterrupted run too, run once for both."""
     grid = [o for o in RUNS[name][0] if not o.startswith("nodes=")]
-    local = run_launcher([*grid, *TRAIN, "machine=local", f"hydra.run.dir={job_dir}"],
-                         cwd=root, timeout=600)  # fmt: skip
-    assert local.returncode == 0, local.stderr[-2000:]
-    return job_dir
+    return local_run([*grid, *TRAIN])
 
 
 def status_rows(jobs: dict[str, Job]) -> dict[str, dict]:
@@ -108,10 +105,10 @@ def follow_to_the_end(jobs: dict[str, Job], timeout_s: float) -> list[dict[str, 
 
 
 @pytest.fixture(scope="module")
-def lost(slurm_cluster, tmp_path_factory) -> dict:
+def lost(slurm_cluster, local_run, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("batch_host")
     jobs = {name: launch(root, name) for name in RUNS}
-    references = {name: reference(root, name) for name in RUNS}
+    references = {name: reference(local_run, name) for name in RUNS}
     for job in jobs.values():
         wait_until(lambda job=job: paused_at_step_9(job), 300, f"{job.name} to pause at step 9")
     nodes = {name: sacct_state(job.job_id)[1] for name, job in jobs.items()}

@@ -7,11 +7,12 @@ no spare left, the spare set DOWN too: the grid shrinks in place to n2 alone
 (``recovery.on_fewer_nodes=shrink``). Each is healed inside the same Slurm job (a new srun
 step), with no sbatch after the launch's own two (the job and its recovery job, counted by
 an sbatch on PATH that logs each call). The uninterrupted run is the same config on
-machine=local, trained beside it. Over 60 s (106-135 s measured on the shared 2-core
-machine): 20 steps slowed to 1 s each, so that the faults land mid-training, three restarts
-(the shrink's composes the launch again) and two DOWN nodes' detection. It sets nodes
-DOWN, so its job is exclusive and it is in the node-down scope (tests/conftest.py), as is
-tests/slurm/test_lost_batch_host.py (a lost batch host).
+machine=local, trained beside it (or before it: test_lost_batch_host.py's 2-node grid is
+compared with the same run, made once for both by ``local_run``). Over 60 s (106-135 s
+measured on the shared 2-core machine): 20 steps slowed to 1 s each, so that the faults
+land mid-training, three restarts (the shrink's composes the launch again) and two DOWN
+nodes' detection. It sets nodes DOWN, so its job is exclusive and it is in the node-down
+scope (tests/conftest.py), as is tests/slurm/test_lost_batch_host.py (a lost batch host).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def restarts(job_dir: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def healed(slurm_cluster, tmp_path_factory) -> dict:
+def healed(slurm_cluster, local_run, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("in_place")
     shim = sbatch_logger(root / "bin")
     job_dir = root / "run"
@@ -91,9 +92,9 @@ def healed(slurm_cluster, tmp_path_factory) -> dict:
     )
     assert launched.returncode == 0, launched.stdout[-2000:] + launched.stderr[-2000:]
     job_id = read_record(job_dir)["job_ids"][0]
-    local = run_launcher([*TRAIN, "machine=local", f"hydra.run.dir={root / 'local'}"],
-                         cwd=root, timeout=600)  # fmt: skip
-    assert local.returncode == 0, local.stderr[-2000:]
+    # the uninterrupted run: test_lost_batch_host.py's 2-node grid is the same one (same
+    # worker, conftest.suite_scope), run once for both (``local_run``)
+    local = local_run(TRAIN)
     wait_until(lambda: metrics_step(job_dir) >= 5, 300, "step 5 (after checkpoint 4)")
     pids = wait_until(lambda: len(p := rank_pids(job_id)) == 4 and p, 60, "the 4 ranks")
     os.kill(pids[1], signal.SIGKILL)
@@ -113,7 +114,7 @@ def healed(slurm_cluster, tmp_path_factory) -> dict:
             back = ["scontrol", "update", f"nodename={node}", "state=resume"]
             subprocess.run(back, capture_output=True, timeout=60)
     return {"dir": job_dir, "job_id": job_id, "state": state, "shim": shim,
-            "local": root / "local", "nodes_before": nodes_before}  # fmt: skip
+            "local": local, "nodes_before": nodes_before}  # fmt: skip
 
 
 def set_down(node: str) -> None:
