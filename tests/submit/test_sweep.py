@@ -93,16 +93,19 @@ def test_sweeping_grid_pick_runs_the_planners_top_candidates_as_separate_jobs(tm
 @pytest.mark.slow
 def test_points_are_named_by_their_values_and_the_summary_compares_them(tmp_path):
     """Two real local points: their own names and dirs, and loss, tok/s and step time.
-    (Up to 90 s on a loaded 2-core machine: two 4-rank jobs, one after the other.)"""
+    A 1-rank and a 2-rank job, one after the other, without the sample after training
+    (``train.sample_tokens=0``, which their names show: it was a third of the test's CPU)."""
     sweep_dir = tmp_path / "sweep"
-    args = ["-m", "grid.x=1,2", "train.steps=2", f"hydra.sweep.dir={sweep_dir}"]
+    args = ["-m", "grid.x=1,2", "train.steps=2", "train.sample_tokens=0",
+            f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
     result = run_launcher(args, cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     names = sorted(json.loads(p.read_text())["name"] for p in sweep_dir.glob("*/job.json"))
-    assert names == ["gpt_tiny-local-x1-steps2", "gpt_tiny-local-x2-steps2"]
+    assert names == ["gpt_tiny-local-x1-steps2-sample_tokens0",
+                     "gpt_tiny-local-x2-steps2-sample_tokens0"]  # fmt: skip
     assert sorted(p.name for p in sweep_dir.glob("*/job.json") for p in [p.parent]) == [
-        "0-gpt_tiny-local-x1-steps2",
-        "1-gpt_tiny-local-x2-steps2",
+        "0-gpt_tiny-local-x1-steps2-sample_tokens0",
+        "1-gpt_tiny-local-x2-steps2-sample_tokens0",
     ]
     header, *rows = result.stdout.split("sweep summary:\n")[1].splitlines()[:3]
     at = {name: header.index(name) for name in ("loss", "tok/s", "step s", "val_loss")}
