@@ -13,7 +13,7 @@ from axonn_launch.common.rules import or_list
 from axonn_launch.config.compose import ConfigError, LaunchConfig, machine_names, machine_profile
 
 LOCAL_MACHINE = "slurm_local"
-NODES = 2  # the local cluster's nodes
+NODES = 2  # the local cluster's nodes a rehearsal runs on, unless nodes=1 asks for one
 # every rank of a rehearsal runs on this computer's CPUs: gpt_small (~30 M) is the largest
 # preset that trains there in reasonable time and memory on 16 ranks
 MAX_PARAMS = 50_000_000
@@ -35,7 +35,7 @@ def site_machines() -> list[str]:
 
 
 def site_config(cfg: LaunchConfig, login_python: str = sys.executable) -> LaunchConfig:
-    """The configuration the rehearsal validates and runs: the site's, on two nodes, with
+    """The configuration the rehearsal validates and runs: the site's, on two nodes (or one), with
     this computer's interpreter (``machine.python``) and no site account to ask for."""
     check_machine(cfg)
     params = cfg.model.n_params()
@@ -46,17 +46,24 @@ def site_config(cfg: LaunchConfig, login_python: str = sys.executable) -> Launch
             " a small model of the same architecture (model=gpt_tiny or llama_tiny) with the"
             " grid shape you plan"
         )
-    if cfg.nodes not in (None, NODES):
-        raise ConfigError(
-            f"nodes={cfg.nodes}: a rehearsal runs on the local cluster's {NODES} nodes;"
-            f" leave nodes unset or set nodes={NODES}"
-        )
+    nodes = rehearsal_nodes(cfg)
     required = [key for key in cfg.machine.required if key != "slurm.account"]
     local = machine_profile(LOCAL_MACHINE).broadcast  # node-local storage: the local nodes'
     broadcast = replace(cfg.machine.broadcast, dir=local.dir, constraint="")
     machine = replace(cfg.machine, python=login_python, required=required, broadcast=broadcast)
     wait = True if cfg.wait is None else cfg.wait  # a rehearsal is followed to its end
-    return replace(cfg, nodes=NODES, machine=machine, wait=wait)
+    return replace(cfg, nodes=nodes, machine=machine, wait=wait)
+
+
+def rehearsal_nodes(cfg: LaunchConfig) -> int:
+    """The local nodes a rehearsal runs on: ``NODES``, or one where ``nodes=1`` asks (the
+    site's script on one node: half the ranks, no inter-node step)."""
+    if cfg.nodes not in (None, 1, NODES):
+        raise ConfigError(
+            f"nodes={cfg.nodes}: a rehearsal runs on the local cluster's {NODES} nodes or"
+            f" on one; leave nodes unset ({NODES}) or set nodes=1"
+        )
+    return cfg.nodes or NODES
 
 
 def what_resolves(cfg: LaunchConfig) -> LaunchConfig:

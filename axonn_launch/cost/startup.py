@@ -77,7 +77,8 @@ class Startup:
 
     def words(self) -> str:
         """``start-up 4.2 min at 1,024 nodes, extrapolated from emulated runs of 8-512 nodes``."""
-        return f"start-up {duration(self.total_s)} at {self.nodes:,} nodes, {self.basis()}"
+        nodes = f"{self.nodes:,} node{'' if self.nodes == 1 else 's'}"
+        return f"start-up {duration(self.total_s)} at {nodes}, {self.basis()}"
 
     def as_dict(self) -> dict:
         return {"nodes": self.nodes, "seconds": self.total_s, "phases": self.seconds,

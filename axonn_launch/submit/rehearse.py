@@ -24,6 +24,7 @@ from axonn_launch.config.rehearsal import (  # noqa: F401 (what a rehearsal reso
     MAX_PARAMS,
     NODES,
     check_machine,
+    rehearsal_nodes,
     site_config,
     site_machines,
 )
@@ -112,7 +113,7 @@ def prepare(cfg: LaunchConfig, job_dir: str) -> Rehearsal:
         site=machine.name,
         local=local,
         node_cpus=node_cpus,
-        substitutions=subs + slurm_substitutions(machine, local, node_cpus),
+        substitutions=subs + slurm_substitutions(machine, local, node_cpus, rehearsal_nodes(cfg)),
         checks=checks,
         warnings=warnings,
         edf_env=dict(found.env) if found else {},
@@ -145,7 +146,7 @@ def job_dir_warnings(machine: MachineProfile, found: edf.EDF, job_dir: str) -> l
 
 
 def slurm_substitutions(
-    machine: MachineProfile, local: MachineProfile, node_cpus: int
+    machine: MachineProfile, local: MachineProfile, node_cpus: int, nodes: int
 ) -> list[str]:
     """The Slurm, interpreter, backend and storage substitutions, in words."""
     slurm = machine.slurm
@@ -180,7 +181,7 @@ def slurm_substitutions(
         f"ranks: backend {machine.backend} on GPUs -> gloo on the CPU; preflight floors ->"
         " the local cluster's"
     )
-    if machine.broadcasts(NODES):
+    if machine.broadcasts(nodes):
         need = f" (-C {machine.broadcast.constraint})" if machine.broadcast.constraint else ""
         subs.append(
             f"node-local storage for the Python copy: {machine.broadcast.dir}{need} ->"

@@ -132,3 +132,13 @@ def test_a_model_too_big_for_this_computer_is_refused(tmp_path):
     )
     refused(result, "model=gpt_320b", "model=gpt_tiny or llama_tiny")
     assert not job_dir.exists()
+
+
+def test_a_rehearsal_runs_on_the_clusters_two_nodes_or_on_one(tmp_path):
+    job_dir = tmp_path / "job"
+    args = ["machine=frontier", "model=gpt_tiny", "rehearse=true", f"hydra.run.dir={job_dir}"]
+    refused(run_launcher([*args, "nodes=3"], cwd=tmp_path), "nodes=3", "set nodes=1")
+    assert not job_dir.exists()
+    one = run_launcher([*args, "nodes=1", "dry_run=true"], cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    assert "nodes      1 x 8 tasks" in one.stdout, one.stdout  # frontier's 8 tasks on one node

@@ -163,7 +163,8 @@ def job_summary(records: list[dict]) -> list[str]:
     hosts: dict[str, list[dict]] = {}
     for record in records:  # by node: Slurm's name where the host names are all one
         hosts.setdefault(str(record.get("node") or record["host"]), []).append(record)
-    lines = [f"{len(records)} ranks on {len(hosts)} hosts: {', '.join(hosts)}"]
+    on = f"{len(hosts)} host{'' if len(hosts) == 1 else 's'}"
+    lines = [f"{len(records)} ranks on {on}: {', '.join(hosts)}"]
     for host, ranks in hosts.items():
         seen = {
             f"{r['devices']}; network: {r['network']}; torch {r['torch']}"

@@ -78,7 +78,7 @@ def test_every_rank_logs_its_record_and_rank_0_the_whole_job():
         )
         assert len(lines) == (3 if rank == 0 else 1)
     summary = results[0][1][1:]
-    assert summary[0] == f"startup: 3 ranks on 1 hosts: {host}"
+    assert summary[0] == f"startup: 3 ranks on 1 host: {host}"
     assert summary[1].startswith(f"startup: {host}: ranks 0,1,2: no GPU (cpu); network: gloo")
 
 
