@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass
 
 from axonn_launch import scheduler
+from axonn_launch.common.durations import duration
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.machine import Hardware, MachineProfile
 from axonn_launch.common.models import ModelSpec
@@ -343,15 +344,31 @@ def startup_of(args: PlanArgs, nodes: int) -> startup.Startup | None:
 
 
 def startup_lines(args: PlanArgs, nodes: int) -> list[str]:
-    """One line: the start-up at this node count, labelled, with its phases."""
+    """Two lines: the start-up at this node count, labelled, with its phases; then the
+    start-up at a quarter, half, twice and four times as many nodes."""
     up = startup_of(args, nodes)
     if up is None:
         return []
     phases = ", ".join(f"{name} {seconds:.3g} s" for name, seconds in up.seconds.items())
+    others = ", ".join(
+        f"{n:,} nodes {duration(s.total_s)} ({_label(s)})"
+        for n, s in _startups_around(args, nodes).items()
+    )
     return [
         f"{up.words()} (sbatch to the last task started; the torch import, rendezvous and"
-        f" model init not in it): {phases} (cost/startup.py)"
+        f" model init not in it): {phases} (cost/startup.py)",
+        f"start-up by node count: {others}",
     ]
+
+
+def _startups_around(args: PlanArgs, nodes: int) -> dict[int, startup.Startup]:
+    """The start-up at nodes/4, nodes/2, nodes, 2 nodes and 4 nodes (at least 1 node)."""
+    counts = sorted({max(1, nodes * k // 4) for k in (1, 2, 4, 8, 16)})
+    return {n: startup.startup(args.machine, n) for n in counts}
+
+
+def _label(up: startup.Startup) -> str:
+    return "extrapolated" if up.extrapolated else f"fitted, {up.model.label}"
 
 
 def restart_words(ck: expected_goodput.Checkpointing) -> str:
@@ -486,7 +503,10 @@ def _range_json(args: PlanArgs, row: PlanRow) -> dict[str, object]:
 
 def _startup_json(args: PlanArgs, nodes: int) -> dict | None:
     up = startup_of(args, nodes)
-    return None if up is None else up.as_dict()
+    if up is None:
+        return None
+    around = {str(n): s.total_s for n, s in _startups_around(args, nodes).items()}
+    return {**up.as_dict(), "by_nodes": around}
 
 
 def _checkpointing_json(args: PlanArgs, row: PlanRow, nodes: int) -> dict | None:

@@ -93,7 +93,7 @@ def test_the_summarys_restart_is_detection_plus_start_up_unless_restart_s_is_set
     )
 
 
-def test_plan_shows_the_start_up_at_its_node_count(capsys):
+def test_plan_shows_the_start_up_at_its_node_count_and_around_it(capsys):
     args = ["machine=frontier", "model=gpt_5b", "nodes=256", "top=1"]
     assert plan_main([*args, "output=json"]) == 0
     payload = json.loads(capsys.readouterr().out)
@@ -101,9 +101,21 @@ def test_plan_shows_the_start_up_at_its_node_count(capsys):
     assert payload["startup"]["seconds"] == pytest.approx(up.total_s, rel=1e-12)
     assert payload["startup"]["phases"] == pytest.approx(up.seconds, rel=1e-12)
     assert payload["checkpointing"]["restart"]["startup"]["nodes"] == 256
+    machine = load(["machine=frontier"]).machine
+    around = {n: startup.startup(machine, n) for n in (64, 128, 256, 512, 1024)}
+    assert payload["startup"]["by_nodes"] == pytest.approx(
+        {str(n): s.total_s for n, s in around.items()}, rel=1e-12
+    )
     assert plan_main(args) == 0
-    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("start-up ")]
+    out = capsys.readouterr().out.splitlines()
+    line, by_nodes = [ln for ln in out if ln.startswith("start-up")]
     assert line.startswith(up.words()) and "broadcast_unpack " in line
+    assert by_nodes == "start-up by node count: " + ", ".join(
+        f"{n:,} nodes {startup.duration(s.total_s)} ("
+        + ("extrapolated" if n > 512 else "fitted, emulated")
+        + ")"
+        for n, s in around.items()
+    )  # 8-512 nodes measured: 1,024 beyond them
     assert plan_main(["machine=local", "top=1", "output=json"]) == 0  # no batch job here
     assert json.loads(capsys.readouterr().out)["startup"] is None
 
