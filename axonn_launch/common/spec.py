@@ -130,7 +130,7 @@ class StragglerConfig:
 
     every: int = 50  # 0 = off
     threshold: float = 6.0  # (t - median) / (1.4826 * MAD), MAD at least 2 % of the median
-    min_ratio: float = 1.5
+    min_ratio: float = 2.0
 
     def __post_init__(self) -> None:
         _require("train.stragglers.every", self.every, "a number of steps >= 0 (0: off)")
