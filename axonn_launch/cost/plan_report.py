@@ -351,7 +351,7 @@ def startup_lines(args: PlanArgs, nodes: int) -> list[str]:
         return []
     phases = ", ".join(f"{name} {seconds:.3g} s" for name, seconds in up.seconds.items())
     others = ", ".join(
-        f"{n:,} nodes {duration(s.total_s)} ({_label(s)})"
+        f"{n:,} nodes {duration(s.total_s)} ({s.label if s.extrapolated else 'fitted, ' + s.label})"
         for n, s in _startups_around(args, nodes).items()
     )
     return [
@@ -365,10 +365,6 @@ def _startups_around(args: PlanArgs, nodes: int) -> dict[int, startup.Startup]:
     """The start-up at nodes/4, nodes/2, nodes, 2 nodes and 4 nodes (at least 1 node)."""
     counts = sorted({max(1, nodes * k // 4) for k in (1, 2, 4, 8, 16)})
     return {n: startup.startup(args.machine, n) for n in counts}
-
-
-def _label(up: startup.Startup) -> str:
-    return "extrapolated" if up.extrapolated else f"fitted, {up.model.label}"
 
 
 def restart_words(ck: expected_goodput.Checkpointing) -> str:

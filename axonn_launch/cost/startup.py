@@ -68,6 +68,11 @@ class Startup:
     def extrapolated(self) -> bool:
         return not min(self.model.nodes) <= self.nodes <= max(self.model.nodes)
 
+    @property
+    def label(self) -> str:
+        """``extrapolated`` beyond the model's node counts, else the model's own label."""
+        return "extrapolated" if self.extrapolated else self.model.label
+
     def basis(self) -> str:
         """``extrapolated from emulated runs of 8-512 nodes`` (or ``fitted to``, inside)."""
         low, high = min(self.model.nodes), max(self.model.nodes)
@@ -82,7 +87,7 @@ class Startup:
 
     def as_dict(self) -> dict:
         return {"nodes": self.nodes, "seconds": self.total_s, "phases": self.seconds,
-                "label": "extrapolated" if self.extrapolated else self.model.label,
+                "label": self.label,
                 "basis": self.basis(), "model_label": self.model.label,
                 "model_nodes": self.model.nodes,
                 "source": self.model.source if self.site else f"{PACKAGED}: {self.model.source}",

@@ -12,6 +12,8 @@ twice the time for no new path).
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -87,13 +89,12 @@ def _perturbed(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {n: t + 0.05 * torch.randn(t.shape, generator=gen) for n, t in sorted(state.items())}
 
 
-def _reference(spec: ModelSpec, _cache: dict = {}) -> dict:  # noqa: B006 (a rank's cache)
+@functools.cache  # in each rank, once per spec
+def _reference(spec: ModelSpec) -> dict:
     """What the independent plain-PyTorch GPT computes from the perturbed seed-SEED state:
     the same for every grid, overlap and checkpointing of ``spec``, so each rank computes
     it once per spec (not once per case): the last-position logits of batch 0, the full
     gradients of step 0, and each step's loss and clipped gradient norm."""
-    if spec in _cache:
-        return _cache[spec]
     serial = GPT(spec, groups=single_process_groups(), overlap=OFF, seed=SEED)
     initial = full_state_dict(serial, single_process_groups())
     state = _perturbed(initial)
@@ -116,9 +117,8 @@ def _reference(spec: ModelSpec, _cache: dict = {}) -> dict:  # noqa: B006 (a ran
         losses.append(ref_loss)
         ref_opt.step()
         ref_opt.zero_grad(set_to_none=True)
-    _cache[spec] = {"initial": initial, "state": state, "logits": logits, "grads": grads,
-                    "losses": losses, "norms": norms}  # fmt: skip
-    return _cache[spec]
+    return {"initial": initial, "state": state, "logits": logits, "grads": grads,
+            "losses": losses, "norms": norms}  # fmt: skip
 
 
 def _check_grid(rank, grid, spec, overlap, checkpointing) -> None:
