@@ -28,6 +28,7 @@ from axonn_launch.train.data import IGNORE_INDEX, Loader, MicroBatch
 from axonn_launch.train.health.faults import StopFlag  # here too, where it was first
 from axonn_launch.train.health.monitor import StepMonitor
 from axonn_launch.train.metrics import MetricsLogger, StepStats, memory_gib
+from axonn_launch.train.models.adamw import AdamW
 from axonn_launch.train.models.gpt import clip_grad_norm_, finish_gradients
 from axonn_launch.train.models.optim import autocast, compute_dtype
 from axonn_launch.train.parallel.comm import WaitClock
@@ -66,7 +67,7 @@ class TrainContext:
     train: TrainConfig
     groups: Groups
     loader: Loader
-    optimizer: torch.optim.Optimizer
+    optimizer: AdamW
     logger: MetricsLogger
     device: torch.device
     tokens_per_step: int

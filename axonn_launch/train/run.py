@@ -44,6 +44,7 @@ from axonn_launch.train.inference.generation import (
 from axonn_launch.train.logs import setup_logging
 from axonn_launch.train.loop import NonFiniteError, TrainContext, evaluate, train_loop
 from axonn_launch.train.metrics import MetricsLogger
+from axonn_launch.train.models.adamw import AdamW
 from axonn_launch.train.models.gpt import GPT
 from axonn_launch.train.models.optim import build_optimizer, compute_dtype
 from axonn_launch.train.models.registry import build_model
@@ -220,7 +221,7 @@ def restore(
     spec: JobSpec,
     env: DistEnv,
     model: GPT,
-    optimizer: torch.optim.Optimizer,
+    optimizer: AdamW,
     loader: Loader,
     group: dist.ProcessGroup,
 ) -> tuple[int, dict | None]:
@@ -238,7 +239,7 @@ def train_context(
     spec: JobSpec,
     env: DistEnv,
     model: GPT,
-    optimizer: torch.optim.Optimizer,
+    optimizer: AdamW,
     loader: Loader,
     start_step: int,
     should_stop: Callable[[], bool],

@@ -35,7 +35,6 @@ PRELOAD = (
     "torch",
     "torch.distributed",
     "torch.distributed.checkpoint",
-    "torch._dynamo",  # torch.optim's first optimizer imports it: 0.7 s in every rank
     "torch.nn.functional",
     "torch.utils.checkpoint",
     "numpy",

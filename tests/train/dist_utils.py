@@ -35,9 +35,8 @@ import torch.multiprocessing as mp
 
 from axonn_launch.train import zygote
 
-# what a local job's zygote imports before it forks its ranks (torch._dynamo among them: a
-# rank's first optimizer step imported it, 0.3-0.7 CPU-s in every rank of every world), then
-# these helpers; the last entry freezes what the imports made, as the zygote does
+# what a local job's zygote imports before it forks its ranks, then these helpers; the last
+# entry freezes what the imports made, as the zygote does
 PRELOAD = [
     *zygote.PRELOAD,
     "tests.train.dist_utils",

@@ -21,11 +21,10 @@ from torch import nn
 from axonn_launch.common.formats import LEGACY_FORMAT
 from axonn_launch.common.grid import Grid
 from axonn_launch.common.jobdir import STEP_META
+from axonn_launch.train.models.adamw import MOMENTS, AdamW
 from axonn_launch.train.parallel.groups import Groups
 from axonn_launch.train.parallel.layers import ShardLayout
 from axonn_launch.train.parallel.shards import grid_position
-
-MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def qkv_row_order(n_head: int, head_dim: int) -> torch.Tensor:
@@ -45,7 +44,7 @@ def layout_on(layout: ShardLayout, grid: Grid, n_head: int) -> ShardLayout:
     return dataclasses.replace(layout, pad_rows_to=-(-layout.full_shape[0] // plane) * plane)
 
 
-def optimizer_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+def optimizer_names(model: nn.Module, optimizer: AdamW) -> list[str]:
     """Parameter name of each optimizer state index (the order of ``param_groups``)."""
     by_id = {id(p): n for n, p in model.named_parameters()}
     return [by_id[id(p)] for group in optimizer.param_groups for p in group["params"]]
@@ -92,7 +91,7 @@ def load_legacy(
     meta: dict,
     *,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: AdamW,
     groups: Groups,
     device: torch.device,
 ) -> tuple[dict, dict]:
@@ -134,7 +133,7 @@ def write_legacy(path: Path, meta: dict, rank_states: list[dict]) -> None:
 
 def legacy_rank_state(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: AdamW,
     groups: Groups,
     full: dict[str, torch.Tensor],
     *,

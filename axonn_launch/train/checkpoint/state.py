@@ -30,11 +30,10 @@ from axonn_launch.train.checkpoint.manager import (
     rng_state,
     set_rng_state,
 )
+from axonn_launch.train.models.adamw import MOMENTS, AdamW
 from axonn_launch.train.parallel.bootstrap import DistEnv
 from axonn_launch.train.parallel.groups import Groups
 from axonn_launch.train.parallel.shards import ShardSpec, shard_spec
-
-MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 class Stateful(Protocol):
@@ -64,18 +63,13 @@ def shard_specs(model: nn.Module, groups: Groups, *, banded: bool) -> dict[str, 
     return specs
 
 
-def ensure_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def ensure_optimizer_state(model: nn.Module, optimizer: AdamW) -> None:
     """Zero moments for parameters that have none yet (before the first step)."""
     for param in model.parameters():
-        if param not in optimizer.state or not optimizer.state[param]:
-            optimizer.state[param] = {
-                "step": torch.tensor(0.0),
-                "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
-                "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
-            }
+        optimizer.moments(param)
 
 
-def _tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+def _tensors(model: nn.Module, optimizer: AdamW) -> dict[str, torch.Tensor]:
     ensure_optimizer_state(model, optimizer)
     out = {}
     for name, param in model.named_parameters():
@@ -102,7 +96,7 @@ def save_training_state(
     step: int,
     *,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: AdamW,
     loader_state: dict,
     rng: dict,
     groups: Groups,
@@ -119,7 +113,7 @@ def load_training_state(
     path: Path,
     *,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: AdamW,
     groups: Groups,
     group: dist.ProcessGroup | None = None,
 ) -> tuple[dict, dict, dict, int]:
@@ -162,7 +156,7 @@ def resume(
     spec: JobSpec,
     env: DistEnv,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: AdamW,
     loader: Stateful,
     group: dist.ProcessGroup | None = None,
 ) -> int:
@@ -194,7 +188,7 @@ def save(
     env: DistEnv,
     step: int,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: AdamW,
     loader: Stateful,
     checkpointer: Checkpointer,
 ) -> None:

@@ -1,5 +1,6 @@
-"""What a model trains and runs with: AdamW over its parameters (weight decay on matrices
-only) and the dtype it computes in (bf16 autocast over fp32 master weights, or fp32).
+"""What a model trains and runs with: AdamW (``adamw.py``) over its parameters (weight
+decay on matrices only) and the dtype it computes in (bf16 autocast over fp32 master
+weights, or fp32).
 
 The training loop, the generation loops and export (which rebuilds the optimizer to read
 its moments) all take them from here.
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from axonn_launch.common.spec import TrainConfig
+from axonn_launch.train.models.adamw import AdamW
 
 
 def is_matrix(param: nn.Parameter) -> bool:
@@ -26,7 +28,7 @@ def is_matrix(param: nn.Parameter) -> bool:
     return len(shape) >= 2
 
 
-def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, train: TrainConfig) -> AdamW:
     decay, no_decay = [], []
     for param in model.parameters():
         if param.requires_grad:
@@ -35,7 +37,7 @@ def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.AdamW:
         {"params": decay, "weight_decay": train.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=train.lr, betas=(train.beta1, train.beta2), eps=1e-8)
+    return AdamW(groups, lr=train.lr, betas=(train.beta1, train.beta2), eps=1e-8)
 
 
 def compute_dtype(train: TrainConfig, device: torch.device) -> torch.dtype:

@@ -27,7 +27,7 @@ class Groups:
     prefetched all-gathers do not queue behind reduce-scatters on one communicator.
     ``world`` has every rank: the once-per-step loss average and the sample's token
     broadcast run on it rather than on the default group, because some torch modules
-    (``torch._dynamo``, imported by the optimizers) keep the default group alive after
+    (``torch._dynamo``, which activation checkpointing imports) keep the default group alive after
     ``destroy_process_group``. A group that outlives it still runs its worker threads
     when the interpreter shuts down, and a gloo worker that releases a tensor then
     aborts the process ("terminate called without an active exception").

@@ -44,6 +44,7 @@ from axonn_launch.train.checkpoint.state import (
     save_training_state,
     shard_specs,
 )
+from axonn_launch.train.models.adamw import AdamW
 from axonn_launch.train.models.gpt import clip_grad_norm_, finish_gradients
 from axonn_launch.train.models.optim import autocast, build_optimizer, compute_dtype
 from axonn_launch.train.models.registry import build_model
@@ -108,7 +109,7 @@ def warm_up() -> None:
     """Page in what every step uses (bf16 GEMMs under autocast, a backward, an AdamW
     step) once on a tiny layer, so that the baseline holds it and the phases do not."""
     layer = torch.nn.Linear(64, 64)
-    optimizer = torch.optim.AdamW(layer.parameters())
+    optimizer = AdamW([{"params": layer.parameters()}], lr=1e-3)
     with autocast(torch.device("cpu"), torch.bfloat16):
         loss = layer(torch.randn(8, 64)).float().square().mean()
     loss.backward()

@@ -28,6 +28,7 @@ from axonn_launch.train.checkpoint.state import (
     moment_key,
     save_training_state,
 )
+from axonn_launch.train.models.adamw import AdamW
 from axonn_launch.train.models.gpt import (
     GPT,
     _gather_full,
@@ -87,7 +88,7 @@ def _train(model: GPT, optimizer, steps: range) -> list[float]:
 def _build(grid: Grid, rank: int):
     groups = build_groups(grid, rank=rank)
     model = GPT(SPEC, groups=groups, overlap=OverlapConfig(), seed=3)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1)
+    optimizer = AdamW([{"params": model.parameters()}], lr=LR, weight_decay=0.1)
     return model, optimizer, groups
 
 

@@ -22,6 +22,7 @@ from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig
 from axonn_launch.cost.planner import enumerate_grids
+from axonn_launch.train.models.adamw import AdamW
 from axonn_launch.train.models.gpt import (
     GPT,
     clip_grad_norm_,
@@ -102,7 +103,7 @@ def _reference(spec: ModelSpec) -> dict:
     idx, _ = _batches(0, 0, spec)
     with torch.no_grad():
         logits = reference.logits(idx)[:, -1]
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    ref_opt = AdamW([{"params": reference.parameters()}], lr=LR, weight_decay=WEIGHT_DECAY)
     losses, norms, grads = [], [], {}
     for step in range(STEPS):
         ref_loss = 0.0
@@ -143,7 +144,7 @@ def _check_grid(rank, grid, spec, overlap, checkpointing) -> None:
         expected = _local(ref["logits"], grid, rank)
     torch.testing.assert_close(logits, expected, msg=lambda m: f"{label} logits: {m}")
 
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    opt = AdamW([{"params": model.parameters()}], lr=LR, weight_decay=WEIGHT_DECAY)
     for step in range(STEPS):
         loss = 0.0
         for micro in range(ACCUMULATION):

@@ -32,6 +32,7 @@ from axonn_launch.common.grid import Grid
 from axonn_launch.common.models import ModelSpec
 from axonn_launch.common.spec import OverlapConfig, WireConfig
 from axonn_launch.cost.planner import enumerate_grids
+from axonn_launch.train.models.adamw import AdamW
 from axonn_launch.train.models.gpt import GPT, clip_grad_norm_, finish_gradients
 from axonn_launch.train.models.optim import autocast
 from axonn_launch.train.parallel.comm import Recorder, resolve_wire
@@ -63,7 +64,7 @@ def train_losses(groups, grid: Grid, checkpointing: bool, dtype: torch.dtype,
     """Global mean loss of each of ``STEPS`` steps; the first step's forward and
     backward collectives go to ``recorders`` when given."""
     model = _build(groups, checkpointing, dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1)
+    opt = AdamW([{"params": model.parameters()}], lr=LR, weight_decay=0.1)
     c = grid.coords(groups.rank)
     shard = c.data * grid.z + c.z
     losses = []
