@@ -40,6 +40,9 @@ TASKS_PER_NODE = 8  # Frontier's GCDs per node (conf/machine/frontier.yaml)
 NODE_CPUS = 56  # what start.sh declares per frontier node: 8 GPUs x cpus_per_task 7
 STAMP = 'echo "{name} $(date +%s.%N)" >> {stamps}'
 PHASE_OF = {"sbcast": "sbcast", "--ntasks-per-node=1": "unpack", "tar -C": "pack"}
+# an emulated run: 4 steps of 0.5 s, a checkpoint after step 2 and at the end
+EMULATED_TRAIN = ["train.steps=4", "train.emulate_step_s=0.5", "train.checkpoint_every=2"]
+EMULATED_PHASES = ("rendezvous", "first_step", "first_checkpoint")
 
 
 def linked_venv(root: Path) -> Path:
@@ -62,14 +65,30 @@ def site_machine(venv: Path):
     return replace(site, python=str(venv / "bin" / "python"), broadcast=broadcast, required=[])
 
 
-def task_command(job_dir: Path) -> str:
-    """What each task runs: its start time to its Slurm log, a line to its rank log."""
+def task_command(job_dir: Path, python: Path | None = None) -> str:
+    """What each task runs: its start time to its Slurm log, then a line to its rank log,
+    or, given ``python``, the job's rank entry on the job dir (emulated ranks)."""
+    if python is not None:
+        body = f"date +%s.%N; exec {shlex.quote(str(python))} -m axonn_launch.train"
+        return f"sh -c {shlex.quote(body + ' ' + shlex.quote(str(job_dir)))}"
     logs = shlex.quote(str(job_dir / "logs"))
     body = (
         'date +%s.%N; echo "rank $SLURM_PROCID on $SLURMD_NODENAME started"'
         f" > {logs}/rank_$SLURM_PROCID.log"
     )
     return f"sh -c {shlex.quote(body)}"
+
+
+def emulated_job(job_dir: Path, nodes: int) -> None:
+    """The job dir of an emulated Frontier run at ``nodes`` nodes (``train.emulate=true``,
+    one host task per node, 8 ranks on its threads, the other 7 tasks idle): the launcher's
+    dry run writes its spec.json, as it would for the real job."""
+    ranks = nodes * TASKS_PER_NODE
+    overrides = [f"machine={SITE}", "model=gpt_tiny", f"nodes={nodes}", f"grid.data={ranks}",
+                 f"train.global_batch={ranks}", "train.micro_batch=1", "train.emulate=true",
+                 *EMULATED_TRAIN, "dry_run=true", f"hydra.run.dir={job_dir}"]  # fmt: skip
+    subprocess.run([sys.executable, "-m", "axonn_launch", *overrides], check=True,
+                   capture_output=True, timeout=300, cwd=job_dir.parent)  # fmt: skip
 
 
 def stamped(setup: list[str], stamps: str) -> list[str]:
@@ -84,8 +103,9 @@ def stamped(setup: list[str], stamps: str) -> list[str]:
     return lines
 
 
-def batch_script(job_dir: Path, nodes: int, venv: Path) -> str:
-    """The frontier profile's batch script for ``nodes`` nodes, as rehearsed here."""
+def batch_script(job_dir: Path, nodes: int, venv: Path, emulated: bool = False) -> str:
+    """The frontier profile's batch script for ``nodes`` nodes, as rehearsed here; its
+    tasks run emulated ranks where ``emulated``, else ``date``."""
     machine = site_machine(venv)
     folder = job_dir / "slurm" / "%j"
     copy = render.python_copy(machine, nodes=nodes, python=machine.python, folder=folder)
@@ -98,7 +118,8 @@ def batch_script(job_dir: Path, nodes: int, venv: Path) -> str:
     params = rehearse.substitute(params, rehearsal, machine, TASKS_PER_NODE)
     stamps = shlex.quote(str(job_dir / "stamps"))
     params["setup"] = stamped(params["setup"], stamps)
-    text = _make_sbatch_string(command=task_command(job_dir), folder=folder, **params)
+    python = venv / "bin" / "python" if emulated else None
+    text = _make_sbatch_string(command=task_command(job_dir, python), folder=folder, **params)
     return render.as_submitted(text) + "\n" + STAMP.format(name="batch_end", stamps=stamps) + "\n"
 
 
@@ -120,11 +141,14 @@ def slurm(args: list[str], check: bool = True) -> str:
     return proc.stdout
 
 
-def submit(job_dir: Path, nodes: int, venv: Path) -> tuple[str, float]:
+def submit(job_dir: Path, nodes: int, venv: Path, emulated: bool = False) -> tuple[str, float]:
     """sbatch of the script; the job id and the time just before sbatch ran."""
+    if emulated:
+        job_dir.parent.mkdir(parents=True, exist_ok=True)
+        emulated_job(job_dir, nodes)
     (job_dir / "logs").mkdir(parents=True, exist_ok=True)
     script = job_dir / "scale.sbatch"
-    script.write_text(batch_script(job_dir, nodes, venv))
+    script.write_text(batch_script(job_dir, nodes, venv, emulated))
     submitted = time.time()
     job_id = slurm(["sbatch", "--parsable", str(script)]).strip().split(";")[0]
     (job_dir / "slurm" / job_id).mkdir(parents=True)  # at once, as submitit does
@@ -132,16 +156,21 @@ def submit(job_dir: Path, nodes: int, venv: Path) -> tuple[str, float]:
     return job_id, submitted
 
 
+UNENDED = ("", "PENDING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING")
+
+
 def wait_ended(job_id: str, timeout: float) -> str:
-    """Waits until the job has left the queue; its sacct state."""
+    """Waits until the job has left the queue and accounting has its end; its sacct state
+    (slurmdbd hears of the end after squeue stops listing the job: under load, seconds)."""
     deadline = time.monotonic() + timeout
+    state = ""
     while time.monotonic() < deadline:
         if not slurm(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).strip():
-            break
+            state = slurm(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"]).strip()
+            if state.split(" ")[0] not in UNENDED:
+                return state
         time.sleep(1)
-    else:
-        raise TimeoutError(f"job {job_id} still queued after {timeout:.0f} s")
-    return slurm(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"]).strip() or "unknown"
+    raise TimeoutError(f"job {job_id} not ended after {timeout:.0f} s (sacct: {state or 'none'})")
 
 
 def task_starts(job_dir: Path, job_id: str) -> list[float]:
@@ -167,9 +196,25 @@ def phases(job_dir: Path, job_id: str, submitted: float) -> dict:
     out["srun_fanout_first_task"] = starts[0] - t["srun_start"]
     out["srun_fanout_median_task"] = statistics.median(starts) - t["srun_start"]
     out["srun_fanout_last_task"] = starts[-1] - t["srun_start"]
+    out.update(emulated_phases(job_dir, t["srun_start"]))
     out["srun_to_batch_end"] = t["batch_end"] - t["srun_start"]
     out["sbatch_to_batch_end"] = t["batch_end"] - submitted
     return {"seconds": out, "tasks_started": len(starts)}
+
+
+def emulated_phases(job_dir: Path, srun_start: float) -> dict[str, float]:
+    """From srun's start: the last host's start (Python and the package imported), and the
+    last host to reach each phase of ``EMULATED_PHASES`` (its own first rank's); none where
+    no rank was emulated."""
+    hosts = [json.loads(p.read_text()) for p in (job_dir / "logs" / "emulate").glob("*.json")]
+    if not hosts:
+        return {}
+    out = {"emulated_hosts_started": max(h["started_at"] for h in hosts) - srun_start}
+    for name in EMULATED_PHASES:
+        reached = [h["started_at"] + h["phases_s"][name] for h in hosts if name in h["phases_s"]]
+        if len(reached) == len(hosts):
+            out[f"emulated_{name}"] = max(reached) - srun_start
+    return out
 
 
 def timed_command(args: list[str]) -> tuple[float, int, str]:

@@ -9,6 +9,12 @@ is labelled: measured (on this host, emulated nodes), or extrapolated.
 
     python bench/scale/run.py --nodes 8 32 128 256 512  # bench/results/scale.json and .md
     python bench/scale/run.py --refit                     # fit the points of scale.json again
+    python bench/scale/run.py --emulated --nodes 8 32 64 128 --budget-s 1800
+                  # the job's emulated ranks as the tasks: bench/results/scale_emulated.json
+
+``--budget-s``: before each N, the point's time is predicted from the last one's (its
+wall time times the ratio of node counts); an N that would end past the budget is left
+out, and the section says which.
 
 Each N runs under /tmp/axonn-slurm.lock (do not wrap it in flock: it takes the lock
 itself, per N, so other Slurm users interleave). Stops when the host's available memory
@@ -36,10 +42,12 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 TARGETS = [1024, 1536, 4096, 9408]  # Perlmutter, Alps, Frontier paper runs; all of Frontier
 MIN_AVAILABLE_MB = 6144
 COMMAND = "python bench/scale/run.py --nodes 8 32 128 256 512"
+EMULATED_COMMAND = "python bench/scale/run.py --emulated --nodes 8 32 64 128 --budget-s 1800"
 
 
-def one_point(nodes: int, work: Path, venv: Path) -> dict:
+def one_point(nodes: int, work: Path, venv: Path, emulated: bool = False) -> dict:
     """Start, job, records and stop at ``nodes`` nodes, under the Slurm lock."""
+    began = time.monotonic()
     with cluster.slurm_lock():
         load_before = os.getloadavg()
         started = cluster.start(nodes)
@@ -49,8 +57,8 @@ def one_point(nodes: int, work: Path, venv: Path) -> dict:
                  "available_mb_up": cluster.available_mb()}  # fmt: skip
         try:
             job_dir = work / f"n{nodes}"
-            job_id, submitted = job.submit(job_dir, nodes, venv)
-            point["state"] = job.wait_ended(job_id, timeout=300 + nodes)
+            job_id, submitted = job.submit(job_dir, nodes, venv, emulated)
+            point["state"] = job.wait_ended(job_id, timeout=300 + nodes * (4 if emulated else 1))
             point.update(job.phases(job_dir, job_id, submitted))
             point["records"] = records(job_dir)
         except (KeyError, RuntimeError, TimeoutError, OSError) as exc:
@@ -59,6 +67,7 @@ def one_point(nodes: int, work: Path, venv: Path) -> dict:
             point["stop_s"] = cluster.stop()
             cluster.clear_node_local()
         point["load_before"], point["load_after"] = load_before, os.getloadavg()
+    point["wall_s"] = time.monotonic() - began
     return point
 
 
@@ -105,12 +114,21 @@ def flat_extras(point: dict) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[8, 32, 128, 256])
-    parser.add_argument("--out", type=Path, default=RESULTS / "scale.json")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: bench/results/scale.json, scale_emulated.json with"
+                        " --emulated")  # fmt: skip
+    parser.add_argument("--emulated", action="store_true",
+                        help="tasks run the job's emulated ranks, not date")  # fmt: skip
+    parser.add_argument("--budget-s", type=float, default=0,
+                        help="leave out an N predicted to end past this many seconds")  # fmt: skip
     parser.add_argument("--add", action="store_true",
                         help="keep the points of --out at other node counts")  # fmt: skip
     parser.add_argument("--refit", action="store_true",
                         help="run nothing: fit the points of --out again")  # fmt: skip
     args = parser.parse_args(argv)
+    args.out = args.out or RESULTS / ("scale_emulated.json" if args.emulated else "scale.json")
+    meta = {"tasks": "emulated" if args.emulated else "date", "budget_s": args.budget_s,
+            "command": EMULATED_COMMAND if args.emulated else COMMAND}  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="axonn-scale-"))
     venv = job.linked_venv(work / "venv")
     points, when = [], time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -118,26 +136,40 @@ def main(argv: list[str] | None = None) -> int:
         before = json.loads(args.out.read_text())
         kept, when = before["points"], before["when"] if args.refit else when
         points = [p for p in kept if args.refit or p["nodes"] not in args.nodes]
+        if args.refit:  # the run's own words, as it wrote them
+            meta = {k: before[k] for k in (*meta, "skipped", "wall_s") if k in before}
+    began, last = time.monotonic(), None
     for nodes in args.nodes if not args.refit else []:
         if cluster.available_mb() < MIN_AVAILABLE_MB:
             print(f"stopping before {nodes} nodes: under {MIN_AVAILABLE_MB} MB available")
             break
-        points.append(one_point(nodes, work, venv))
-        points.sort(key=lambda p: p["nodes"])
-        write(args.out, points, when)
-        print(json.dumps(points[-1].get("seconds", points[-1].get("error"))), flush=True)
-    write(args.out, points, when)
+        if args.budget_s and last and predicted_end(last, nodes, began) > args.budget_s:
+            meta.setdefault("skipped", []).append(nodes)
+            print(f"leaving out {nodes} nodes: predicted past the {args.budget_s:.0f} s budget")
+            continue
+        last = one_point(nodes, work, venv, args.emulated)
+        points = sorted([*points, last], key=lambda p: p["nodes"])
+        write(args.out, points, when, meta | {"wall_s": time.monotonic() - began})
+        print(json.dumps(last.get("seconds", last.get("error"))), flush=True)
+    write(
+        args.out, points, when, meta if args.refit else meta | {"wall_s": time.monotonic() - began}
+    )
     return 0
 
 
-def write(out: Path, points: list[dict], when: str) -> None:
+def predicted_end(last: dict, nodes: int, began: float) -> float:
+    """Seconds from ``began`` at which a point of ``nodes`` nodes would end: its time is the
+    last point's, scaled by the node count."""
+    return time.monotonic() - began + last["wall_s"] * nodes / last["nodes"]
+
+
+def write(out: Path, points: list[dict], when: str, meta: dict) -> None:
     """scale.json and its section, fitted over the points that ran."""
     series = phase_series(points)
     fits = {name: fit_phase(ns, ys, TARGETS) for name, (ns, ys) in series.items() if len(ns) >= 3}
     result = {
         "label": "measured: emulated nodes (slurmd) on one host; fits and targets: extrapolated",
-        "command": COMMAND, "host": f"{platform.node()} {os.cpu_count()} CPUs",
-        "when": when,
+        **meta, "host": f"{platform.node()} {os.cpu_count()} CPUs", "when": when,
         "points": points, "fits": fits, "targets": TARGETS,
     }  # fmt: skip
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -31,7 +31,9 @@ from tests.slurm.test_faults import wait_until
 
 pytestmark = [pytest.mark.slurm]
 
-BASE = ["machine=slurm_local", "grid.x=2", "train.steps=500", "recovery=off",
+# steps for far longer than the test: a 500-step job (47 s) ended, under the suite's load,
+# between the test seeing it RUNNING and the Ctrl-C; the test cancels it (jobs stop, scancel)
+BASE = ["machine=slurm_local", "grid.x=2", "train.steps=50000", "recovery=off",
         "preflight=false", "train.sample_tokens=0", "wait=true"]  # fmt: skip
 REPO = Path(__file__).resolve().parents[2]
 HELD = "+machine.slurm.extra_sbatch.begin=now+3600"  # pending (BeginTime) for an hour

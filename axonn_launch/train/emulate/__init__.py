@@ -46,7 +46,7 @@ def run_emulated(
     here (written to summary.json, as the job's), else the first hosted rank's.
     ``start_logging(rank, job_dir)`` sets up the host's log as the first hosted rank's
     (``train/logs.setup_logging``, a module above this folder)."""
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     host = hosting(spec, os.environ)
     if not host.ranks:
         return {"steps": 0, "stopped": False, "emulated": "idle task"}
@@ -59,7 +59,7 @@ def run_emulated(
     ranks = [EmulatedRank(spec, host, r, dict(os.environ), stop) for r in host.ranks]
     summaries = run_ranks(spec, ranks, address, started)
     del server  # the store outlives every rank of this host
-    summary = summaries[0] | {"emulated": host_record(spec, host, ranks, started)}
+    summary = summaries[0] | {"emulated": host_record(spec, host, ranks, started, started_at)}
     if host.ranks[0] == 0:
         write_summary(spec.job_dir, summary)
     return summary
@@ -90,14 +90,18 @@ def run_ranks(
     return [results[r.rank] for r in ranks]
 
 
-def host_record(spec: JobSpec, host: Hosting, ranks: list[EmulatedRank], started: float) -> dict:
-    """What hosting cost: CPU seconds and peak memory, in all and per rank; the phases."""
+def host_record(
+    spec: JobSpec, host: Hosting, ranks: list[EmulatedRank], started: float, started_at: float
+) -> dict:
+    """What hosting cost: CPU seconds and peak memory, in all and per rank; the phases, in
+    seconds from ``started_at`` (the host's start, seconds since the epoch)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu_s, rss_mb = usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
     record = {
         "task": host.task,
         "ranks": [host.ranks[0], host.ranks[-1]],
         "world_size": host.world_size,
+        "started_at": round(started_at, 3),
         "wall_s": round(time.monotonic() - started, 3),
         "cpu_s": round(cpu_s, 3),
         "peak_rss_mb": round(rss_mb, 1),
