@@ -146,6 +146,12 @@ ORDER = [
         "python bench/scale/run.py --nodes 8 32 128 256 512",
     ),
     (
+        "scale_emulated.md",
+        "Scale",
+        "bench/scale/run.py",
+        "python bench/scale/run.py --emulated --nodes 8 32 128 256 --budget-s 1200",
+    ),
+    (
         "suite_notes.md",
         "Test suite",
         "bench/suite_times.py",

@@ -84,7 +84,10 @@ EMULATED_TASKS = (
     " TCPStore server), the other 7 start Python and end, and every rank runs the real"
     " rendezvous (the store), watchdog, step-boundary agreement, metrics and checkpoint"
     " files of 4 steps of 0.5 s (a checkpoint after step 2); the phases of the emulated"
-    " ranks are read from each host's record (logs/emulate), from srun's start"
+    " ranks are read from each host's record (logs/emulate), from srun's start. Those"
+    " phases fit quadratic here because N x 8 Python starts, and rank 0's torch import"
+    " before its store can take a client, share two cores (the load average passed 1,000"
+    " at 256 nodes): their extrapolations are this host's, far above a site's"
 )
 TITLES = {
     False: "# At scale: start-up phases against the node count",
@@ -124,4 +127,7 @@ def budget_words(result: dict) -> str:
         return ""
     left = (f"; left out for the budget: N={', '.join(str(n) for n in skipped)}" if skipped
             else "")  # fmt: skip
-    return f", within a budget of {budget:,.0f} s ({result['wall_s']:,.0f} s used{left})"
+    return (
+        f"; time budget {budget:,.0f} s (`--budget-s`: each N's time predicted from the"
+        f" last one's, scaled by the node count), {result['wall_s']:,.0f} s used{left}"
+    )

@@ -9,7 +9,7 @@ is labelled: measured (on this host, emulated nodes), or extrapolated.
 
     python bench/scale/run.py --nodes 8 32 128 256 512  # bench/results/scale.json and .md
     python bench/scale/run.py --refit                     # fit the points of scale.json again
-    python bench/scale/run.py --emulated --nodes 8 32 64 128 --budget-s 1800
+    python bench/scale/run.py --emulated --nodes 8 32 128 256 --budget-s 1200
                   # the job's emulated ranks as the tasks: bench/results/scale_emulated.json
 
 ``--budget-s``: before each N, the point's time is predicted from the last one's (its
@@ -42,7 +42,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 TARGETS = [1024, 1536, 4096, 9408]  # Perlmutter, Alps, Frontier paper runs; all of Frontier
 MIN_AVAILABLE_MB = 6144
 COMMAND = "python bench/scale/run.py --nodes 8 32 128 256 512"
-EMULATED_COMMAND = "python bench/scale/run.py --emulated --nodes 8 32 64 128 --budget-s 1800"
+EMULATED_COMMAND = "python bench/scale/run.py --emulated --nodes 8 32 128 256 --budget-s 1200"
 
 
 def one_point(nodes: int, work: Path, venv: Path, emulated: bool = False) -> dict:

@@ -37,6 +37,17 @@ BASE = ["machine=slurm_local", "grid.x=2", "train.steps=50000", "recovery=off",
         "preflight=false", "train.sample_tokens=0", "wait=true"]  # fmt: skip
 REPO = Path(__file__).resolve().parents[2]
 HELD = "+machine.slurm.extra_sbatch.begin=now+3600"  # pending (BeginTime) for an hour
+SIGNAL_MASKS = ("SigBlk", "SigIgn", "SigCgt")
+
+
+def as_from_a_terminal() -> None:
+    """In the launcher's process before it starts: SIGINT at its default and no signal
+    blocked, as a shell starts a foreground command. Both are inherited: once in a suite
+    run, both launchers of this test went on for 65 s after their Ctrl-Cs, as though this
+    worker process had SIGINT ignored or blocked (the dispositions are in the failure's
+    message since: ``Launcher.signals``)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class Launcher:
@@ -53,6 +64,7 @@ class Launcher:
                 [sys.executable, "-m", "axonn_launch", *BASE, *args,
                  f"hydra.run.dir={self.job_dir}"],
                 cwd=folder, env=env, stdout=out, stderr=err, start_new_session=True,
+                preexec_fn=as_from_a_terminal,
             )  # fmt: skip
 
     def copied(self, command: str) -> subprocess.CompletedProcess:
@@ -70,10 +82,25 @@ class Launcher:
         return self.out.read_text().splitlines()
 
     def ctrl_c(self) -> None:
+        self.before_ctrl_c = self.signals()
         os.killpg(self.process.pid, signal.SIGINT)
 
+    def signals(self) -> str:
+        """The launcher's ignored, blocked and caught signal masks (/proc)."""
+        try:
+            status = Path(f"/proc/{self.process.pid}/status").read_text().splitlines()
+        except OSError:
+            return "gone"
+        return " ".join(ln.replace("\t", "") for ln in status if ln.startswith(SIGNAL_MASKS))
+
     def wait(self) -> int:
-        return self.process.wait(timeout=SECOND_CTRL_C_S + 60)
+        try:
+            return self.process.wait(timeout=SECOND_CTRL_C_S + 60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"the launcher went on after its Ctrl-C (its signals then:"
+                f" {self.before_ctrl_c}); stderr: {self.err.read_text()[-1000:]}"
+            ) from None
 
     def end(self) -> None:
         if self.process.poll() is None:
