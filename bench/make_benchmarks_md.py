@@ -140,6 +140,12 @@ ORDER = [
         "python bench/bench_groups.py --pairs 10",
     ),
     (
+        "dcp_plan.md",
+        "Scale",
+        "bench/scale/dcp_plan.py",
+        "python bench/scale/dcp_plan.py",
+    ),
+    (
         "scale.md",
         "Scale",
         "bench/scale/run.py",

@@ -161,7 +161,7 @@ def convert_legacy(path: Path) -> Path:
     from axonn_launch.common.spec import OverlapConfig, TrainConfig
     from axonn_launch.train.checkpoint.legacy import MOMENTS, gather_full, optimizer_names
     from axonn_launch.train.checkpoint.manager import FORMAT, read_meta
-    from axonn_launch.train.checkpoint.state import moment_key, rank_key
+    from axonn_launch.train.checkpoint.state import moment_key, rank_key, step_key
     from axonn_launch.train.models.gpt import GPT
     from axonn_launch.train.models.optim import build_optimizer
     from axonn_launch.train.parallel.shards import grid_position
@@ -177,7 +177,7 @@ def convert_legacy(path: Path) -> Path:
         if (name, MOMENTS[0]) in moments:
             for moment in MOMENTS:
                 state[moment_key(name, moment)] = moments[(name, moment)].view(shapes[name])
-            state[f"optimizer.state.{name}.step"] = steps[index]
+            state[step_key(name)] = steps[index]
     for rank, entry in enumerate(small):
         buffer = io.BytesIO()
         torch.save(entry, buffer)

@@ -21,7 +21,7 @@ import shutil
 import signal
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -154,8 +154,9 @@ class Checkpointer:
         self.last: Path | None = None
 
     def save(self, step: int, state: dict[str, Any], specs: Mapping[str, ShardSpec],
-             meta: dict) -> None:  # fmt: skip
-        """Start saving ``state`` (sharded keys described by ``specs``) as step ``step``."""
+             meta: dict, replicated: Collection[str] = ()) -> None:  # fmt: skip
+        """Start saving ``state`` (sharded keys described by ``specs``; ``replicated``: plain
+        tensors the same on every rank, planned by the coordinator alone) as step ``step``."""
         self.wait()
         self.faults.saves += 1
         name = f"step_{step:08d}"
@@ -165,7 +166,7 @@ class Checkpointer:
             tmp.mkdir(parents=True)
         self._barrier()
         writer = _Writer(tmp, self.faults)
-        planner = ShardSavePlanner(dict(specs))
+        planner = ShardSavePlanner(dict(specs), replicated)
         meta = {**meta, "step": step, "format": FORMAT}
         done = threading.Event()
         self._pending = done

@@ -48,6 +48,11 @@ def moment_key(name: str, moment: str) -> str:
     return f"optimizer.state.{name}.{moment}"
 
 
+def step_key(name: str) -> str:
+    """AdamW's step count of parameter ``name``: the same on every rank."""
+    return f"optimizer.state.{name}.step"
+
+
 def rank_key(rank: int) -> str:
     return f"rank_state.{rank}"
 
@@ -77,7 +82,7 @@ def _tensors(model: nn.Module, optimizer: AdamW) -> dict[str, torch.Tensor]:
         out[name] = param.detach()
         for moment in MOMENTS:
             out[moment_key(name, moment)] = entry[moment]
-        out[f"optimizer.state.{name}.step"] = entry["step"]
+        out[step_key(name)] = entry["step"]
     return out
 
 
@@ -106,7 +111,8 @@ def save_training_state(
     state: dict[str, object] = dict(_tensors(model, optimizer))
     state[rank_key(groups.rank)] = _pack({"loader": loader_state, "rng": rng})
     state["meta"] = json.dumps({**meta, "step": step})
-    checkpointer.save(step, state, shard_specs(model, groups, banded=True), meta)
+    same = ["meta", *(step_key(name) for name, _ in model.named_parameters())]  # every rank's
+    checkpointer.save(step, state, shard_specs(model, groups, banded=True), meta, same)
 
 
 def load_training_state(

@@ -11,7 +11,9 @@ How a range becomes boxes, and the row bands: ``docs/checkpoints.md``
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +26,7 @@ from torch.distributed.checkpoint.default_planner import (
 )
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
+    Metadata,
     MetadataIndex,
     TensorProperties,
 )
@@ -178,11 +181,19 @@ def piece_view(local: torch.Tensor, piece: Piece) -> torch.Tensor:
 
 
 class ShardSavePlanner(DefaultSavePlanner):
-    """Writes each sharded key as its pieces; every other key as DCP does by default."""
+    """Writes each sharded key as its pieces; every other key as DCP does by default, but
+    that a key of ``replicated`` (the same on every rank: AdamW's step counts, the meta
+    string) is planned by the coordinator alone.
 
-    def __init__(self, specs: dict[str, ShardSpec]) -> None:
+    DCP plans a plain key on every rank and keeps one copy when the coordinator merges the
+    plans: ranks x keys items that it gathers and deduplicates (at 32,768 ranks and
+    gpt_320b's step counts: ``bench/scale/dcp_plan.py``). The saved checkpoint holds the
+    same keys either way."""
+
+    def __init__(self, specs: dict[str, ShardSpec], replicated: Collection[str] = ()) -> None:
         super().__init__()
         self.specs = specs
+        self.replicated = frozenset(replicated)
 
     def set_up_planner(self, state_dict, storage_meta=None, is_coordinator=False) -> None:
         super().set_up_planner(state_dict, storage_meta, is_coordinator)
@@ -192,8 +203,25 @@ class ShardSavePlanner(DefaultSavePlanner):
             for piece in spec.pieces
         }
 
+    def create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
+        """DCP's global plan, with the ranks' key mappings merged in one pass. DCP merges
+        them with a ``ChainMap``, whose lookup of a key walks the ranks' maps in order:
+        each rank's own ``rank_state.<r>`` is found after r maps, so the merge costs
+        ranks^2 / 2 lookups in all (``bench/scale/dcp_plan.py``)."""
+        merged: dict = {}
+        for plan in reversed(all_plans):  # the first rank's mapping of a key wins, as in DCP
+            merged.update(plan.planner_data or {})
+        bare = [dataclasses.replace(plan, planner_data={}) for plan in all_plans]
+        global_plan, metadata = super().create_global_plan(bare)
+        self.metadata = dataclasses.replace(metadata, planner_data=merged)
+        return global_plan, self.metadata
+
     def create_local_plan(self) -> SavePlan:
-        plain = {k: v for k, v in self.state_dict.items() if k not in self.specs}
+        plain = {
+            k: v
+            for k, v in self.state_dict.items()
+            if k not in self.specs and (self.is_coordinator or k not in self.replicated)
+        }
         items = list(create_default_local_save_plan(plain, self.is_coordinator).items)
         for fqn, spec in self.specs.items():
             if not spec.writes:

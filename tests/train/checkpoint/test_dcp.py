@@ -27,6 +27,7 @@ from axonn_launch.train.checkpoint.state import (
     load_training_state,
     moment_key,
     save_training_state,
+    step_key,
 )
 from axonn_launch.train.models.adamw import AdamW
 from axonn_launch.train.models.gpt import (
@@ -37,7 +38,13 @@ from axonn_launch.train.models.gpt import (
     full_state_dict,
 )
 from axonn_launch.train.parallel.groups import build_groups
-from axonn_launch.train.parallel.shards import band_split, grid_position, piece_view, shard_pieces
+from axonn_launch.train.parallel.shards import (
+    ShardSavePlanner,
+    band_split,
+    grid_position,
+    piece_view,
+    shard_pieces,
+)
 from tests.train.dist_utils import run_world
 
 SPEC = ModelSpec("t", n_layer=2, d_model=32, n_head=4, vocab_size=61, max_seq_len=16)
@@ -205,6 +212,24 @@ def test_stock_dcp_to_torch_save_gives_the_full_state(saved, tmp_path):
     names = {k for k in exported if not k.startswith(("optimizer.", "rank_state.", "meta"))}
     assert names == {n for n in truth if not n.startswith("optimizer.")}
     assert {f"rank_state.{r}" for r in range(4)} <= set(exported)
+    # each step count, planned by the coordinator alone, is saved once and holds the step
+    steps = {k: v for k, v in exported.items() if k.endswith(".step")}
+    assert set(steps) == {step_key(n) for n in truth if not n.startswith("optimizer.")}
+    assert all(float(v) == SAVE_AT for v in steps.values())
+
+
+def test_replicated_keys_are_planned_by_the_coordinator_alone():
+    """A plain key the same on every rank (AdamW's step counts, the meta string) is in the
+    coordinator's local plan only; any other plain key in every rank's, as DCP plans it."""
+    state = {"w": torch.zeros(2), "step": torch.tensor(3.0), "bytes": b"x"}
+
+    def planned(coordinator: bool) -> set[str]:
+        planner = ShardSavePlanner({}, replicated={"step"})
+        planner.set_up_planner(state, is_coordinator=coordinator)
+        return {item.index.fqn for item in planner.create_local_plan().items}
+
+    assert planned(True) == {"w", "step", "bytes"}
+    assert planned(False) == {"w", "bytes"}
 
 
 def test_pieces_cover_each_shard_exactly_once_in_natural_order():
