@@ -8,17 +8,19 @@ size), which gives every parameter's layout. Then every rank's local save plan i
 ``ShardSavePlanner`` makes it, from that rank's own pieces (``shard_spec`` at its grid
 position; no tensor of another rank is allocated): the weights' and both moments' pieces
 on the replica that writes, and the plain keys (each parameter's AdamW step count, the
-rank's loader and rng bytes, the meta string). The coordinator's part
-is then DCP's own (``create_global_plan``: deduplication, the global plan and metadata,
-its validation), and ``.metadata`` is the pickle of that metadata with the storage entry a
-file system writer records for each item.
+rank's loader and rng bytes, the meta string). The coordinator's part is then
+``create_global_plan`` (deduplication, the global plan and metadata, the merge of the
+ranks' key maps, the validation), and ``.metadata`` is the pickle of that metadata with
+the storage entry a file system writer records for each item.
 
-Measured at L = 1 and 2 blocks, each twice: "before" (every rank plans the step counts
-and the meta string, as DCP does with a plain key) and "after" (the coordinator alone plans
-them, ``ShardSavePlanner(replicated=...)``). The items, the coordinator's peak memory
-(its peak RSS above what it held before: the received plans, the global plan and the
-pickle), its time and the file's size grow with the blocks at fixed ranks; the whole
-model's figures are extrapolated linearly in the blocks (the line through the two).
+Measured at ``--blocks`` (default: 1, about 6 minutes here; each more block adds its
+items), each twice: "before" (DCP's: every rank plans the step counts and the meta string,
+as DCP does with a plain key, and its ``create_global_plan`` merges the key maps with a
+``ChainMap``) and "after" (``ShardSavePlanner``'s: the coordinator alone plans them, and
+the maps are merged in one pass). Reported: the items the coordinator receives and keeps,
+its peak memory (its peak RSS above what it held before: the received plans, the global
+plan and the pickle), its time and the file's size. With two or more ``--blocks``, the
+whole model's figures are extrapolated linearly in the blocks.
 
     python bench/scale/dcp_plan.py   # bench/results/dcp_plan.json and .md
 """

@@ -86,7 +86,8 @@ def runs(tmp_path_factory) -> dict[str, tuple[Path, int]]:
             launched = run_launcher([*RUN, *grid, f"hydra.run.dir={dirs[name]}"], cwd=REPO,
                                     timeout=300)  # fmt: skip
             assert launched.returncode == 0, launched.stdout + launched.stderr
-        poll(lambda: throttle_due(dirs, throttled_at, throttle), 240, f"step {THROTTLE_AT}")
+        pids: dict[str, int | None] = {}
+        poll(lambda: throttle_due(dirs, throttled_at, throttle, pids), 240, f"step {THROTTLE_AT}")
         for name, job_dir in dirs.items():
             assert throttled_at[name] <= STEPS - 4 * EVERY, throttled_at  # room to be named
             poll(lambda d=job_dir: record(d).get("status") not in (None, "running"), 400,
@@ -95,13 +96,19 @@ def runs(tmp_path_factory) -> dict[str, tuple[Path, int]]:
     return {name: (dirs[name], throttled_at[name]) for name in GRIDS}
 
 
-def throttle_due(dirs: dict[str, Path], done: dict[str, int], throttle) -> bool:
-    """Throttle rank 3 of each run that has logged step ``THROTTLE_AT``; whether all are."""
+def throttle_due(dirs: dict[str, Path], done: dict[str, int], throttle, pids: dict) -> bool:
+    """Throttle rank 3 of each run that has logged step ``THROTTLE_AT``; whether all are.
+    Each rank's process is looked up in /proc once, as soon as its run has logged a step:
+    a scan of /proc under the suite's load took seconds, and at every poll it let a run go
+    8 steps past ``THROTTLE_AT`` before the throttle."""
     for name, job_dir in dirs.items():
+        if name in done:
+            continue
         step = last_step(job_dir)
-        pid = rank_pid(job_dir, SLOW_RANK)
-        if name not in done and step >= THROTTLE_AT and pid:
-            throttle(pid)
+        if step and not pids.get(name):
+            pids[name] = rank_pid(job_dir, SLOW_RANK)
+        if step >= THROTTLE_AT and pids.get(name):
+            throttle(pids[name])
             done[name] = step
     return len(done) == len(dirs)
 
