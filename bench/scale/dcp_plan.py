@@ -29,12 +29,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import faulthandler
 import gc
 import json
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import tempfile
@@ -210,7 +208,6 @@ def intro(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    faulthandler.register(signal.SIGUSR1)  # kill -USR1: where it is
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--blocks", type=int, nargs="+", default=list(BLOCKS))
     parser.add_argument("--out", type=Path, default=RESULTS / "dcp_plan.json")
