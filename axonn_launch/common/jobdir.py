@@ -17,12 +17,13 @@ import json
 import os
 import re
 import shutil
-import socket
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from axonn_launch.common.ranks import node_name
 
 RECORD = "job.json"
 SPEC = "spec.json"
@@ -589,7 +590,7 @@ def record_failure(
     text = "".join(lines).rstrip().splitlines()
     record = {
         "rank": rank,
-        "host": socket.gethostname(),
+        "host": node_name(),
         "time": time.time(),
         "exception": f"{type(error).__name__}: {error}".splitlines()[0][:500],
         "tail": text[-FAILURE_TAIL_LINES:],

@@ -10,6 +10,8 @@ What each source reads: ``docs/job-side.md`` ("common/ranks.py").
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -53,6 +55,12 @@ def environment_rank(environ: Mapping[str, str]) -> EnvRank:
     source = rank_source(environ)
     rank_vars, local_vars = RANK_VARS[source]
     return EnvRank(source, _first_int(environ, rank_vars), _first_int(environ, local_vars))
+
+
+def node_name(environ: Mapping[str, str] = os.environ) -> str:
+    """The node this process runs on, as the scheduler names it (Slurm's node name, which
+    the scheduler's node lists and a lost node's records use), else the host's name."""
+    return environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def _first_int(environ: Mapping[str, str], names: tuple[str, ...]) -> int:

@@ -7,6 +7,8 @@ job is ``axonn_launch.log``. On Slurm, submitit's ``slurm/<id>/<id>_<task>_log.{
 hold each task's (rank's) stdout and stderr. The failing rank is the one ``jobs status``
 names (records/status.py ``shown_reason``): the rank the local supervisor saw killed, else
 the first rank that raised and was not only a lost peer's symptom (records/firstfail.py),
+else the first rank on a node the job lost (a node failure leaves no record of its own: its
+ranks are gone; the attempt's ``bad_nodes``, which ``jobs status`` and the restart read),
 else the task srun reported killed. Login-node code: never imports torch.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from axonn_launch.common.failure_classes import NODE_FAILURE
 from axonn_launch.common.jobdir import (
     RANK_LOG,
     SLURM_STDERR,
@@ -22,6 +25,8 @@ from axonn_launch.common.jobdir import (
     JobPaths,
     last_job_id,
     read_failures,
+    read_record_or_empty,
+    run_root,
 )
 from axonn_launch.records.evidence import slurm_task_files, supervisor_cause, tail
 from axonn_launch.records.failures import KILLED_TASK
@@ -95,10 +100,30 @@ def failed_rank(job_dir: Path, record: dict) -> int | None:
     causes = [r for r in records if not is_symptom(r)]
     if causes:
         return causes[0]["rank"]
+    lost = lost_node_rank(job_dir, record)
+    if lost is not None:
+        return lost
     killed = killed_task(job_dir, record)
     if killed is not None:
         return killed
     return records[0]["rank"] if records else None
+
+
+def lost_node_rank(job_dir: Path, record: dict) -> int | None:
+    """The first rank whose log says it ran on a node that an attempt of this job dir lost
+    (the run's chain: ``bad_nodes`` of a ``node_failure``, in place or not)."""
+    here = Path(job_dir).resolve()
+    chain = read_record_or_empty(run_root(job_dir, record)).get("chain") or {}
+    for attempt in chain.get("attempts") or []:
+        if attempt.get("class") != NODE_FAILURE or not attempt.get("job_dir"):
+            continue
+        if Path(attempt["job_dir"]).resolve() != here:
+            continue
+        for node in attempt.get("bad_nodes") or []:
+            ranks = ranks_on_node(job_dir, node)
+            if ranks:
+                return ranks[0]
+    return None
 
 
 def killed_task(job_dir: Path, record: dict) -> int | None:

@@ -11,11 +11,11 @@ Levels, and where other ranks' output goes: ``docs/job-side.md`` ("train/logs.py
 from __future__ import annotations
 
 import logging
-import socket
 import sys
 from pathlib import Path
 
 from axonn_launch.common.jobdir import JobPaths
+from axonn_launch.common.ranks import node_name
 
 LOGGER = "axonn_launch"
 FORMAT = "%(asctime)s rank {rank} host {host} %(levelname)s %(name)s: %(message)s"
@@ -55,7 +55,7 @@ def setup_logging(rank: int, job_dir: str | Path) -> logging.Logger:
         console = logging.StreamHandler(sys.stdout)
         console.setLevel(logging.INFO)
         handlers.append(console)
-    formatter = logging.Formatter(FORMAT.format(rank=rank, host=socket.gethostname()))
+    formatter = logging.Formatter(FORMAT.format(rank=rank, host=node_name()))
     for handler in handlers:
         handler.setFormatter(formatter)
         handler.axonn_rank_handler = True  # type: ignore[attr-defined]

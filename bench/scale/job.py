@@ -43,6 +43,7 @@ PHASE_OF = {"sbcast": "sbcast", "--ntasks-per-node=1": "unpack", "tar -C": "pack
 # an emulated run: 4 steps of 0.5 s, a checkpoint after step 2 and at the end
 EMULATED_TRAIN = ["train.steps=4", "train.emulate_step_s=0.5", "train.checkpoint_every=2"]
 EMULATED_PHASES = ("rendezvous", "first_step", "first_checkpoint")
+IN_JOB_RESTARTS = 2  # a healing run's restarts in place (one is used)
 
 
 def linked_venv(root: Path) -> Path:
@@ -79,16 +80,26 @@ def task_command(job_dir: Path, python: Path | None = None) -> str:
     return f"sh -c {shlex.quote(body)}"
 
 
-def emulated_job(job_dir: Path, nodes: int) -> None:
+def emulated_job(job_dir: Path, nodes: int, train: list[str], spares: int = 0) -> None:
     """The job dir of an emulated Frontier run at ``nodes`` nodes (``train.emulate=true``,
     one host task per node, 8 ranks on its threads, the other 7 tasks idle): the launcher's
-    dry run writes its spec.json, as it would for the real job."""
+    dry run writes its spec.json and job.json, as it would for the real job. With
+    ``spares``, the job restarts in place on them (``recovery.spare_nodes``)."""
     ranks = nodes * TASKS_PER_NODE
     overrides = [f"machine={SITE}", "model=gpt_tiny", f"nodes={nodes}", f"grid.data={ranks}",
                  f"train.global_batch={ranks}", "train.micro_batch=1", "train.emulate=true",
-                 *EMULATED_TRAIN, "dry_run=true", f"hydra.run.dir={job_dir}"]  # fmt: skip
+                 *train, *in_place_overrides(spares), "dry_run=true",
+                 f"hydra.run.dir={job_dir}"]  # fmt: skip
     subprocess.run([sys.executable, "-m", "axonn_launch", *overrides], check=True,
                    capture_output=True, timeout=300, cwd=job_dir.parent)  # fmt: skip
+
+
+def in_place_overrides(spares: int) -> list[str]:
+    """Restarts in place on ``spares`` spare nodes (none: the profile's default, which the
+    run never uses: it does not fail)."""
+    if not spares:
+        return []
+    return [f"recovery.spare_nodes={spares}", f"recovery.in_job_restarts={IN_JOB_RESTARTS}"]
 
 
 def stamped(setup: list[str], stamps: str) -> list[str]:
@@ -103,13 +114,18 @@ def stamped(setup: list[str], stamps: str) -> list[str]:
     return lines
 
 
-def batch_script(job_dir: Path, nodes: int, venv: Path, emulated: bool = False) -> str:
+def batch_script(
+    job_dir: Path, nodes: int, venv: Path, emulated: bool = False, spares: int = 0
+) -> str:
     """The frontier profile's batch script for ``nodes`` nodes, as rehearsed here; its
-    tasks run emulated ranks where ``emulated``, else ``date``."""
+    tasks run emulated ranks where ``emulated``, else ``date``. With ``spares``, as the
+    launcher submits a job that restarts in place: ``spares`` more nodes, ``--no-kill``
+    and the training step in the restart loop (``submit/in_job.py``)."""
     machine = site_machine(venv)
     folder = job_dir / "slurm" / "%j"
-    copy = render.python_copy(machine, nodes=nodes, python=machine.python, folder=folder)
-    params = render.slurm_parameters(machine=machine, nodes=nodes,
+    held = nodes + spares
+    copy = render.python_copy(machine, nodes=held, python=machine.python, folder=folder)
+    params = render.slurm_parameters(machine=machine, nodes=held,
                                      tasks_per_node=TASKS_PER_NODE, job_name="scale",
                                      copy=copy)  # fmt: skip
     local = machine_profile(rehearse.LOCAL_MACHINE)
@@ -118,9 +134,16 @@ def batch_script(job_dir: Path, nodes: int, venv: Path, emulated: bool = False) 
     params = rehearse.substitute(params, rehearsal, machine, TASKS_PER_NODE)
     stamps = shlex.quote(str(job_dir / "stamps"))
     params["setup"] = stamped(params["setup"], stamps)
+    restarts = None
+    if spares:
+        params["additional_parameters"] = {**params.get("additional_parameters", {}),
+                                           "no-kill": True}  # fmt: skip
+        restarts = render.InPlace(python=str(venv / "bin" / "python"), job_dir=str(job_dir),
+                                  nodes=nodes, tasks=nodes * TASKS_PER_NODE)  # fmt: skip
     python = venv / "bin" / "python" if emulated else None
     text = _make_sbatch_string(command=task_command(job_dir, python), folder=folder, **params)
-    return render.as_submitted(text) + "\n" + STAMP.format(name="batch_end", stamps=stamps) + "\n"
+    end = STAMP.format(name="batch_end", stamps=stamps)
+    return render.as_submitted(text, restarts) + "\n" + end + "\n"
 
 
 def job_record(job_dir: Path, job_id: str, nodes: int) -> dict:
@@ -141,18 +164,32 @@ def slurm(args: list[str], check: bool = True) -> str:
     return proc.stdout
 
 
-def submit(job_dir: Path, nodes: int, venv: Path, emulated: bool = False) -> tuple[str, float]:
-    """sbatch of the script; the job id and the time just before sbatch ran."""
+def submit(
+    job_dir: Path,
+    nodes: int,
+    venv: Path,
+    emulated: bool = False,
+    spares: int = 0,
+    train: list[str] | None = None,
+) -> tuple[str, float]:
+    """sbatch of the script; the job id and the time just before sbatch ran. An emulated
+    job's ``train`` overrides default to ``EMULATED_TRAIN``; one with ``spares`` keeps the
+    launcher's own job.json (its dry run's, with the job's id), which the restart reads."""
     if emulated:
         job_dir.parent.mkdir(parents=True, exist_ok=True)
-        emulated_job(job_dir, nodes)
+        emulated_job(job_dir, nodes, EMULATED_TRAIN if train is None else train, spares)
     (job_dir / "logs").mkdir(parents=True, exist_ok=True)
     script = job_dir / "scale.sbatch"
-    script.write_text(batch_script(job_dir, nodes, venv, emulated))
+    script.write_text(batch_script(job_dir, nodes, venv, emulated, spares))
     submitted = time.time()
     job_id = slurm(["sbatch", "--parsable", str(script)]).strip().split(";")[0]
     (job_dir / "slurm" / job_id).mkdir(parents=True)  # at once, as submitit does
-    (job_dir / "job.json").write_text(json.dumps(job_record(job_dir, job_id, nodes), indent=2))
+    if spares:
+        record = json.loads((job_dir / "job.json").read_text())
+        record.update(job_ids=[job_id], status="submitted", dry_run=False, submitted_at=submitted)
+    else:
+        record = job_record(job_dir, job_id, nodes)
+    (job_dir / "job.json").write_text(json.dumps(record, indent=2))
     return job_id, submitted
 
 
@@ -224,3 +261,20 @@ def timed_command(args: list[str]) -> tuple[float, int, str]:
                           capture_output=True, text=True, timeout=600, env=slurm_env(),
                           cwd=os.getcwd())  # fmt: skip
     return time.perf_counter() - began, proc.returncode, proc.stdout + proc.stderr
+
+
+def batch_tail(job_dir: Path) -> str:
+    """The last lines of the batch script's stderr: why a failed point failed."""
+    logs = sorted((job_dir / "slurm").glob("*/*_0_log.err"))
+    return " | ".join(logs[0].read_text().splitlines()[-3:]) if logs else "none"
+
+
+def records(job_dir: Path, head: int = 300) -> dict:
+    """``jobs status`` and ``jobs logs --failed`` over the job: seconds, exit status and the
+    output's first ``head`` characters."""
+    out = {}
+    for name, args in (("jobs_status", ["status", str(job_dir)]),
+                       ("jobs_logs_failed", ["logs", "--failed", str(job_dir)])):  # fmt: skip
+        seconds, rc, text = timed_command(args)
+        out[name] = {"seconds": seconds, "rc": rc, "output_head": text[:head]}
+    return out

@@ -60,32 +60,15 @@ def one_point(nodes: int, work: Path, venv: Path, emulated: bool = False) -> dic
             job_id, submitted = job.submit(job_dir, nodes, venv, emulated)
             point["state"] = job.wait_ended(job_id, timeout=300 + nodes * (4 if emulated else 1))
             point.update(job.phases(job_dir, job_id, submitted))
-            point["records"] = records(job_dir)
+            point["records"] = job.records(job_dir)
         except (KeyError, RuntimeError, TimeoutError, OSError) as exc:
-            point["error"] = f"{type(exc).__name__}: {exc}; batch log: {batch_tail(job_dir)}"
+            point["error"] = f"{type(exc).__name__}: {exc}; batch log: {job.batch_tail(job_dir)}"
         finally:
             point["stop_s"] = cluster.stop()
             cluster.clear_node_local()
         point["load_before"], point["load_after"] = load_before, os.getloadavg()
     point["wall_s"] = time.monotonic() - began
     return point
-
-
-def batch_tail(job_dir: Path) -> str:
-    """The last lines of the batch script's stderr: why a failed point failed."""
-    logs = sorted((job_dir / "slurm").glob("*/*_0_log.err"))
-    return " | ".join(logs[0].read_text().splitlines()[-3:]) if logs else "none"
-
-
-def records(job_dir: Path) -> dict:
-    """``jobs status`` and ``jobs logs --failed`` over the job: seconds, exit status, last
-    line."""
-    out = {}
-    for name, args in (("jobs_status", ["status", str(job_dir)]),
-                       ("jobs_logs_failed", ["logs", "--failed", str(job_dir)])):  # fmt: skip
-        seconds, rc, text = job.timed_command(args)
-        out[name] = {"seconds": seconds, "rc": rc, "output_head": text[:300]}
-    return out
 
 
 def phase_series(points: list[dict]) -> dict[str, tuple[list[int], list[float]]]:

@@ -64,6 +64,36 @@ def test_the_failed_rank_is_the_one_jobs_status_names(tmp_path):
             for d in (killed, raised, ended, slurm)] == [1, 1, None, 3]  # fmt: skip
 
 
+def test_the_failed_rank_of_a_lost_node_is_its_first_rank_not_a_killed_peer(tmp_path):
+    """A node set DOWN (n2) leaves no record of its ranks (2 and 3); srun reports the
+    others killed (task 1 first here); the restart in place recorded the attempt's lost
+    node in the run's chain (batch/restart.py). The real run: bench/scale/heal.py."""
+    folder = slurm_job(tmp_path)
+    (folder / "slurm" / "1234" / "1234_0_log.err").write_text("srun: error: n1: task 1: Killed\n")
+    record = json.loads((folder / "job.json").read_text())
+    assert failed_rank(folder, record) == 1  # no lost node recorded: srun's killed task
+    lost = {"job_dir": str(folder), "class": "node_failure", "bad_nodes": ["n2"], "in_place": True}
+    other = {**lost, "job_dir": str(tmp_path / "another"), "bad_nodes": ["n1"]}
+    record["chain"] = {"attempts": [other, lost]}
+    (folder / "job.json").write_text(json.dumps(record))
+    assert failed_rank(folder, record) == 2
+
+
+def test_a_rank_logs_the_node_as_slurm_names_it(tmp_path, monkeypatch):
+    """The rank log's host is the Slurm node (``SLURMD_NODENAME``), which lost-node records
+    name: on multiple-slurmd clusters, and wherever the host name differs."""
+    from axonn_launch.records.logs import host_of
+    from axonn_launch.train.logs import setup_logging
+
+    monkeypatch.setenv("SLURMD_NODENAME", "frontier00042")
+    logger = setup_logging(3, tmp_path)
+    logger.info("a line")
+    for handler in [h for h in logger.handlers if getattr(h, "axonn_rank_handler", False)]:
+        handler.close()
+        logger.removeHandler(handler)
+    assert host_of(tmp_path / "logs" / "rank_3.log") == "frontier00042"
+
+
 def test_a_slurm_rank_shows_its_task_output_and_its_own_log(tmp_path):
     folder = slurm_job(tmp_path)
     record = json.loads((folder / "job.json").read_text())

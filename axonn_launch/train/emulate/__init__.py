@@ -99,6 +99,7 @@ def host_record(
     cpu_s, rss_mb = usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
     record = {
         "task": host.task,
+        "node": ranks[0].node,
         "ranks": [host.ranks[0], host.ranks[-1]],
         "world_size": host.world_size,
         "started_at": round(started_at, 3),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -25,7 +24,7 @@ from axonn_launch.common.jobdir import (
     checkpointed_step,
     metrics_through,
 )
-from axonn_launch.common.ranks import environment_rank
+from axonn_launch.common.ranks import environment_rank, node_name
 from axonn_launch.common.spec import JobSpec
 from axonn_launch.train.emulate.checkpoint import prepare, publish, real_bytes_per_rank, write_shard
 from axonn_launch.train.emulate.hosting import Hosting, rank_environ
@@ -43,11 +42,6 @@ from axonn_launch.train.health.watchdog import (
 log = logging.getLogger(__name__)
 
 STOP_VOTE = 1 << 32  # added to the step's count by a rank asked to stop
-
-
-def node_name(environ: dict[str, str]) -> str:
-    """As ``train/health/startup.node_name`` (which imports torch)."""
-    return environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 class EmulatedRank:

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from axonn_launch.common.jobdir import JobPaths
+from axonn_launch.common.ranks import node_name
 from axonn_launch.train.parallel.bootstrap import DistEnv, launcher_words
 
 log = logging.getLogger(__name__)
@@ -38,11 +39,6 @@ PLUGIN_ENV = ("NCCL_NET_PLUGIN", "NCCL_NET")
 # NCCL and RCCL log "<host>:<pid>:<tid> [<dev>] NCCL INFO Using network <NAME>" once per
 # communicator (init.cc); aws-ofi-nccl's NAME is Libfabric, "AWS Libfabric" or OFI
 NCCL_NETWORK = re.compile(r"NCCL INFO Using network (?P<name>\S.*?)\s*$", re.M)
-
-
-def node_name(environ: Mapping[str, str] = os.environ) -> str:
-    """The node this process runs on, as the scheduler names it."""
-    return environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def enable_nccl_log(job_dir: str | Path, rank: int, environ=os.environ) -> None:

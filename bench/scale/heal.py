@@ -1,0 +1,233 @@
+"""A node lost mid-run at scale, healed on a spare inside the same Slurm job.
+
+For each N: start N + 1 frontier-shaped nodes on the emulated cluster (``cluster.py``), and
+submit the Frontier profile's real batch script as the launcher submits a job that restarts
+in place (``job.batch_script`` with a spare: N + 1 nodes, ``--no-kill``, the training step
+in the restart loop of ``submit/in_job.py``), its N x 8 tasks the job's emulated ranks
+(``train.emulate=true``) on the spec.json and job.json of the launcher's own dry run. Once
+the first checkpoint is published, one node of the running step (the middle one: not the
+batch host, not rank 0's) is set DOWN with ``scontrol``, as an operator or the node health
+check does. Then, with no person in the loop: srun ends the step, the batch script runs
+``python -m axonn_launch.restart``, which classifies the failure, leaves the node out and
+starts the next step on the spare; the ranks resume from the checkpoint and train to the
+end. Timed from the job's own records (job.json's ``in_job`` steps, the chain's attempt,
+sacct, each emulated host's phases), then ``jobs status`` and ``jobs logs --failed``.
+
+    python bench/scale/heal.py --nodes 8 32 128   # bench/results/scale_heal.json and .md
+
+Each N runs under /tmp/axonn-slurm.lock, taken per N. No torch here (the job's rank 0
+starts torch's TCPStore server). Every figure is measured: emulated nodes and ranks on
+this host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from axonn_launch.common import slurmtext  # noqa: E402
+from axonn_launch.common.jobdir import checkpointed_step, read_record  # noqa: E402
+from axonn_launch.submit.chain import chain_of  # noqa: E402
+from bench.scale import cluster, job  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+COMMAND = "python bench/scale/heal.py --nodes 8 32 128"
+SPARES = 1
+STEPS = 8
+DOWN_AFTER = 2  # the checkpoint step once published, the node goes DOWN
+TRAIN = [f"train.steps={STEPS}", "train.emulate_step_s=1.0", f"train.checkpoint_every={DOWN_AFTER}"]
+REASON = "heal_bench"
+
+
+def heal_point(nodes: int, work: Path, venv: Path) -> dict:
+    """One healed run at ``nodes`` nodes plus a spare, under the Slurm lock."""
+    began = time.monotonic()
+    point: dict = {"nodes": nodes, "spares": SPARES, "ranks": nodes * job.TASKS_PER_NODE}
+    with cluster.slurm_lock():
+        point["start_s"] = cluster.start(nodes + SPARES)
+        job_dir, victim = work / f"heal{nodes}", ""
+        try:
+            job_id, submitted = job.submit(job_dir, nodes, venv, emulated=True, spares=SPARES,
+                                           train=TRAIN)  # fmt: skip
+            point["job_id"] = job_id
+            ran_on = wait_checkpoint(job_dir, job_id, timeout=300 + 4 * nodes)
+            victim = ran_on[len(ran_on) // 2]
+            down_at = set_down(victim)
+            point["state"] = job.wait_ended(job_id, timeout=600 + 8 * nodes)
+            point.update(healed(job_dir, job_id, submitted, down_at, victim, ran_on))
+            point["records"] = job.records(job_dir, head=3000)
+        except (KeyError, RuntimeError, TimeoutError, OSError, ValueError) as exc:
+            point["error"] = f"{type(exc).__name__}: {exc}; batch log: {job.batch_tail(job_dir)}"
+        finally:
+            if victim:
+                job.slurm(["scontrol", "update", f"nodename={victim}", "state=resume"], False)
+            point["stop_s"] = cluster.stop()
+            cluster.clear_node_local()
+    point["wall_s"] = time.monotonic() - began
+    return point
+
+
+def wait_checkpoint(job_dir: Path, job_id: str, timeout: float) -> list[str]:
+    """Waits for the first checkpoint; the nodes of the step that runs the ranks."""
+    deadline = time.monotonic() + timeout
+    while checkpointed_step(job_dir) < DOWN_AFTER:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no checkpoint at step {DOWN_AFTER} after {timeout:.0f} s")
+        if not job.slurm(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).strip():
+            raise RuntimeError(f"job {job_id} ended before its checkpoint at step {DOWN_AFTER}")
+        time.sleep(1)
+    return step_nodes(job_id)
+
+
+def step_nodes(job_id: str) -> list[str]:
+    """The nodes of the job's newest running step (the training step: the broadcast's
+    unpack step, if any, has ended)."""
+    lines = job.slurm(["squeue", "-h", "-s", "-j", job_id, "-o", "%i %N"]).split("\n")
+    steps = [line.split() for line in lines if line.strip() and ".batch" not in line]
+    newest = max(steps, key=lambda s: int(s[0].rsplit(".", 1)[1]))
+    return slurmtext.expand_nodelist(newest[1])
+
+
+def set_down(node: str) -> float:
+    """The node DOWN, as an operator sets it; when."""
+    at = time.time()
+    job.slurm(["scontrol", "update", f"nodename={node}", "state=down", f"reason={REASON}"])
+    return at
+
+
+def sacct_steps(job_id: str) -> list[dict]:
+    """The job's srun steps from accounting: id, state, nodes, start and end (epoch s)."""
+    out = job.slurm(["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,State,NodeList,Start,End",
+                     "--noconvert"])  # fmt: skip
+    steps = []
+    for line in out.splitlines():
+        step_id, state, nodelist, start, end = line.split("|")
+        if "." in step_id and step_id.rsplit(".", 1)[1].isdigit():
+            steps.append({"id": step_id, "state": state, "nodes": nodelist,
+                          "start": epoch(start), "end": epoch(end)})  # fmt: skip
+    return steps
+
+
+def epoch(stamp: str) -> float | None:
+    if not stamp or stamp in ("Unknown", "None"):
+        return None
+    return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
+
+
+def healed(
+    job_dir: Path, job_id: str, submitted: float, down_at: float, victim: str, ran_on: list[str]
+) -> dict:
+    """What the job's records say of the loss and the heal, and the times between."""
+    record = read_record(job_dir)
+    restarts = record["in_job"]["steps"]
+    attempts = chain_of(job_dir).get("attempts", [])
+    summary = json.loads((job_dir / "summary.json").read_text())
+    hosts = [json.loads(p.read_text()) for p in (job_dir / "logs" / "emulate").glob("*.json")]
+    first_step = max(h["started_at"] + h["phases_s"]["first_step"] for h in hosts)
+    rendezvous = max(h["started_at"] + h["phases_s"]["rendezvous"] for h in hosts)
+    steps = sacct_steps(job_id)
+    failed = [s for s in steps if s["state"] not in ("COMPLETED",) and s["end"]]
+    restart = restarts[0] if restarts else {}
+    out = {
+        "victim": victim,
+        "victim_in_next_step": victim in restart.get("nodes", []),
+        "spare_in_next_step": bool(set(restart.get("nodes", [])) - set(ran_on)),
+        "restarts_in_place": len(restarts),
+        "attempts": [
+            {
+                k: a.get(k)
+                for k in (
+                    "class",
+                    "action",
+                    "reason",
+                    "bad_nodes",
+                    "step",
+                    "checkpointed",
+                    "restarted",
+                )
+            }
+            for a in attempts
+        ],  # fmt: skip
+        "summary": {k: summary.get(k) for k in ("steps", "resumed_from", "steps_run", "stopped")},
+        "sacct_steps": steps,
+        "hosts_after_restart": len(hosts),
+        "hosts_on_spare": sum(h.get("node") not in ran_on for h in hosts if "node" in h),
+    }
+    seconds = {"sbatch_to_down": down_at - submitted}
+    if failed:  # sacct's times are whole seconds
+        seconds["down_to_step_ended"] = failed[0]["end"] - down_at
+    if restart:
+        seconds["down_to_restart_decided"] = restart["started"] - down_at
+        seconds["restart_to_rendezvous"] = rendezvous - restart["started"]
+        seconds["restart_to_first_step"] = first_step - restart["started"]
+    seconds["down_to_first_step_again"] = first_step - down_at
+    out["seconds"] = seconds
+    return out
+
+
+def markdown(result: dict) -> str:
+    """The section for BENCHMARKS.md."""
+    lines = [
+        "| nodes + spare | ranks | node DOWN | step ended | restart decided | rendezvous again"
+        " | first step again | end | restarts in place | class | `jobs status` s |"
+        " `jobs logs --failed` s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in result["points"]:
+        if "error" in p:
+            lines.append(
+                f"| {p['nodes']} + {p['spares']} | {p['ranks']} | error: {p['error'][:200]} |"
+            )
+            continue
+        s = p["seconds"]
+        cls = ", ".join(f"{a['class']} → {a['action']}" for a in p["attempts"])
+        lines.append(
+            f"| {p['nodes']} + {p['spares']} | {p['ranks']} | {s['sbatch_to_down']:.0f} s after"
+            f" sbatch | +{s.get('down_to_step_ended', float('nan')):.0f} s"
+            f" | +{s.get('down_to_restart_decided', float('nan')):.1f} s"
+            f" | +{s.get('restart_to_rendezvous', float('nan')):.1f} s after the restart"
+            f" | +{s.get('restart_to_first_step', float('nan')):.1f} s after the restart"
+            f" | {p['state']}, step {p['summary']['steps']} (resumed from"
+            f" {p['summary']['resumed_from']}) | {p['restarts_in_place']} | {cls}"
+            f" | {p['records']['jobs_status']['seconds']:.2f}"
+            f" | {p['records']['jobs_logs_failed']['seconds']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[8, 32, 128])
+    parser.add_argument("--out", type=Path, default=RESULTS / "scale_heal.json")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="axonn-heal-"))
+    venv = job.linked_venv(work / "venv")
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    points, began = [], time.monotonic()
+    for nodes in args.nodes:
+        points.append(heal_point(nodes, work, venv))
+        write(args.out, points, when, time.monotonic() - began)
+        print(json.dumps(points[-1].get("seconds", points[-1].get("error"))), flush=True)
+    return 0
+
+
+def write(out: Path, points: list[dict], when: str, wall_s: float) -> None:
+    result = {
+        "label": "measured: emulated nodes (slurmd) and emulated ranks on one host",
+        "command": COMMAND, "host": f"{platform.node()} {os.cpu_count()} CPUs", "when": when,
+        "wall_s": wall_s, "train": TRAIN, "points": points,
+    }  # fmt: skip
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(result))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
