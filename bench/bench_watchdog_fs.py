@@ -1,15 +1,17 @@
-"""The watchdog's load on the shared file system, before and after the node relay, in one run.
+"""The watchdog's load on the shared file system, before and after its fixes, in one run.
 
     .venv/bin/python bench/bench_watchdog_fs.py --ranks 64 --per-node 8 --seconds 10
 
-Each version of ``train/health/watchdog.py`` (``--before``: a git revision, read with
-``git show``; after: the working tree) runs ``--ranks`` watchdogs as threads of one
+Each version of ``train/health/watchdog.py`` (``--before``: git revisions, read with
+``git show``: before the node relay, before the hang's one collector; after: the working
+tree) runs ``--ranks`` watchdogs as threads of one
 process, ``--per-node`` to a node, under ``strace -f -e trace=%file``; every file
 system call on a path under the job dir (the shared file system) or under the node-local
 folder between the phase's start and end is counted (start-up left out). Two phases:
 steady state (every rank in a long section for
 ``--seconds``), and a hang (every rank's deadline passes at once, one more rank is
-silent: each fires, waits the whole answer window and names it). The counts are
+silent: each fires and names it; the reads of heartbeat files, and the ranks that made
+them, are counted apart). The counts are
 syscalls, not times (no pairs needed); the steady figures are scaled to the job's
 ``beat_s`` of 2 s, per rank per minute. Writes bench/results/bench_watchdog_fs.md.
 """
@@ -30,8 +32,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 MODULE = "axonn_launch/train/health/watchdog.py"
+# the versions compared: before the node relay, before the hang's one collector
+BEFORE_WORDS = {"3d13763^": "no relay, no collector", "adc8f9c": "the relay, no collector"}
 JOB_BEAT_S = 2.0  # the job's default train.watchdog.beat_s
 PATH_ARG = re.compile(r'"([^"]+)"')
+HEARTBEAT = re.compile(r"/heartbeats/rank_\d+\.json$")
 
 
 def load(path: Path):
@@ -78,8 +83,10 @@ def marker(name: str) -> None:
 
 def count(trace: Path, job_dir: str, node_dir: str) -> dict[str, int]:
     """File system calls on the shared job dir and on the node-local folder, after START."""
-    found = {"shared": 0, "shared_stat": 0, "shared_read": 0, "shared_write": 0, "node": 0}
+    found = {"shared": 0, "shared_stat": 0, "shared_read": 0, "shared_write": 0, "node": 0,
+             "heartbeat_reads": 0}  # fmt: skip
     touching: set[str] = set()  # the threads (ranks) that touched the shared file system
+    readers: set[str] = set()  # the threads that read a heartbeat file
     lines = trace.read_text().splitlines()
     first = next(i for i, line in enumerate(lines) if "/axonn-bench-START" in line)
     last = next(i for i, line in enumerate(lines) if "/axonn-bench-END" in line)
@@ -93,9 +100,12 @@ def count(trace: Path, job_dir: str, node_dir: str) -> dict[str, int]:
             touching.add(line.split(None, 1)[0])
             kind = "stat" if "stat" in call else "read" if "O_RDONLY" in line else "write"
             found[f"shared_{kind}"] += 1
+            if kind == "read" and HEARTBEAT.search(paths[0]):
+                found["heartbeat_reads"] += 1
+                readers.add(line.split(None, 1)[0])
         elif paths[0].startswith(node_dir):
             found["node"] += 1
-    return found | {"ranks_touching": len(touching)}
+    return found | {"ranks_touching": len(touching), "heartbeat_readers": len(readers)}
 
 
 def run_phase(version: str, module: Path, phase: str, args: argparse.Namespace) -> dict:
@@ -127,36 +137,50 @@ def per_rank_minute(row: dict, args: argparse.Namespace, key: str) -> float:
 
 def table(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [
-        "# The watchdog's load on the shared file system: before and after the node relay",
+        "# The watchdog's load on the shared file system: before and after its fixes",
         "",
         f"Watchdogs as threads of one process, {args.per_node} per node: steady state"
         f" {args.ranks} ranks, beat {args.beat} s, {args.seconds} s; hang {args.hang_ranks} ranks"
         f" and one silent, beat {args.hang_beat} s, every rank firing at once. Shared = under"
-        " the job dir, node = the node-local folder; before = "
-        f"`{args.before}`, after = the working tree. Counted, not timed"
+        " the job dir, node = the node-local folder; versions: "
+        + ", ".join(f"`{rev}` ({BEFORE_WORDS.get(rev, 'a revision')})" for rev in args.before)
+        + ", after = the working tree. Counted, not timed"
         " (`strace -f -e trace=%file`); ranks touching = threads with a shared call.",
         "",
         "| version | phase | ranks | shared ops | stat / read / write | ranks touching |"
-        " node-local ops | shared ops per rank per minute at beat_s 2 |",
-        "|---|---|---:|---:|---|---:|---:|---:|",
+        " node-local ops | heartbeat reads (ranks reading) |"
+        " shared ops per rank per minute at beat_s 2 |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|",
     ]
     for row in rows:
         rate = f"{per_rank_minute(row, args, 'shared'):.2f}" if row["phase"] == "steady" else "-"
         lines.append(
             f"| {row['version']} | {row['phase']} | {row['ranks']} | {row['shared']:,} |"
             f" {row['shared_stat']:,} / {row['shared_read']:,} / {row['shared_write']:,} |"
-            f" {row['ranks_touching']} | {row['node']:,} | {rate} |"
+            f" {row['ranks_touching']} | {row['node']:,} |"
+            f" {row['heartbeat_reads']:,} ({row['heartbeat_readers']}) | {rate} |"
         )
     lines += [
         "",
         "Steady state: before, every rank `stat`s `logs/heartbeats/REQUEST` at every beat;"
         " after, one rank per node does (the node's relay), the others look at a node-local"
-        " copy: no file on the shared file system is touched by every rank. In a hang every"
-        " firing rank still reads every heartbeat at least once (after: only until it"
-        " answered); strace slows the threads, so the hang rows hold fewer polls than a"
-        " real hang at beat_s 2 would.",
+        " copy: no file on the shared file system is touched by every rank. In a hang,"
+        " before the collector every firing rank read every heartbeat at least once"
+        " (O(ranks²) reads); after, the first firing rank to claim the collection reads"
+        " them and the others read its one verdict file once a beat (O(ranks)). strace"
+        " slows the threads, so the hang rows hold fewer polls than a real hang at"
+        " beat_s 2 would.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def shown_module(rev: str, folder: Path) -> Path:
+    """The watchdog module at git revision ``rev``, as a file in ``folder``."""
+    path = folder / f"watchdog_{re.sub(r'[^0-9A-Za-z]', '_', rev)}.py"
+    shown = subprocess.run(["git", "show", f"{rev}:{MODULE}"], cwd=REPO,
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    path.write_text(shown.stdout)
+    return path
 
 
 def main() -> None:
@@ -167,7 +191,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--hang-ranks", type=int, default=32)
     parser.add_argument("--hang-beat", type=float, default=1.0, help="a window of 3 beats + 1 s")
-    parser.add_argument("--before", default="3d13763^", help="git revision of the old watchdog")
+    parser.add_argument("--before", nargs="+", default=list(BEFORE_WORDS),
+                        help="git revisions of older watchdogs")  # fmt: skip
     parser.add_argument("--out", type=Path, default=HERE / "results" / "bench_watchdog_fs.md")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--module", help=argparse.SUPPRESS)
@@ -177,11 +202,8 @@ def main() -> None:
     if args.worker:
         return worker(args)
     with tempfile.TemporaryDirectory() as tmp:
-        before = Path(tmp) / "before.py"
-        shown = subprocess.run(["git", "show", f"{args.before}:{MODULE}"], cwd=REPO,
-                               capture_output=True, text=True, check=True)  # fmt: skip
-        before.write_text(shown.stdout)
-        versions = [("before", before), ("after", REPO / MODULE)]
+        versions = [(rev, shown_module(rev, Path(tmp))) for rev in args.before]
+        versions.append(("after", REPO / MODULE))
         rows = [run_phase(v, m, p, args) for p in ("steady", "hang") for v, m in versions]
     text = table(rows, args)
     args.out.write_text(text)

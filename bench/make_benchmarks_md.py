@@ -158,6 +158,12 @@ ORDER = [
         "python bench/scale/run.py --emulated --nodes 8 32 128 256 --budget-s 1200",
     ),
     (
+        "scale_heal.md",
+        "Scale",
+        "bench/scale/heal.py",
+        "python bench/scale/heal.py --nodes 8 32 128",
+    ),
+    (
         "suite_notes.md",
         "Test suite",
         "bench/suite_times.py",

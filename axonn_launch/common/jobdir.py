@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -84,6 +85,8 @@ RANK_RECORD = "rank_{rank}.json"  # a rank's heartbeat, and its failure record
 STACK_DUMP = "rank_{rank}.txt"
 EMULATED_HOST = "emulate/host_{rank}.json"  # in logs/: an emulated host task (train/emulate)
 HANG_REQUEST = "REQUEST"  # in heartbeats/: a rank that saw a hang asks for stacks
+HANG_COLLECTOR = "COLLECTOR"  # in heartbeats/: the one firing rank that reads every heartbeat
+HANG_VERDICT = "VERDICT"  # in heartbeats/: its suspects, which the other firing ranks take
 RECOVERY_LOG = "recovery_%j.log"  # Slurm fills in %j
 RESUBMIT_LOCK = ".resubmit.lock"
 RECORD_LOCK = ".record.lock"
@@ -132,6 +135,8 @@ class JobPaths:
     job_lock = property(lambda self: self.folder / JOB_LOCK)
     recovery_log = property(lambda self: self.logs / RECOVERY_LOG)
     hang_request = property(lambda self: self.heartbeats / HANG_REQUEST)
+    hang_collector = property(lambda self: self.heartbeats / HANG_COLLECTOR)
+    hang_verdict = property(lambda self: self.heartbeats / HANG_VERDICT)
 
     def heartbeat(self, rank: int) -> Path:
         return self.heartbeats / RANK_RECORD.format(rank=rank)
@@ -431,8 +436,9 @@ def write_record_file(job_dir: str | Path, record: dict) -> None:
 
 def _replace_atomically(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``;
-    on failure remove the temporary file and raise."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    on failure remove the temporary file and raise. The temporary file is this thread's
+    own (an emulated host's ranks are threads of one process)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         tmp.write_text(text)
         tmp.replace(path)

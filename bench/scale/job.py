@@ -203,7 +203,8 @@ def wait_ended(job_id: str, timeout: float) -> str:
     state = ""
     while time.monotonic() < deadline:
         if not slurm(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).strip():
-            state = slurm(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"]).strip()
+            rows = slurm(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"]).splitlines()
+            state = rows[-1].strip() if rows else ""  # a job that lost a node: RESIZING first
             if state.split(" ")[0] not in UNENDED:
                 return state
         time.sleep(1)

@@ -6,6 +6,13 @@ heartbeat, names the ranks that stopped making progress (``find_suspects``), wri
 ``hang`` failure record and ends the process. ``straggler_report`` names the ranks whose
 compute time per step is far above the median.
 
+In a hang every rank's deadline passes at about the same time, and every rank fires. One
+of them, the first to claim it (``COLLECTOR``, created exclusively), reads the heartbeats
+and publishes its suspects (``VERDICT``); the others take that verdict, so a hang costs
+the shared file system one reading of every heartbeat, not one per firing rank (O(ranks),
+not O(ranks²)). A collector that gives no verdict in time is replaced by each waiting
+rank's own reading.
+
 The shared file system sees one ``stat`` of the request per node per beat, not one per
 rank: one rank of each node relays it into a node-local folder (``NodeRelay``), which
 each rank's beat looks at; another takes over when it stops.
@@ -48,6 +55,10 @@ REQUEST = jobdir.HANG_REQUEST
 # a step's sections in order: a rank in a later one has made more progress
 SECTION_ORDER = {"init": 0, "data": 1, "compute": 2, "sync": 3, "eval": 4, "checkpoint": 5}
 ANSWER_BEATS = 3  # beats to wait for the other ranks' answers
+# how long a collection may take: its answer window and a margin (a claim or a verdict
+# this much older than a firing rank's request is an earlier hang's)
+COLLECT_BEATS = ANSWER_BEATS + 2
+COLLECT_MARGIN_S = 5.0
 NODE_DIR_VAR = "AXONN_NODE_DIR"  # where a node's ranks share the relayed request (a tmpfs)
 RELAY_DUE = 0.9  # the node's relay looks at the shared request again after this many beats
 TAKEOVER = 1.5  # a stamp this many beats old: the relay is gone, another rank takes over
@@ -331,6 +342,87 @@ class Watchdog:
         path.touch()
         return path.stat().st_mtime
 
+    def collection_s(self) -> float:
+        """The longest a collection takes (``COLLECT_BEATS``, with a margin)."""
+        return COLLECT_BEATS * self.cfg.beat_s + COLLECT_MARGIN_S
+
+    def verdict(self, asked_at: float, section: Section) -> tuple[list[dict], int]:
+        """The hang's suspects and the rank that named them: an earlier firing rank's
+        verdict for this hang, else this rank's own collection when it claims it, else the
+        collector's verdict once published (this rank's own collection if none comes)."""
+        found = self.fresh_verdict(asked_at, section)
+        if found is None and not self.claim(asked_at):
+            found = self.wait_verdict(asked_at, section)
+        if found is not None:
+            return list(found.get("suspects") or []), int(found.get("rank", -1))
+        beats = self.collect_beats(asked_at)
+        suspects = [
+            describe_suspect(r, beats.get(r), asked_at) for r in find_suspects(beats, asked_at)
+        ]
+        self.publish(asked_at, section, suspects)
+        return suspects, self.rank
+
+    def round_of(self, section: Section) -> int:
+        """0 at a section's first deadline, 1 after its grace (``allowed_s``)."""
+        return int(section.since == self.graced_since)
+
+    def fresh_verdict(self, asked_at: float, section: Section) -> dict | None:
+        """The published verdict when it is this hang's: the same step and round, asked
+        within a collection's time of this rank's request (both times are the request
+        file's, on the same file system's clock)."""
+        found = read_json_or_none(self.paths.hang_verdict)
+        if not isinstance(found, dict):
+            return None
+        same = found.get("step") == section.step and found.get("round") == self.round_of(section)
+        fresh = float(found.get("asked", 0)) >= asked_at - self.collection_s()
+        return found if same and fresh else None
+
+    def claim(self, asked_at: float) -> bool:
+        """Whether this rank collects: it created the claim, or found only an earlier
+        hang's (older than a collection) and replaced it."""
+        path = self.paths.hang_collector
+        for _ in range(2):
+            try:
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                return True
+            except FileExistsError:
+                claimed = mtime_ns(path)
+                if claimed is None or claimed / 1e9 >= asked_at - self.collection_s():
+                    return False  # gone meanwhile: its collector just published
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            except OSError as error:  # no claim possible: read the heartbeats here
+                log.warning("watchdog: cannot claim the collection (%s)", error)
+                return True
+        return False
+
+    def wait_verdict(self, asked_at: float, section: Section) -> dict | None:
+        """The collector's verdict, looked at once a beat while this rank answers requests
+        as usual; None when none came within a collection's time and a beat."""
+        wait_until = time.time() + self.collection_s() + self.cfg.beat_s
+        while time.time() < wait_until:
+            time.sleep(self.cfg.beat_s)
+            self.relay.relay(force=True)
+            self.answer_request()
+            found = self.fresh_verdict(asked_at, section)
+            if found is not None:
+                return found
+        log.warning("watchdog: no verdict from the collecting rank in %.0f s: reading the"
+                    " heartbeats here", self.collection_s())  # fmt: skip
+        return None
+
+    def publish(self, asked_at: float, section: Section, suspects: list[dict]) -> None:
+        """This rank's verdict for the others, then the claim released (the next hang's
+        first firing rank claims anew)."""
+        verdict = {"rank": self.rank, "node": self.node, "step": section.step,
+                   "round": self.round_of(section), "asked": asked_at,
+                   "suspects": suspects}  # fmt: skip
+        try:
+            write_json_atomically(self.paths.hang_verdict, verdict)
+            self.paths.hang_collector.unlink(missing_ok=True)
+        except OSError as error:
+            log.warning("watchdog: cannot publish the hang's verdict: %s", error)
+
     def collect_beats(self, asked_at: float) -> dict[int, dict | None]:
         """Every rank's heartbeat, waiting up to ``ANSWER_BEATS`` beats for the answers; a
         rank's file is read again only until it answered."""
@@ -358,10 +450,7 @@ class Watchdog:
         self.answered = asked_at = self.ask_everyone()
         self.dump_stacks()
         self.write_heartbeat()
-        beats = self.collect_beats(asked_at)
-        suspects = [
-            describe_suspect(r, beats.get(r), asked_at) for r in find_suspects(beats, asked_at)
-        ]
+        suspects, collector = self.verdict(asked_at, section)
         if not suspects and self.graced_since != section.since:
             self.graced_since = section.since
             log.warning(
@@ -381,6 +470,7 @@ class Watchdog:
             "deadline_s": section.deadline_s,
             "suspects": suspects,
             "stacks": str(self.paths.stacks),
+            "collected_by": collector,  # the rank that read every heartbeat
         }
         record_failure(self.paths.folder, self.rank, Hang(message), evidence)
         logging.shutdown()

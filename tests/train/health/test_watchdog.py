@@ -4,6 +4,7 @@ that answers and one that stays silent. No subprocess; well under a second."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import threading
@@ -13,6 +14,7 @@ import pytest
 
 from axonn_launch.common.jobdir import JobPaths
 from axonn_launch.common.spec import StragglerConfig, WatchdogConfig
+from axonn_launch.train.health import watchdog
 from axonn_launch.train.health.faults import parse, poisons
 from axonn_launch.train.health.watchdog import (
     HANG_EXIT,
@@ -164,6 +166,71 @@ def test_ranks_all_alive_at_the_same_point_get_one_more_deadline(tmp_path):
     assert dog.graced_since == dog.section.since
     record = json.loads((paths.failures / "rank_0.json").read_text())
     assert record["suspects"] == [] and "none named" in record["exception"]
+
+
+def fire_together(tmp_path, ranks: int, readers: collections.Counter, monkeypatch) -> list[dict]:
+    """``ranks`` watchdogs (two per node) pass step 5's sync deadline together; one more
+    rank is silent. Each heartbeat read is counted by the rank that reads it. Their
+    failure records, once every one has fired."""
+    real = Watchdog.read_beat
+
+    def counted(self, rank: int):
+        readers[self.rank] += 1
+        return real(self, rank)
+
+    monkeypatch.setattr(Watchdog, "read_beat", counted)
+    cfg = WatchdogConfig(beat_s=0.05, step_floor_s=0.3)
+    ended = threading.Semaphore(0)
+    silent = Watchdog(cfg, tmp_path, rank=ranks, world_size=ranks + 1, node="nx")
+    silent.write_heartbeat()
+    dogs = [Watchdog(cfg, tmp_path, rank=r, world_size=ranks + 1, node=f"n{r // 2}",
+                     end=lambda code: ended.release()) for r in range(ranks)]  # fmt: skip
+    for dog in dogs:
+        dog.start().enter("sync", 5, 0.3)
+    fired = sum(ended.acquire(timeout=20) for _ in dogs)
+    for dog in dogs:
+        dog.stopping.set()
+    assert fired == ranks
+    paths = JobPaths(tmp_path)
+    return [json.loads(paths.failure_record(r).read_text()) for r in range(ranks)]
+
+
+def test_of_ranks_firing_together_one_reads_the_heartbeats_and_all_name_the_same(
+    tmp_path, monkeypatch
+):
+    """Six ranks fire at once and a seventh is silent: the first to claim the collection
+    reads the heartbeats, the other five take its verdict (O(ranks) reads of the shared
+    file system in a hang, not O(ranks^2)). Every record names the silent rank."""
+    readers: collections.Counter = collections.Counter()
+    records = fire_together(tmp_path, 6, readers, monkeypatch)
+    assert all(r["suspects"] == [{"rank": 6, "node": "nx"}] for r in records), records
+    (collector,) = {r["collected_by"] for r in records}
+    assert list(readers) == [collector], readers  # no other rank read a heartbeat
+    assert readers[collector] >= 7  # every rank's, the silent one's more than once
+    assert not JobPaths(tmp_path).hang_collector.exists()  # released for the next hang
+
+
+def test_a_collector_that_gives_no_verdict_is_replaced_by_each_waiting_rank(tmp_path, monkeypatch):
+    """A claim made just now by a rank that never publishes (it died collecting): each
+    firing rank waits a collection's time (its margin shortened here), then reads the
+    heartbeats itself and still names the silent rank. A claim older than a collection is
+    an earlier hang's: the next firing rank takes it over at once."""
+    monkeypatch.setattr(watchdog, "COLLECT_MARGIN_S", 0.5)
+    paths = JobPaths(tmp_path)
+    paths.hang_collector.parent.mkdir(parents=True)
+    paths.hang_collector.touch()
+    readers: collections.Counter = collections.Counter()
+    records = fire_together(tmp_path, 2, readers, monkeypatch)
+    assert sorted(r["collected_by"] for r in records) == [0, 1] == sorted(readers)
+    assert all(r["suspects"] == [{"rank": 2, "node": "nx"}] for r in records)
+    stale = time.time() - 3600
+    paths.hang_collector.touch()
+    os.utime(paths.hang_collector, (stale, stale))
+    paths.hang_verdict.unlink()
+    readers.clear()
+    began = time.time()
+    records = fire_together(tmp_path / "again", 1, readers, monkeypatch)
+    assert records[0]["collected_by"] == 0 and time.time() - began < 3
 
 
 def answers(paths: JobPaths, ranks: list[int], asked: float, timeout: float = 5) -> list[dict]:
