@@ -9,6 +9,9 @@ is labelled: measured (on this host, emulated nodes), or extrapolated.
 
     python bench/scale/run.py --nodes 8 32 128 256 512  # bench/results/scale.json and .md
     python bench/scale/run.py --refit                     # fit the points of scale.json again
+
+Both also write the package's start-up model from the fits (``startup_model.py``:
+axonn_launch/conf/startup.yaml).
     python bench/scale/run.py --emulated --nodes 8 32 128 256 --budget-s 1200
                   # the job's emulated ranks as the tasks: bench/results/scale_emulated.json
 
@@ -34,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.scale import cluster, job  # noqa: E402
+from bench.scale import cluster, job, startup_model  # noqa: E402
 from bench.scale.fit import fit_phase  # noqa: E402
 from bench.scale.report import markdown  # noqa: E402
 
@@ -137,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     write(
         args.out, points, when, meta if args.refit else meta | {"wall_s": time.monotonic() - began}
     )
+    if not args.emulated and args.out == RESULTS / "scale.json":  # the model follows its fits
+        startup_model.main(["--scale", str(args.out)])
     return 0
 
 

@@ -135,3 +135,11 @@ def test_a_bad_coefficient_is_one_line_naming_it(phase, message):
               f"+machine.reliability.startup={{nodes: [8], phases: {{x: {phase}}}}}"])  # fmt: skip
     text = str(err.value)
     assert f"machine.reliability.startup.{message}" in text and "\n" not in text, text
+
+
+def test_the_packaged_model_is_the_start_up_benchs_fits():
+    """conf/startup.yaml is what bench/scale/startup_model.py makes of the committed
+    bench/results/scale.json: a new measurement gives a new model, with no hand refit."""
+    from bench.scale import startup_model
+
+    assert startup_model.main(["--check"]) == 0
