@@ -164,6 +164,12 @@ ORDER = [
         "python bench/scale/heal.py --nodes 8 32 128",
     ),
     (
+        "scale_all.md",
+        "Scale",
+        "bench/scale/all.py",
+        "python bench/scale/all.py --budget-s 7200",
+    ),
+    (
         "suite_notes.md",
         "Test suite",
         "bench/suite_times.py",

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -34,7 +35,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
-COMMAND = "python bench/scale/all.py --budget-s 7200"
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     subprocess.run([sys.executable, "bench/make_benchmarks_md.py"], cwd=REPO, check=True)
-    result = {"command": COMMAND, "budget_s": args.budget_s, "only": args.only,
+    ran = shlex.join(["python", "bench/scale/all.py", *(sys.argv[1:] if argv is None else argv)])
+    result = {"command": ran, "budget_s": args.budget_s, "only": args.only,
               "wall_s": round(time.monotonic() - began, 1), "when": time.strftime(
                   "%Y-%m-%d %H:%M UTC", time.gmtime()), "stages": rows}  # fmt: skip
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -37,6 +35,7 @@ from axonn_launch.common import slurmtext  # noqa: E402
 from axonn_launch.common.jobdir import checkpointed_step, read_record  # noqa: E402
 from axonn_launch.submit.chain import chain_of  # noqa: E402
 from bench.scale import cluster, job  # noqa: E402
+from bench.scale.fit import fit_phase  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 COMMAND = "python bench/scale/heal.py --nodes 8 32 128"
@@ -63,6 +62,7 @@ def heal_point(nodes: int, work: Path, venv: Path) -> dict:
             down_at = set_down(victim)
             point["state"] = job.wait_ended(job_id, timeout=600 + 8 * nodes)
             point.update(healed(job_dir, job_id, submitted, down_at, victim, ran_on))
+            point["decision_parts_s"] = decision_parts(job_dir, job_id, ran_on)
             point["records"] = job.records(job_dir, head=3000)
         except (KeyError, RuntimeError, TimeoutError, OSError, ValueError) as exc:
             point["error"] = f"{type(exc).__name__}: {exc}; batch log: {job.batch_tail(job_dir)}"
@@ -94,6 +94,24 @@ def step_nodes(job_id: str) -> list[str]:
     steps = [line.split() for line in lines if line.strip() and ".batch" not in line]
     newest = max(steps, key=lambda s: int(s[0].rsplit(".", 1)[1]))
     return slurmtext.expand_nodelist(newest[1])
+
+
+def decision_parts(job_dir: Path, job_id: str, ran_on: list[str]) -> dict[str, float]:
+    """The restart decision's own work on this job dir, timed again once the job ended (the
+    host quiet but for the cluster): the failed step's evidence (a tail of each task's
+    log), its classification, and the log offsets of the next step (a stat of each)."""
+    from axonn_launch.records import failures
+    from axonn_launch.records.evidence import EndedStep, log_sizes, step_evidence
+
+    step = EndedStep(job_id, 1, tuple(ran_on), job.TASKS_PER_NODE, time.time() - 3600)
+    began = time.perf_counter()
+    evidence = step_evidence(job_dir, step)
+    read = time.perf_counter()
+    failures.classify(evidence)
+    classified = time.perf_counter()
+    log_sizes(job_dir, job_id)
+    return {"evidence": read - began, "classify": classified - read,
+            "log_offsets": time.perf_counter() - classified}  # fmt: skip
 
 
 def set_down(node: str) -> float:
@@ -227,7 +245,79 @@ def markdown(result: dict) -> str:
             " lost node (from its log's node name and the chain's `bad_nodes`), not a peer that"
             " srun killed."
         )
-    return "\n".join(lines) + "\n"
+    fits = fit_table(result["points"])
+    return "\n".join([*lines, *([""] + fits if fits else [])]) + "\n"
+
+
+def decision_s(point: dict) -> float | None:
+    parts = point.get("decision_parts_s")
+    return sum(parts.values()) if parts else None
+
+
+FITTED = (  # (name, the phase's seconds in a point)
+    ("restart decided, after the DOWN", lambda p: p["seconds"].get("down_to_restart_decided")),
+    ("first step again, after the restart", lambda p: p["seconds"].get("restart_to_first_step")),
+    ("`jobs status`", lambda p: p["records"]["jobs_status"]["seconds"]),
+    ("`jobs logs --failed`", lambda p: p["records"]["jobs_logs_failed"]["seconds"]),
+)
+TARGETS = [1024, 1536, 4096, 9408]  # as run.py's: the paper's runs, and all of Frontier
+NOISE_S = 0.1  # a spread below this is no growth: a command's start varies this much here
+
+
+def fit_table(points: list[dict]) -> list[str]:
+    """Each recovery phase against N: measured, then fitted (``fit.py``) and extrapolated,
+    once three node counts ran."""
+    ran = sorted((p for p in points if "error" not in p), key=lambda p: p["nodes"])
+    if len(ran) < 3:
+        return []
+    head = [f"N={p['nodes']} (measured)" for p in ran]
+    head += [f"N={n:,} (extrapolated)" for n in TARGETS]
+    lines = [
+        "| phase, seconds | " + " | ".join(head) + " | best fit (RMS residual) |",
+        "|---" * (len(head) + 2) + "|",
+    ]
+    for name, seconds in FITTED:
+        ys = [seconds(p) for p in ran]
+        if None in ys:
+            continue
+        spread, mean = max(ys) - min(ys), sum(ys) / len(ys)
+        if spread < NOISE_S:  # three points of noise fit any curve: none is claimed
+            best = f"none: spread {spread:.2f} s, under {NOISE_S} s; the mean"
+            extra = [mean] * len(TARGETS)
+        else:
+            fit = fit_phase([p["nodes"] for p in ran], ys, TARGETS)
+            best = f"{fit['best']} ({fit['fits'][fit['best']]['rms_residual_s']:.2f} s)"
+            extra = [fit["extrapolated_s"][str(n)] for n in TARGETS]
+        cells = [f"{y:,.1f}" for y in ys] + [f"{x:,.1f}" for x in extra]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {best} |")
+    return [
+        *lines,
+        "",
+        "Fitted over three node counts (linear, N log N, quadratic; the mean where the best"
+        f" slope is negative, or where the points spread less than {NOISE_S} s, this host's"
+        " noise in a command's start): a trend, not a law, and every extrapolated figure is"
+        " this host's"
+        " (the first step again is the emulated start-up of N host processes on two cores)."
+        " The restart decided after the DOWN also holds srun's end of the failed step and the"
+        " host's load while N x 8 tasks are killed; the decision's own work, timed again on"
+        " the job dir after the job (the failed step's evidence: a tail of each task's log;"
+        " its class; the next step's log offsets: a stat of each), grows with the tasks, one"
+        " file each" + decision_words(ran) + ".",
+    ]
+
+
+def decision_words(ran: list[dict]) -> str:
+    """The decision's own work at the largest point, per task, and linear to 4,096 nodes."""
+    timed = [p for p in ran if decision_s(p) is not None]
+    if not timed:
+        return ""
+    largest = max(timed, key=lambda p: p["nodes"])
+    seconds, tasks = decision_s(largest), largest["ranks"]
+    at = 4096 * job.TASKS_PER_NODE
+    return (
+        f": {seconds:.3f} s at {tasks:,} tasks ({seconds / tasks * 1e6:.0f} µs a task, measured),"
+        f" {seconds / tasks * at:.1f} s at 4,096 nodes' {at:,} (extrapolated, linear)"
+    )
 
 
 def healed_as_expected(p: dict) -> bool:
@@ -290,11 +380,10 @@ def main(argv: list[str] | None = None) -> int:
 def write(out: Path, points: list[dict], when: str, wall_s: float) -> None:
     result = {
         "label": "measured: emulated nodes (slurmd) and emulated ranks on one host",
-        "command": COMMAND, "host": f"{platform.node()} {os.cpu_count()} CPUs", "when": when,
+        "command": COMMAND, "host": job.host_words(), "when": when,
         "wall_s": wall_s, "train": TRAIN, "points": points,
     }  # fmt: skip
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
+    job.write_results(out, result, markdown)
 
 
 if __name__ == "__main__":

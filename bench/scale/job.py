@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shlex
 import statistics
 import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -279,3 +281,14 @@ def records(job_dir: Path, head: int = 300) -> dict:
         seconds, rc, text = timed_command(args)
         out[name] = {"seconds": seconds, "rc": rc, "output_head": text[:head]}
     return out
+
+
+def host_words() -> str:
+    """This host, as every scale result names it."""
+    return f"{platform.node()} {os.cpu_count()} CPUs"
+
+
+def write_results(out: Path, result: dict, markdown: Callable[[dict], str]) -> None:
+    """A bench's results: ``out`` (JSON) and its section beside it (.md)."""
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(result))

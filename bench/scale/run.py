@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -157,11 +156,10 @@ def write(out: Path, points: list[dict], when: str, meta: dict) -> None:
     fits = {name: fit_phase(ns, ys, TARGETS) for name, (ns, ys) in series.items() if len(ns) >= 3}
     result = {
         "label": "measured: emulated nodes (slurmd) on one host; fits and targets: extrapolated",
-        **meta, "host": f"{platform.node()} {os.cpu_count()} CPUs", "when": when,
+        **meta, "host": job.host_words(), "when": when,
         "points": points, "fits": fits, "targets": TARGETS,
     }  # fmt: skip
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
+    job.write_results(out, result, markdown)
 
 
 if __name__ == "__main__":
