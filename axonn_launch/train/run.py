@@ -24,6 +24,7 @@ from axonn_launch.common import jobdir
 from axonn_launch.common.fserrors import file_system_line
 from axonn_launch.common.jobdir import JobPaths, record_failure
 from axonn_launch.common.prompts import config_eos_ids
+from axonn_launch.common.ranks import node_name
 from axonn_launch.common.rules import job_problem
 from axonn_launch.common.spec import JobSpec
 from axonn_launch.train.checkpoint.manager import Checkpointer, resume_point
@@ -33,7 +34,7 @@ from axonn_launch.train.health import preflight
 from axonn_launch.train.health.faults import poisons
 from axonn_launch.train.health.monitor import StepMonitor
 from axonn_launch.train.health.profile import ProfileWindow
-from axonn_launch.train.health.startup import log_startup, log_startup_time, node_name
+from axonn_launch.train.health.startup import log_startup, log_startup_time
 from axonn_launch.train.health.watchdog import Watchdog
 from axonn_launch.train.inference.generation import (
     byte_text,

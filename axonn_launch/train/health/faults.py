@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from axonn_launch.common.ranks import node_name
+
 ENV_VAR = "AXONN_FAULT"
 KINDS = (
     "collective", "gpu_oom", "code", "pause", "slow", "exit", "kill", "oom",
@@ -152,12 +154,7 @@ def my_faults(rank: int, attempt: int, environ=os.environ) -> list[Fault]:
     faults = [f for f in parse(environ.get(ENV_VAR, "")) if f.when == STEP]
     if not faults or not _first_run(environ):
         return []
-    if any(f.node is not None for f in faults):
-        from axonn_launch.train.health.startup import node_name
-
-        node = node_name(environ)
-    else:
-        node = None
+    node = node_name(environ) if any(f.node is not None for f in faults) else None
     return [f for f in faults if f.fires_on(rank, node) and f.attempt in (None, attempt)]
 
 

@@ -29,8 +29,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from axonn_launch.common.ranks import node_name
 from axonn_launch.common.spec import StragglerConfig
-from axonn_launch.train.health.startup import node_name
 from axonn_launch.train.health.watchdog import (
     Watchdog,
     checkpoint_deadline,
