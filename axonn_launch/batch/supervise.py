@@ -155,7 +155,7 @@ def abandon(job_dir: Path, job_id: str, stopped_by: str) -> int:
     """The launcher ended, or asked to stop, before the ranks started: none is started."""
     why = f"{stopped_by} before the ranks started" if stopped_by else "the launcher ended first"
     code = 128 + int(signal.Signals[stopped_by]) if stopped_by else 1
-    update_ours(job_dir, job_id, status="failed", exit_code=code, ended_by=why, ended=now())
+    update_ours(job_dir, job_id, status="failed", exit_code=code, ended_by=why, **end_fields())
     return code
 
 
@@ -201,7 +201,7 @@ def record_end(job_dir: Path, job_id: str, ending: processes.Ending, pids: list[
         status="completed" if ending.exit_code == 0 else "failed",
         exit_code=ending.exit_code,
         rank_exit_codes=list(ending.codes),
-        ended=now(),
+        **end_fields(),
         **({"ended_by": ended_by} if ended_by else {}),
     )
     if record is not None:
@@ -311,8 +311,11 @@ def say(line: str) -> None:
     print(f"supervisor: {line}", file=sys.stderr, flush=True)
 
 
-def now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+def end_fields() -> dict:
+    """job.json's end of a local job, from one reading of the clock: ``ended`` for people
+    (whole seconds) and ``ended_at`` for its goodput (records/status.py's ``local_end``)."""
+    at = time.time()
+    return {"ended": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(at)), "ended_at": at}
 
 
 if __name__ == "__main__":

@@ -300,6 +300,7 @@ JOB_RECORD_SCHEMA = {  # job.json (submit/pipeline.py's job_record, and what is 
     "slow_nodes": Field((list, NONE)),
     "preflight": Field((dict, NONE)),
     "ended_by": Field((dict, NONE)),
+    "ended_at": Field(NUMBER),  # a local job's end (batch/supervise.py), unix seconds
     "provenance": Field((dict, NONE)),  # which code ran (records/provenance.py)
 }
 SUMMARY_SCHEMA = {  # summary.json (train/loop.py's summarize)

@@ -322,10 +322,19 @@ def allocation_of(record: dict, info: SchedulerInfo | None) -> list[float]:
         return []
     try:
         start = float(record["submitted_at"])
-        end = datetime.strptime(str(record["ended"]), "%Y-%m-%dT%H:%M:%S%z").timestamp()
+        end = local_end(record)
     except (KeyError, TypeError, ValueError):
         return []
     return [start, start, end] if start <= end else []
+
+
+def local_end(record: dict) -> float:
+    """When a local job's supervisor recorded its end: ``ended_at`` (unix seconds); a
+    record written before it existed has only ``ended``, whole seconds, which can fall
+    before the ranks' last events of that second (their time is then not counted)."""
+    if "ended_at" in record:
+        return float(record["ended_at"])
+    return datetime.strptime(str(record["ended"]), "%Y-%m-%dT%H:%M:%S%z").timestamp()
 
 
 def allocations_of(record: dict, info: SchedulerInfo | None) -> list[list[float]]:

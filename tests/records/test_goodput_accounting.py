@@ -5,6 +5,7 @@ allocated time."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,25 @@ def test_an_ended_run_s_goodput_is_written_beside_its_curves_once_per_last_step(
     assert tb_series(tmp_path / "tensorboard", "goodput/node_hours") == [(8, 0.25), (12, 0.25)]
     assert log_goodput(tmp_path / "no_curves", found, 8) == ""  # a run without the sink
     assert not (tmp_path / "no_curves").exists()
+
+
+def test_a_local_job_ends_when_its_supervisor_said_not_at_the_whole_second(tmp_path):
+    """A local job's allocation ends at job.json's ``ended_at``. ``ended`` alone (whole
+    seconds) put the end of a job whose steps all ran inside its last second before them,
+    and none of its time was useful (a CI run's ``useful_s == 0``)."""
+    from axonn_launch.batch.supervise import end_fields
+    from axonn_launch.records.status import allocation_of
+
+    fields = end_fields()
+    at = fields["ended_at"]
+    assert datetime.strptime(fields["ended"], "%Y-%m-%dT%H:%M:%S%z").timestamp() == int(at)
+    second = float(int(at))
+    record = {"job_ids": ["local-1"], "submitted_at": second - 5.0, "ended": fields["ended"]}
+    assert allocation_of(record, None) == [second - 5.0, second - 5.0, second]  # as before
+    record["ended_at"] = second + 0.9
+    allocation = allocation_of(record, None)
+    assert allocation == [second - 5.0, second - 5.0, second + 0.9]
+    steps = attempt(tmp_path / "a1", [("step", 1, second + 0.1, second + 0.5),
+                                      ("step", 2, second + 0.5, second + 0.8)])  # fmt: skip
+    found = of_run([Allocation(steps, *allocation)], True)
+    assert found.useful_s == pytest.approx(0.7) and total(found) == pytest.approx(5.9)

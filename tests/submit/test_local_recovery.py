@@ -95,7 +95,7 @@ def test_a_killed_rank_of_a_detached_run_is_resumed_to_the_uninterrupted_loss(tm
     (run,) = json.loads(rows)
     found = run["goodput"]  # local: from the launch to the supervisor's end, per attempt
     assert sum(found[f"{p}_s"] for p in PARTS) == pytest.approx(found["allocated_s"]), found
-    assert found["useful_s"] > 0 and found["recovery_s"] > 0 and len(found["ttr_s"]) == 1
+    assert found["useful_s"] > 0 and found["recovery_s"] > 0 and len(found["ttr_s"]) == 1, found
     # jobs status put the ended run's goodput beside its curves, at its last step
     assert tb_series(root / "tensorboard", "goodput/goodput") == [(8, as_float32(found["goodput"]))]
     assert tb_series(root / "tensorboard", "goodput/recovery_s") == [
