@@ -18,15 +18,19 @@ labelled measured, emulated or extrapolated):
 Before each stage its time is predicted: its last run's wall time where its results say it,
 else the estimate below (measured once on this host). A stage predicted to end past the
 budget is left out, and the summary (bench/results/scale_all.json and .md) says which and
-why; a stage that runs past the budget is stopped. Stages run one at a time: each is the
-only load on the host, as its figures assume. No torch here.
+why; a stage that runs past the budget is stopped, with what it started (``stop_stage``).
+Stages run one at a time: each is the only load on the host, as its figures assume. No
+torch here.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -83,16 +87,42 @@ def stage_args(stage: Stage, left_s: float) -> list[str]:
     return args
 
 
+GRACE_S = 300.0  # a stopped stage's own clean-up: the scale cluster's stop.sh takes ≤ 300 s
+
+
 def run_stage(stage: Stage, left_s: float) -> dict:
-    """One stage, stopped at ``left_s``: its exit status and wall time."""
+    """One stage, stopped at ``left_s`` (``stop_stage``): its exit status and wall time. It
+    runs in a session of its own, so that what it started can be found and ended."""
     began = time.monotonic()
-    try:
-        proc = subprocess.run(stage_args(stage, left_s), cwd=REPO, timeout=left_s,
-                              capture_output=True, text=True)  # fmt: skip
-        rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-400:]
-    except subprocess.TimeoutExpired:
-        rc, tail = None, f"stopped at the budget ({left_s:.0f} s left when it began)"
+    with subprocess.Popen(stage_args(stage, left_s), cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as proc:  # fmt: skip
+        try:
+            output, _ = proc.communicate(timeout=left_s)
+            rc, tail = proc.returncode, output[-400:]
+        except subprocess.TimeoutExpired:
+            rc, tail = None, stop_stage(proc, left_s)
     return {"rc": rc, "wall_s": round(time.monotonic() - began, 1), "tail": tail}
+
+
+def stop_stage(proc: subprocess.Popen, left_s: float) -> str:
+    """SIGINT to the stage, as Ctrl-C would: its ``finally`` blocks stop the scale cluster
+    it started. What is left of its session after ``GRACE_S`` is killed (SIGKILL): the
+    stage's children, a job step's processes. Says which."""
+    if proc.poll() is not None:
+        how = "ended, but what it started held its output until the budget"
+    else:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=GRACE_S)
+            how = "stopped at the budget (SIGINT)"
+        except subprocess.TimeoutExpired:
+            how = f"killed at the budget (no end {GRACE_S:.0f} s after SIGINT)"
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # its session's group: whatever it left
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.communicate(timeout=10)  # its output's end, unless a daemon outside holds it
+    return f"{how}; {left_s:.0f} s of the budget left when it began"
 
 
 def main(argv: list[str] | None = None) -> int:
