@@ -35,7 +35,7 @@ from axonn_launch.train.health.faults import poisons
 from axonn_launch.train.health.monitor import StepMonitor
 from axonn_launch.train.health.profile import ProfileWindow
 from axonn_launch.train.health.startup import log_startup, log_startup_time
-from axonn_launch.train.health.watchdog import Watchdog
+from axonn_launch.train.health.watchdog import Watchdog, checkpoint_deadline
 from axonn_launch.train.inference.generation import (
     byte_text,
     decode,
@@ -72,10 +72,21 @@ def run_job(
     try:
         return train_rank(spec, env, should_stop)
     except Exception as error:
-        said = file_system_line(error) or f"{type(error).__name__}: {error}"
-        log.error("rank %d failed: %s", env.rank, said)
-        record_failure(spec.job_dir, env.rank, error, getattr(error, "evidence", None))
+        if not getattr(error, RECORDED, False):
+            record_rank_failure(spec, env, error)
         raise
+
+
+RECORDED = "_axonn_failure_recorded"  # set on an error whose failure record was written
+
+
+def record_rank_failure(spec: JobSpec, env: DistEnv, error: Exception) -> None:
+    """The rank's error in its log and its failure record (``records/firstfail``), once."""
+    said = file_system_line(error) or f"{type(error).__name__}: {error}"
+    log.error("rank %d failed: %s", env.rank, said)
+    record_failure(spec.job_dir, env.rank, error, getattr(error, "evidence", None))
+    with contextlib.suppress(AttributeError, TypeError):
+        setattr(error, RECORDED, True)
 
 
 def train_rank(spec: JobSpec, env: DistEnv, should_stop: Callable[[], bool] | None) -> dict:
@@ -200,6 +211,10 @@ def train_model(
         summary = run_loop(model, ctx, checkpointer, env)
     except BaseException as error:
         ctx.logger.close_sinks(error)
+        if isinstance(error, Exception) and not isinstance(error, NonFiniteError):
+            record_rank_failure(spec, env, error)  # first: the rank that failed is named
+            stop_watchdog(watchdog)  # this rank ends: no deadline of its own from here
+            finish_save_in_flight(spec, env, model, checkpointer)
         raise
     if fallback is not None:  # the newest checkpoint was damaged: which step, and why
         summary["checkpoint_fallback"] = fallback
@@ -323,6 +338,20 @@ def run_loop(model: GPT, ctx: TrainContext, checkpointer: Checkpointer, env: Dis
         with ctx.monitor.section("checkpoint", error.evidence["step"]):
             checkpointer.wait()
         raise
+
+
+def finish_save_in_flight(
+    spec: JobSpec, env: DistEnv, model: GPT, checkpointer: Checkpointer
+) -> None:
+    """This rank failed while a save was in flight: let the save complete first (up to the
+    watchdog's deadline of a save), so that the steps before it are not lost with the
+    rank. A failure of this rank's own (its code, memory, storage) leaves its peers' saving
+    threads running, and the save completes; a peer that died ends it at once."""
+    timeout = checkpoint_deadline(spec.train.watchdog, checkpoint_bytes_per_node(model, env))
+    name, became = checkpointer.finish_in_flight(timeout)
+    if name:
+        log.info("rank %d: the checkpoint %s in flight when it failed: %s", env.rank, name,
+                 became)  # fmt: skip
 
 
 def finish_training(

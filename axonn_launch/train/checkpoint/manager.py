@@ -150,6 +150,7 @@ class Checkpointer:
         self.asynchronous = asynchronous
         self.faults = _FaultPoints(rank)
         self._pending: threading.Event | None = None
+        self._pending_name = ""
         self._error: BaseException | None = None
         self.last: Path | None = None
 
@@ -169,7 +170,7 @@ class Checkpointer:
         planner = ShardSavePlanner(dict(specs), replicated)
         meta = {**meta, "step": step, "format": FORMAT}
         done = threading.Event()
-        self._pending = done
+        self._pending, self._pending_name = done, name
 
         def finalize(future) -> None:
             try:
@@ -210,6 +211,20 @@ class Checkpointer:
             error, self._error = self._error, None
             raise RuntimeError(f"checkpoint save failed: {error}") from error
         return self.last
+
+    def finish_in_flight(self, timeout_s: float) -> tuple[str, str]:
+        """After this rank failed: the save in flight (if any) completes, up to ``timeout_s``.
+        Its collectives run on the checkpoint group in every rank's own saving thread, so a
+        rank whose training failed alone still completes it with its peers, and rank 0's
+        thread publishes it. No barrier: the peers' main threads may never come to one.
+        Returns the save's name ('' with none in flight) and what became of it."""
+        pending, name = self._pending, self._pending_name
+        if pending is None:
+            return "", ""
+        if not pending.wait(timeout_s):
+            return name, f"not complete after {timeout_s:.0f} s"
+        self._pending = None
+        return name, "failed" if self._error is not None else "complete"
 
     def _publish(self, tmp: Path, name: str, meta: dict) -> None:
         _atomic_write_text(tmp / STEP_META, json.dumps(meta))
