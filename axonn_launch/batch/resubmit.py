@@ -19,6 +19,7 @@ from pathlib import Path
 
 from axonn_launch.common.jobdir import (
     CHECKPOINTS,
+    RECORD_TIME,
     JobPaths,
     checkpointed_step,
     job_lock,
@@ -333,7 +334,7 @@ def resubmit_one(status: JobStatus, args: argparse.Namespace, out) -> str:
             raise
         update_record(
             job_dir,
-            resubmitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            resubmitted_at=time.strftime(RECORD_TIME),
             resubmitted_job=outcome.job_id,
         )
         done = "extended" if extending else "resubmitted"

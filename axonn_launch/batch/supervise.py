@@ -22,6 +22,7 @@ from pathlib import Path
 
 from axonn_launch.common import hostmem
 from axonn_launch.common.jobdir import (
+    RECORD_TIME,
     JobPaths,
     last_job_id,
     read_record_or_empty,
@@ -315,7 +316,7 @@ def end_fields() -> dict:
     """job.json's end of a local job, from one reading of the clock: ``ended`` for people
     (whole seconds) and ``ended_at`` for its goodput (records/status.py's ``local_end``)."""
     at = time.time()
-    return {"ended": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(at)), "ended_at": at}
+    return {"ended": time.strftime(RECORD_TIME, time.localtime(at)), "ended_at": at}
 
 
 if __name__ == "__main__":

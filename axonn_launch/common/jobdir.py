@@ -275,6 +275,7 @@ CHAIN_SCHEMA = {  # job.json's ``chain`` (submit/chain.py)
     "started_at": Field((*NUMBER, NONE)),
     "updated_at": Field(NUMBER),
 }
+RECORD_TIME = "%Y-%m-%dT%H:%M:%S%z"  # job.json's times for people: submit_time, ended, ...
 JOB_RECORD_SCHEMA = {  # job.json (submit/pipeline.py's job_record, and what is added later)
     "job_ids": Field((list,), required=True, check=_job_ids_problem),
     "name": Field((str,)),

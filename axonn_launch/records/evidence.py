@@ -17,6 +17,7 @@ from pathlib import Path
 
 from axonn_launch.common.jobdir import (
     RANK_LOG,
+    RECORD_TIME,
     SLURM_RESULT,
     SLURM_STDERR,
     SLURM_STDOUT,
@@ -219,7 +220,7 @@ def attempt_start(record: dict) -> float:
     """When the launch that job.json records began (0: unknown), so that the failure
     records an earlier attempt left in a reused job dir are not taken for this one's."""
     try:
-        return datetime.strptime(str(record.get("submit_time")), "%Y-%m-%dT%H:%M:%S%z").timestamp()
+        return datetime.strptime(str(record.get("submit_time")), RECORD_TIME).timestamp()
     except (ValueError, OverflowError):
         return 0.0
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from axonn_launch.common import slurmtext
 from axonn_launch.common.durations import duration
 from axonn_launch.common.jobdir import (
+    RECORD_TIME,
     last_job_id,
     last_metrics,
     read_record_or_empty,
@@ -334,7 +335,7 @@ def local_end(record: dict) -> float:
     before the ranks' last events of that second (their time is then not counted)."""
     if "ended_at" in record:
         return float(record["ended_at"])
-    return datetime.strptime(str(record["ended"]), "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    return datetime.strptime(str(record["ended"]), RECORD_TIME).timestamp()
 
 
 def allocations_of(record: dict, info: SchedulerInfo | None) -> list[list[float]]:

@@ -22,6 +22,7 @@ from typing import Any
 
 from axonn_launch import scheduler
 from axonn_launch.common.jobdir import (
+    RECORD_TIME,
     JobPaths,
     last_job_id,
     read_record_or_empty,
@@ -439,7 +440,7 @@ def job_record(
         "nodes": resolved.nodes,
         "tasks_per_node": resolved.tasks_per_node,
         "steps": resolved.train.steps,
-        "submit_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "submit_time": time.strftime(RECORD_TIME),
         "attempt": 1,
         "lineage": [],
         "command_line": command_line,
