@@ -23,28 +23,14 @@ from pathlib import Path
 
 from axonn_launch.common.asmain import fork_as_main
 from axonn_launch.common.proctitle import rename_argument
+from axonn_launch.train.imports import RANK_IMPORTS, import_frozen
 
 PR_SET_NAME = 15
 PR_SET_PDEATHSIG = 1
 RANK_NAME = "axonn-rank-{rank}"  # the process name of a forked rank (15 bytes at most)
 ZYGOTE_NAME = "axonn-zygote"
 TASKS = "/proc/self/task"  # one entry per thread of this process (Linux)
-# What a rank imports on its way to its first step: imported once, here, before the fork
-# (not a module a rank runs as __main__: runpy warns when that is imported already).
-PRELOAD = (
-    "torch",
-    "torch.distributed",
-    "torch.distributed.checkpoint",
-    "torch.nn.functional",
-    "torch.utils.checkpoint",
-    "numpy",
-    "axonn_launch.train",
-    "axonn_launch.train.run",  # axonn_launch.train imports it only when a rank runs
-    "axonn_launch.train.health.faults",
-    "axonn_launch.train.checkpoint.export",
-    "axonn_launch.train.checkpoint.state",  # checkpoints
-    "torch.utils.serialization",  # torch.save
-)
+PRELOAD = RANK_IMPORTS  # what a rank imports on its way to its first step
 
 
 def set_process_name(name: str) -> None:
@@ -71,36 +57,17 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> int:
     the supervisor starts this process with ``OPENBLAS_NUM_THREADS=1`` unless the user set
     it (``scheduler/processes.py``).
 
-    The objects the imports made are frozen (``gc.freeze``): no rank's collection scans
-    them again (a full one took each rank 0.5 s at its end, and wrote to every page it
-    shares with the zygote). The collector is off while importing (the supervisor starts
-    this process with it off already: ``scheduler/processes.py``'s ``ZYGOTE_BOOT``) and on again
-    for the ranks. Their operator registrations are not undone at a rank's exit
-    (``keep_registrations_at_exit``)."""
-    import importlib
-
-    gc.disable()
+    The imports are made as every rank that starts afresh makes them (``import_frozen``):
+    the collector off while importing (the supervisor starts this process with it off
+    already: ``scheduler/processes.py``'s ``ZYGOTE_BOOT``), and the objects they made
+    frozen, so that no rank's collection scans them again (a full one took each rank 0.5 s
+    at its end, and wrote to every page it shares with the zygote); the collector is on
+    for the ranks."""
     try:
-        for name in modules:
-            importlib.import_module(name)
-        keep_registrations_at_exit()
+        import_frozen(modules)
     finally:
-        gc.freeze()
         gc.enable()
     return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
-
-
-def keep_registrations_at_exit() -> None:
-    """Turn off the exit-time run of the finalizers that undo torch.library's operator
-    registrations made by the imports (some 170, one per library): each rank ran them
-    all at its exit, 0.13 s of CPU, only to unregister operators in a process that is
-    ending. The ranks' own registrations are undone as before."""
-    import weakref
-
-    for finalizer in list(weakref.finalize._registry):  # private: there is no public list
-        found = finalizer.peek()
-        if found is not None and getattr(found[1], "__module__", "") == "torch.library":
-            finalizer.atexit = False
 
 
 def start_rank(argv: list[str], item: dict, closing: list[int]) -> int:
