@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     load_after = paired.load_now()
     lines = [
+        "## A rank's imports: the collector off, then frozen", "",
+        f"Script: bench/bench_rank_imports.py (`.venv/bin/python bench/bench_rank_imports.py "
+        f"--pairs {args.pairs} --before-commit {args.before_commit}`)", "",
         f"{paired.load_line(load_before, load_after)}; {os.cpu_count()} cores. In the "
         "tables, on = after (collector off while importing, then frozen), off = before "
         f"(commit {args.before_commit} for the Slurm task; a plain import for the fresh "

@@ -26,6 +26,12 @@ ORDER = [
         "python bench/bench_warm_start.py --repeats 5",
     ),
     (
+        "bench_rank_imports.md",
+        "Launcher",
+        "bench/bench_rank_imports.py",
+        ".venv/bin/python bench/bench_rank_imports.py --pairs 10",
+    ),
+    (
         "bench_tp.md",
         "Training core",
         "bench/bench_tp.py",

@@ -5,9 +5,9 @@ A rank imports torch, DCP and the job side (some 260,000 objects) before its fir
 With the collector on, the heap's growth during those imports sets off full collections
 that scan everything imported so far, and the interpreter's teardown at the rank's exit
 scans it all again and runs some 170 finalizers that undo torch.library's operator
-registrations. On this project's 2-core machine that was about 1.1 of a Slurm task's 2.7
-CPU-seconds from its start to its exit with nothing trained (BENCHMARKS.md, "A rank's
-imports"). Used by every rank that starts Python afresh (a Slurm task, ``python -m
+registrations. On this project's 2-core machine that was about 1.3 of the 3.55 CPU-seconds
+of a Slurm task that trains two steps (BENCHMARKS.md, "A rank's imports: the collector
+off, then frozen"). Used by every rank that starts Python afresh (a Slurm task, ``python -m
 axonn_launch.train``) and by a local job's zygote before it forks its ranks.
 """
 
