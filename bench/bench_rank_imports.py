@@ -1,5 +1,5 @@
 """A rank's CPU from its start to its exit, with the job side imported with the collector
-on (before) and off then frozen (after: ``axonn_launch/train/imports.py``).
+on (before) and off then frozen (after: ``import_frozen`` in ``axonn_launch/train/zygote.py``).
 
 Two measures, each in interleaved pairs (``pairs.py``: the arms alternate which goes first):
 
@@ -34,19 +34,18 @@ import pairs as paired  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "bench_rank_imports.md"
-BEFORE_COMMIT = "8efaf61"  # the parent of the commit that brought train/imports.py
+BEFORE_COMMIT = "8efaf61"  # the parent of the commit that brought import_frozen
 JOB = [
     "machine=slurm_local", "grid.x=2", "grid.z=2", "nodes=2", "train.steps=2",
     "train.sample_tokens=0", "train.gemm_tuning=false", "preflight=false", "recovery=off",
     "force=true",
 ]  # fmt: skip
 PLAIN = (
-    "import importlib; from axonn_launch.train.imports import RANK_IMPORTS; "
+    "import importlib; from axonn_launch.train.zygote import RANK_IMPORTS; "
     "[importlib.import_module(m) for m in RANK_IMPORTS]"
 )
 FROZEN = (
-    "from axonn_launch.train.imports import RANK_IMPORTS, import_frozen; "
-    "import_frozen(RANK_IMPORTS)"
+    "from axonn_launch.train.zygote import RANK_IMPORTS, import_frozen; import_frozen(RANK_IMPORTS)"
 )
 
 

@@ -21,7 +21,7 @@ def run_job(spec: JobSpec, **options: Any) -> dict:
     """``run.run_job(spec, env=, should_stop=)``; with ``train.emulate``, the emulated
     ranks this task hosts (imported first, so that an emulated task never imports torch).
     A rank that started Python afresh imports the job side here, with the collector off
-    and frozen after (``imports.import_frozen``)."""
+    and frozen after (``zygote.import_frozen``)."""
     if spec.train.emulate:
         from axonn_launch.train.emulate import run_emulated
         from axonn_launch.train.logs import setup_logging
@@ -29,7 +29,7 @@ def run_job(spec: JobSpec, **options: Any) -> dict:
         return run_emulated(
             spec, should_stop=options.get("should_stop"), start_logging=setup_logging
         )
-    from axonn_launch.train.imports import RANK_IMPORTS, import_frozen
+    from axonn_launch.train.zygote import RANK_IMPORTS, import_frozen
 
     import_frozen(RANK_IMPORTS)
     from axonn_launch.train.run import run_job as run_rank

@@ -6,7 +6,7 @@ registrations are not undone at each rank's exit (about 0.13 CPU-s a rank)."""
 
 import gc
 
-from axonn_launch.train.imports import keep_registrations_at_exit
+from axonn_launch.train.zygote import keep_registrations_at_exit
 
 keep_registrations_at_exit()
 gc.freeze()

@@ -1,6 +1,7 @@
 """A rank that starts Python afresh (a Slurm task, ``python -m axonn_launch.train``) imports
-the job side with the collector off and freezes what it imported (``train/imports.py``,
-called by ``train.run_job``), as a local job's zygote does before it forks.
+the job side with the collector off and freezes what it imported (``import_frozen`` in
+``train/zygote.py``, called by ``train.run_job``), as a local job's zygote does before it
+forks.
 
 One fresh interpreter (about 2 s: it imports torch) makes the rank's imports as
 ``run_job`` makes them and reports the collector's state after."""
@@ -16,7 +17,7 @@ import pytest
 PROBE = r"""
 import gc, json, sys, weakref
 gc_before = gc.isenabled()
-from axonn_launch.train.imports import RANK_IMPORTS, import_frozen
+from axonn_launch.train.zygote import RANK_IMPORTS, import_frozen
 import_frozen(RANK_IMPORTS)
 frozen = gc.get_freeze_count()
 undone_at_exit = sum(
