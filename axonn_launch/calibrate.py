@@ -12,15 +12,18 @@ What is measured and how the ring model is fitted: ``docs/cost-model.md``
 from __future__ import annotations
 
 import json
+import os
 import socket
 import statistics
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from axonn_launch import scheduler
+from axonn_launch.common.ranks import rank_source
 from axonn_launch.config.compose import machine_choices
 from axonn_launch.cost.perf import (
     ALL_REDUCE,
@@ -191,18 +194,32 @@ INSTEAD = "run it inside salloc with srun, one task per GPU, or use machine=loca
 
 
 def run_in_allocation(settings: Settings) -> None:
-    """Join the job's world (srun / torchrun / mpirun variables) and measure."""
+    """Join the job's world (srun / torchrun / mpirun variables) and measure. Outside any
+    task of a cluster machine it ends before torch is imported (``outside_a_task``)."""
     from axonn_launch.common.spec import RuntimeConfig
     from axonn_launch.config.compose import load
-    from axonn_launch.train.health import calibrate as measuring
 
     machine = load([f"machine={settings.machine}"]).machine
+    problem = outside_a_task(scheduler.of(machine).on_this_computer, os.environ)
+    if problem:
+        raise CalibrateError(f"calibrate machine={settings.machine}: {problem}; {INSTEAD}")
+    from axonn_launch.train.health import calibrate as measuring
+
     env = measuring.join(RuntimeConfig(backend=machine.backend, device_index=machine.device_index))
-    problem = measuring.world_problem(scheduler.of(machine).on_this_computer, env)
+    problem = measuring.world_problem(env)
     if problem:
         raise CalibrateError(f"calibrate machine={settings.machine}: {problem}; {INSTEAD}")
     gpn = settings.gpus_per_node or machine.hardware.gpus_per_node or env.local_world_size
     measuring.measure_in_world(env, Plan(settings, gpn))
+
+
+def outside_a_task(on_this_computer: bool, environ: Mapping[str, str]) -> str | None:
+    """Why a machine with a scheduler cannot be calibrated from this process: no launcher
+    (srun, torchrun, mpirun) set its rank; None when one did, or the machine is this
+    computer. Torch-free, so that a login node hears it at once."""
+    if not on_this_computer and rank_source(environ) == "single":
+        return "needs a GPU allocation (no srun task here)"
+    return None
 
 
 def run_local(settings: Settings) -> None:

@@ -114,6 +114,19 @@ def test_calibrate_on_a_cluster_machine_outside_an_allocation(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_calibrate_outside_an_allocation_says_so_before_importing_torch(tmp_path):
+    """The login node hears it at once: torch (seconds to import there) is never loaded."""
+    probe = (
+        "import sys; from axonn_launch.calibrate import main; "
+        "code = main(['machine=perlmutter']); print(code, 'torch' in sys.modules)"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI"))}
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.stdout.split() == ["2", "False"], proc.stdout + proc.stderr
+    assert "needs a GPU allocation" in proc.stderr
+
+
 def test_calibrate_in_a_task_without_nccl(tmp_path):
     """Inside an srun task on a computer whose torch has no NCCL or no GPU."""
     env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "CUDA_VISIBLE_DEVICES": ""}

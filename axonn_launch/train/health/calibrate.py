@@ -91,11 +91,10 @@ def join(runtime: RuntimeConfig) -> DistEnv:
     return discover_env(runtime)
 
 
-def world_problem(on_this_computer: bool, env: DistEnv) -> str | None:
-    """Why this task cannot calibrate a cluster machine: no srun task, or nccl asked for
-    where it (or a GPU) is missing; None when it can."""
-    if not on_this_computer and env.source == "single":
-        return "needs a GPU allocation (no srun task here)"
+def world_problem(env: DistEnv) -> str | None:
+    """Why this task cannot calibrate its machine: nccl asked for where it (or a GPU) is
+    missing; None when it can. (A process that no launcher started is turned away before
+    torch is imported: ``axonn_launch/calibrate.py``'s ``outside_a_task``.)"""
     if env.backend == "nccl" and not (dist.is_nccl_available() and torch.cuda.is_available()):
         return (
             f"backend nccl is not available here (torch {torch.__version__},"
