@@ -608,14 +608,11 @@ def record_failure(
         record["os_error"] = str(cause).splitlines()[0][:500]
     record |= evidence or {}
     final = JobPaths(job_dir).failure_record(rank)
-    part = final.with_name(f".{final.name}.{os.getpid()}")
-    try:
+    # the traceback still reaches the rank's own log; two threads of the rank (its
+    # watchdog's and its main one) may record at once: each writes a file of its own
+    with contextlib.suppress(OSError):
         final.parent.mkdir(parents=True, exist_ok=True)
-        part.write_text(json.dumps(record))
-        part.replace(final)
-    except OSError:  # the traceback still reaches the rank's own log
-        with contextlib.suppress(OSError):
-            part.unlink()
+        _replace_atomically(final, json.dumps(record))
 
 
 def os_error_of(error: BaseException) -> OSError | None:

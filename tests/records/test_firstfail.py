@@ -45,3 +45,31 @@ def test_no_records_and_unreadable_records(tmp_path):
     fail(tmp_path, 4, KeyError("wte.weight"))
     record = json.loads((folder / "rank_4.json").read_text())
     assert record["exception"] == "KeyError: 'wte.weight'" and record["host"]
+
+
+def test_two_threads_of_one_rank_recording_at_once_leave_one_whole_record(tmp_path):
+    """A rank's watchdog thread and its main thread can both record the rank's failure at
+    the same moment (a rank stopped with SIGSTOP and let go by Slurm's SIGCONT before its
+    SIGTERM: its watchdog fires while its main thread's collective fails). Each write
+    goes through a file of its own thread; a shared one left one record's text followed by
+    the tail of the other's, which no reader could parse."""
+    import threading
+
+    rounds, writers = 200, 2
+    for round_ in range(rounds):
+        barrier = threading.Barrier(writers)
+
+        def write(i: int, barrier=barrier, round_=round_) -> None:
+            barrier.wait()
+            message = ("x" * 150 * (i + 1)) + f" {round_}"  # records of different lengths
+            fail(tmp_path, 3, RuntimeError(message))
+
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        record = json.loads(jobdir.JobPaths(tmp_path).failure_record(3).read_text())
+        assert record["exception"].endswith(f" {round_}"), (round_, record["exception"][-20:])
+    leftovers = [p.name for p in jobdir.JobPaths(tmp_path).failures.iterdir()]
+    assert leftovers == ["rank_3.json"], leftovers
