@@ -57,7 +57,6 @@ RANK_IMPORTS = (
     "axonn_launch.train.checkpoint.state",  # checkpoints
     "torch.utils.serialization",  # torch.save
 )
-PRELOAD = RANK_IMPORTS  # this process's imports
 
 
 def import_frozen(modules: tuple[str, ...]) -> None:
@@ -108,7 +107,7 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def preload(modules: tuple[str, ...] = PRELOAD) -> int:
+def preload(modules: tuple[str, ...] = RANK_IMPORTS) -> int:
     """Import ``modules``; the number of threads this process has then (1: safe to fork).
 
     numpy's OpenBLAS starts its worker threads when it is loaded (one per core but one),

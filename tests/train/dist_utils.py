@@ -38,7 +38,7 @@ from axonn_launch.train import zygote
 # what a local job's zygote imports before it forks its ranks, then these helpers; the last
 # entry freezes what the imports made, as the zygote does
 PRELOAD = [
-    *zygote.PRELOAD,
+    *zygote.RANK_IMPORTS,
     "tests.train.dist_utils",
     *(["transformers"] if importlib.util.find_spec("transformers") else []),
     "tests.train.preload_done",
